@@ -1,0 +1,70 @@
+"""Strings that remember where tracked pieces of them came from.
+
+A ``TrackedStr`` carries spans ``(key, start, end)`` in characters.  Concatenation (``+`` on
+either side) and ``strip``/``lstrip``/``rstrip`` keep the spans exact; every other operation
+returns a plain ``str`` and the spans are lost, so a position is never guessed after a
+transformation that cannot be mapped.  The renderer's ``finalize`` hook sees each tracked
+value as it is emitted and records its spans at the exact output position.
+
+Only requests that need positions (block hints, continuation, literal special-token
+spellings) create tracked strings; the ordinary path creates none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Span = tuple[Any, int, int]
+
+
+class TrackedStr(str):
+    spans: tuple[Span, ...]
+
+    def __new__(cls, value: str, spans: tuple[Span, ...] = ()):
+        self = super().__new__(cls, value)
+        self.spans = spans
+        return self
+
+    @classmethod
+    def whole(cls, value: str, key: Any) -> "TrackedStr":
+        return cls(value, ((key, 0, len(value)),))
+
+    def __add__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        joined = str.__add__(self, other)
+        spans = self.spans
+        if isinstance(other, TrackedStr):
+            n = len(self)
+            spans = spans + tuple((k, s + n, e + n) for k, s, e in other.spans)
+        return TrackedStr(joined, spans)
+
+    def __radd__(self, other):
+        if not isinstance(other, str):
+            return NotImplemented
+        n = len(other)
+        return TrackedStr(str.__add__(other, self), tuple((k, s + n, e + n) for k, s, e in self.spans))
+
+    def _clip(self, left: int, right: int) -> "TrackedStr":
+        value = str.__getitem__(self, slice(left, right))
+        spans = []
+        for k, s, e in self.spans:
+            s2, e2 = max(s, left), min(e, right)
+            if s2 <= e2 and not (s2 == e2 and s != e):  # an emptied span is dropped
+                spans.append((k, s2 - left, e2 - left))
+        return TrackedStr(value, tuple(spans))
+
+    def strip(self, chars=None):
+        inner = str.strip(self, chars)
+        left = len(self) - len(str.lstrip(self, chars)) if inner else len(self)
+        return self._clip(left, left + len(inner))
+
+    def lstrip(self, chars=None):
+        rest = str.lstrip(self, chars)
+        return self._clip(len(self) - len(rest), len(self))
+
+    def rstrip(self, chars=None):
+        return self._clip(0, len(str.rstrip(self, chars)))
+
+    def __str__(self):  # what gets emitted is always a plain string
+        return str.__str__(self)

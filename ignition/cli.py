@@ -1,0 +1,109 @@
+"""``ignition`` command line: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_template_author(args) -> int:
+    from ignition.templates.patch import TemplateSource, author, read_source_text
+
+    source = TemplateSource(
+        repo_id=None if args.embedded else args.repo_id,
+        revision=None if args.embedded else args.revision,
+        filename=args.filename,
+        json_key=args.json_key,
+        embedded=args.embedded,
+    )
+    text = read_source_text(source, hub_cache=args.hub_cache)
+    annotated = Path(args.annotated).read_text(encoding="utf-8")
+    patch = author(text, annotated, source)
+    # The annotated result must compile (marks at root output sites only).
+    from helios.frontend.environment import compile_template
+
+    compile_template(annotated)
+    Path(args.output).write_text(patch.to_json())
+    print(f"wrote {args.output}: {len(patch.insertions)} marks, source {patch.source_sha256[:12]}, "
+          f"result {patch.result_sha256[:12]}")
+    return 0
+
+
+def _cmd_template_annotated(args) -> int:
+    """Print the annotated template a patch produces (for editing marks by hand in a copy)."""
+    from ignition.recipes.registry import load_recipe
+    from ignition.templates.patch import TemplatePatch, read_source_text
+
+    recipe = load_recipe(args.recipe)
+    patch = TemplatePatch.load(recipe.patch_path(args.variant))
+    sys.stdout.write(patch.apply(read_source_text(patch.source, hub_cache=args.hub_cache)))
+    return 0
+
+
+def _cmd_frontend_render(args) -> int:
+    from helios.frontend.conversation import FrontendError
+    from helios.protocol import decode_request
+    from ignition.frontend_assets import load_frontend
+    from ignition.hub import default_hub_cache
+
+    try:
+        request = json.loads(Path(args.request).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"error: cannot read request {args.request}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        frontend = load_frontend(args.recipe, args.checkpoint, args.variant, args.hub_cache or default_hub_cache())
+        conv = decode_request(args.protocol, request)
+        prepared = frontend.prepare(conv)
+    except (FrontendError, KeyError, ValueError, FileNotFoundError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
+    out = prepared.to_dict()
+    out.pop("hint_unsupported") if not out["hint_unsupported"] else None
+    print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ignition", description="Prepare checkpoints into Flare cores.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("template", help="annotated chat templates").add_subparsers(dest="sub", required=True)
+    a = t.add_parser("author", help="write a patch asset from an annotated copy and the pinned source")
+    a.add_argument("--annotated", required=True, help="the annotated copy (marks written by hand)")
+    a.add_argument("--output", required=True, help="patch asset to write")
+    a.add_argument("--repo-id")
+    a.add_argument("--revision")
+    a.add_argument("--filename", required=True)
+    a.add_argument("--json-key", default=None, help="e.g. chat_template inside tokenizer_config.json")
+    a.add_argument("--embedded", default=None, help="repository path of a project-owned source template")
+    a.add_argument("--hub-cache", default=None)
+    a.set_defaults(func=_cmd_template_author)
+    s = t.add_parser("annotated", help="print the annotated template of a recipe variant")
+    s.add_argument("--recipe", required=True)
+    s.add_argument("--variant", required=True)
+    s.add_argument("--hub-cache", default=None)
+    s.set_defaults(func=_cmd_template_annotated)
+
+    f = sub.add_parser("frontend", help="inspect the prompt frontend").add_subparsers(dest="sub", required=True)
+    r = f.add_parser("render", help="render a request: prompt, token IDs, endpoints, hints, sampling")
+    r.add_argument("--recipe", required=True)
+    r.add_argument("--checkpoint", required=True, help="hub repo id (offline cache) or checkpoint folder")
+    r.add_argument("--protocol", choices=("openai", "anthropic"), required=True)
+    r.add_argument("--variant", default=None, help="template variant (default: the checkpoint's)")
+    r.add_argument("--hub-cache", default=None)
+    r.add_argument("request", help="request JSON file")
+    r.set_defaults(func=_cmd_frontend_render)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

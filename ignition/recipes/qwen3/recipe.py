@@ -1,0 +1,25 @@
+"""The qwen3 recipe (frontend part): Qwen3 dense models and the embedded default."""
+
+from pathlib import Path
+
+from ignition.recipes.base import FrontendSpec, Recipe, TemplateVariant
+
+from .examples import CHECKPOINTS
+
+RECIPE = Recipe(
+    name="qwen3",
+    architectures=("Qwen3ForCausalLM",),
+    frontend=FrontendSpec(
+        content_format="string",  # the template renders '' for non-string content
+        thinking_kwarg="enable_thinking",
+        default_thinking=True,
+    ),
+    variants=(
+        TemplateVariant("qwen3", "chat_template.qwen3.patch.json", hidden_sizes=(1024, 4096)),
+        TemplateVariant("flare-default", "chat_template.flare-default.patch.json", hidden_sizes=(64,)),
+    ),
+    checkpoints=CHECKPOINTS,
+    capacities=(1, 4),
+    assets_dir=Path(__file__).parent / "assets",
+    notes="Reasoning of assistant turns before the last user query is dropped from history by the template.",
+)
