@@ -75,7 +75,7 @@ class _MarkAwareExtension(MarkExtension):
     def _record(context, lineno, value):
         recorder = ACTIVE_RECORDER.get()
         if recorder is not None:
-            recorder.marks.append((lineno, recorder.position if value is None else value))
+            recorder.marks.append((lineno, (recorder.position, recorder.chars) if value is None else value))
         return ""
 
 
@@ -103,8 +103,8 @@ def compile_template(source: str) -> jinja2.Template:
     return _ENV.from_string(source)
 
 
-def render_with_marks(template: jinja2.Template, variables: dict, track: bool = False):
-    """Render once; return ``(text, recorder)`` with mark values and tracked spans in UTF-8 bytes."""
+def render_with_marks(template: jinja2.Template, variables: dict):
+    """Render once; return ``(text, recorder)``: marks as (bytes, chars), tracked spans in characters."""
     recorder = MarkRecorder()
     token = ACTIVE_RECORDER.set(recorder)
     chunks: list[str] = []
@@ -115,6 +115,7 @@ def render_with_marks(template: jinja2.Template, variables: dict, track: bool = 
             if recorder.pending:
                 _place_spans(recorder, chunk)
             append(chunk)
+            recorder.chars += len(chunk)
             recorder.position += len(chunk) if chunk.isascii() else len(chunk.encode("utf-8"))
     finally:
         ACTIVE_RECORDER.reset(token)
@@ -128,12 +129,6 @@ def _place_spans(recorder: MarkRecorder, chunk: str) -> None:
     recorder.pending.clear()
     if str.__str__(value) != chunk:
         return
-    base = recorder.position
-    if True:
-        for key, start, end in value.spans:
-            if chunk.isascii():
-                s, e = start, end
-            else:
-                s = len(chunk[:start].encode("utf-8"))
-                e = s + len(chunk[start:end].encode("utf-8"))
-            recorder.spans.append((key, base + s, base + e))
+    base = recorder.chars
+    for key, start, end in value.spans:
+        recorder.spans.append((key, base + start, base + end))

@@ -18,6 +18,7 @@ class PreparedPrompt:
     token_ids: list[int]
     message_endpoints: list[int]  # UTF-8 byte offsets of completed preamble/messages
     token_endpoints: list[int]  # exact token cuts (sorted, unique, strictly inside)
+    token_endpoint_bytes: list[int] = field(default_factory=list)  # the byte cut of each token endpoint
     hint_cuts: list[int] = field(default_factory=list)  # advisory cuts (safe complete-token prefixes)
     hint_unsupported: list[dict] = field(default_factory=list)
     image_order: list[int] = field(default_factory=list)
@@ -68,17 +69,17 @@ class Frontend:
         return v
 
     def render(self, conv: Conversation):
-        special = self.tokenizer.special_spans
-        messages, tracking = lower(conv, self.spec, special)
-        prompt, recorder = render_with_marks(self.template, self.template_variables(conv, messages), tracking)
+        messages, literal_expected = lower(conv, self.spec, self.tokenizer.special_spans)
+        prompt, recorder = render_with_marks(self.template, self.template_variables(conv, messages))
+        recorder.literal_expected = literal_expected
         return prompt, recorder
 
     # -- the whole path ---------------------------------------------------------------------------
     def prepare(self, conv: Conversation) -> PreparedPrompt:
         sampling = self.sampling.resolve(conv.sampling)
         prompt, rec = self.render(conv)
-        marks = [int(v) for _, v in rec.marks]
-        spans = rec.spans
+        marks = [v for _, v in rec.marks]  # (bytes, chars)
+        spans = rec.spans  # (key, start char, end char)
         if conv.options.continue_final_message:
             ends = [e for k, s, e in spans if k == CONTINUE]
             if len(ends) != 1:
@@ -87,36 +88,33 @@ class Frontend:
                     "this template transforms or repeats the final message, so its end cannot be located",
                 )
             cut = ends[0]
-            prompt = prompt.encode("utf-8")[:cut].decode("utf-8")
-            marks = [m for m in marks if m <= cut]
+            prompt = prompt[:cut]
+            marks = [m for m in marks if m[1] <= cut]
             spans = [(k, s, e) for k, s, e in spans if e <= cut]
         literal = [(s, e) for k, s, e in spans if k == LITERAL]
-        self._check_literals(conv, prompt, literal)
-        literal_chars = _bytes_to_char_spans(prompt, literal) if literal else []
-        enc = self.tokenizer.encode(prompt, literal_chars)
-        message_endpoints = sorted(set(m for m in marks if 0 < m <= len(prompt.encode("utf-8"))))
-        token_eps = token_endpoints(enc, message_endpoints)
-        hint_cuts, unsupported = self._hints(conv, enc, spans, message_endpoints) if conv.has_hints() else ([], [])
-        image_order = [b.image_index for b in conv.images()]
-        if image_order and self.spec.image_token is not None:
-            n = sum(1 for t in enc.ids if t == self.tokenizer.special_tokens.get(self.spec.image_token))
-            if n != len(image_order):
-                raise FrontendError("messages", f"the template rendered {n} image placeholders for {len(image_order)} images")
-        return PreparedPrompt(prompt, enc.ids, message_endpoints, token_eps, hint_cuts, unsupported, image_order, sampling)
-
-    def _check_literals(self, conv, prompt, literal):
-        # Every special spelling in content must have reached the prompt tracked; otherwise the
-        # template transformed it and its tokens cannot be told apart from the template's.
-        expected = sum(
-            len(self.tokenizer.special_spans(b.text))
-            for m in conv.messages for b in m.content if hasattr(b, "text")
-        ) + sum(len(self.tokenizer.special_spans(m.reasoning)) for m in conv.messages if m.reasoning)
-        if expected and len(literal) < expected and not conv.options.continue_final_message:
+        if rec.literal_expected and len(literal) < rec.literal_expected and not conv.options.continue_final_message:
+            # A special spelling in content reached the prompt through a transformation the renderer
+            # cannot follow, so its tokens cannot be told apart from the template's own.
             raise FrontendError(
                 "messages", "content spelling a special token was transformed by the template; it cannot be kept as text"
             )
+        enc = self.tokenizer.encode(prompt, literal)
+        n_chars = len(prompt)
+        inside = sorted(set(m for m in marks if 0 < m[1] <= n_chars))
+        message_endpoints = [b for b, _ in inside]
+        pairs = token_endpoints(enc, message_endpoints)
+        hint_cuts, unsupported = self._hints(conv, enc, prompt, spans, inside) if conv.has_hints() else ([], [])
+        image_order = [b.image_index for b in conv.images()]
+        if image_order and self.spec.image_token is not None:
+            image_id = self.tokenizer.special_tokens.get(self.spec.image_token)
+            n = enc.ids.count(image_id)
+            if n != len(image_order):
+                raise FrontendError("messages", f"the template rendered {n} image placeholders for {len(image_order)} images")
+        return PreparedPrompt(prompt, enc.ids, message_endpoints, [t for t, _ in pairs], [b for _, b in pairs],
+                              hint_cuts, unsupported, image_order, sampling)
 
-    def _hints(self, conv: Conversation, enc: Encoding, spans, message_endpoints):
+    def _hints(self, conv: Conversation, enc: Encoding, prompt: str, spans, message_endpoints):
+        data = prompt.encode("utf-8")
         n = len(enc.ids)
         cuts, unsupported = set(), []
         located: dict[Any, list[int]] = {}
@@ -138,14 +136,9 @@ class Frontend:
                     continue
                 end = ends[0]
                 if key[0] == "message":  # a whole message (tool result): include its closing wrapper
-                    after = [p for p in message_endpoints if p >= end]
+                    after = [c for _, c in message_endpoints if c >= end]
                     end = after[0] if after else end
-                t = safe_prefix_cut(enc, end)
+                t = safe_prefix_cut(enc, len(prompt[:end].encode("utf-8")), data)
                 if 0 < t < n:
                     cuts.add(t)
         return sorted(cuts), unsupported
-
-
-def _bytes_to_char_spans(prompt: str, spans):
-    data = prompt.encode("utf-8")
-    return [(len(data[:s].decode("utf-8")), len(data[:e].decode("utf-8"))) for s, e in spans]

@@ -93,6 +93,12 @@ class FrontendSpec:
     image_token: str | None = None  # placeholder token expanded to image tokens
     reasoning_field: str = "reasoning_content"
     text_joiner: str = "\n"
+    # "object": tool-call arguments reach the template as a mapping; "json": as a JSON string
+    # (json.dumps, ensure_ascii=False), for templates that concatenate them as text.
+    tool_arguments: str = "object"
+    # An assistant message without content blocks (the request's null content) lowers to None rather
+    # than ""/[], for templates that branch on ``content is none`` (e.g. tool-call-only turns).
+    assistant_null_content: bool = False
 
 
 @dataclass(frozen=True)

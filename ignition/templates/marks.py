@@ -34,10 +34,12 @@ RECORDER_VAR = "__flare_mark_recorder"
 class MarkRecorder:
     """Per-render state: the byte position consumed so far and the marks recorded."""
 
-    position: int = 0
-    marks: list[tuple[int, Any]] = field(default_factory=list)  # (line, value)
-    spans: list[tuple[Any, int, int]] = field(default_factory=list)  # tracked (key, start, end) bytes
+    position: int = 0  # UTF-8 bytes emitted so far
+    chars: int = 0  # characters emitted so far
+    marks: list[tuple[int, Any]] = field(default_factory=list)  # (line, (bytes, chars)) or (line, value)
+    spans: list[tuple[Any, int, int]] = field(default_factory=list)  # tracked (key, start, end) characters
     pending: list[Any] = field(default_factory=list)
+    literal_expected: int = 0  # special-token spellings in content (set by the frontend)
 
 
 class MarkExtension(Extension):
@@ -69,7 +71,7 @@ class MarkExtension(Extension):
         recorder = context.get(RECORDER_VAR)
         if recorder is None:  # plain rendering (e.g. by a reference renderer): marks are inert
             return ""
-        recorder.marks.append((lineno, recorder.position if value is None else value))
+        recorder.marks.append((lineno, (recorder.position, recorder.chars) if value is None else value))
         return ""
 
 

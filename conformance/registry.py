@@ -1,0 +1,51 @@
+"""The conformance matrix, generated from the recipe registry.
+
+Every case is a (recipe, checkpoint/variant) for the frontend, or a (recipe, capacity, GPU class)
+for graphs.  A new recipe adds registry lines, never test files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ignition.recipes.registry import all_recipes
+from .gpu import GPU_CLASSES
+
+
+@dataclass(frozen=True)
+class FrontendCase:
+    recipe: str
+    checkpoint: str  # repo id
+    variant: str
+    tokenizer_class: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.recipe}-{self.variant}-{self.checkpoint.split('/')[-1]}"
+
+
+@dataclass(frozen=True)
+class GraphCase:
+    recipe: str
+    capacity: int
+    gpu_class: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.recipe}-b{self.capacity}-{self.gpu_class}"
+
+
+def frontend_cases() -> list[FrontendCase]:
+    return [
+        FrontendCase(r.name, c.repo_id, c.variant, c.tokenizer_class)
+        for r in all_recipes() for c in r.checkpoints
+    ]
+
+
+def variant_cases() -> list[tuple[str, str]]:
+    """Every (recipe, template variant) pair."""
+    return [(r.name, v.name) for r in all_recipes() for v in r.variants]
+
+
+def graph_cases(gpu_classes=GPU_CLASSES[1:]) -> list[GraphCase]:
+    return [GraphCase(r.name, cap, g) for r in all_recipes() for cap in r.capacities for g in gpu_classes]

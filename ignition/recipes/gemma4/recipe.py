@@ -1,0 +1,57 @@
+"""The gemma4 recipe (frontend part): Gemma 4 E2B/E4B and 12B/26B-A4B/31B."""
+
+from pathlib import Path
+
+from ignition.recipes.base import FrontendSpec, Recipe, TemplateVariant
+
+from .examples import CHECKPOINTS
+
+RECIPE = Recipe(
+    name="gemma4",
+    architectures=("Gemma4ForConditionalGeneration",),
+    frontend=FrontendSpec(
+        # The template iterates typed items: "{%- for item in message['content'] -%}" with
+        # "{%- elif item.get('type') in ['image', 'image_url'] -%}{{- '<|image|>' -}}".
+        content_format="blocks",
+        # Only a *first* developer message joins the preamble ("messages[0]['role'] in ['system', 'developer']");
+        # anywhere else it would open "<|turn>developer", a role the card does not name. Lowered to system.
+        developer_role=False,
+        # "{%- set enable_thinking = enable_thinking | default(false) -%}" (E2B/E4B: "enable_thinking is defined
+        # and enable_thinking"): off unless asked; on, "<|think|>\n" opens the system turn.
+        thinking_kwarg="enable_thinking",
+        default_thinking=False,
+        image_token="<|image|>",  # special id 258880 in tokenizer.json
+        # "{%- set thinking_text = message.get('reasoning') or message.get('reasoning_content') -%}"
+        reasoning_field="reasoning",
+    ),
+    variants=(
+        # google/gemma-4-E4B-it@ee0ef602 chat_template.jinja (E2B's is byte-identical)
+        TemplateVariant("google-e2b-e4b", "chat_template.google-e2b-e4b.patch.json", hidden_sizes=(1536, 2560)),
+        # google/gemma-4-26B-A4B-it@4d7ae498 chat_template.jinja (31B@842da379 is byte-identical)
+        TemplateVariant("google", "chat_template.google.patch.json", hidden_sizes=(2816, 3840, 5376)),
+    ),
+    checkpoints=CHECKPOINTS,
+    capacities=(1, 4),
+    assets_dir=Path(__file__).parent / "assets",
+    notes=(
+        "Marks: after the preamble (<|think|>, first system/developer message, tool declarations, closing "
+        "<turn|>\\n); after each role:tool message's <|tool_response>...<tool_response|> block (plus its media "
+        "placeholders), which the template renders inside the preceding assistant turn; after every other "
+        "message's closing (<turn|>\\n, an open <|tool_response> after unanswered tool calls, or nothing when "
+        "the model turn continues into the next assistant message). "
+        "Thinking disabled: the google (12B/26B-A4B/31B) template appends an empty thought channel "
+        "'<|channel>thought\\n<channel|>' after the '<|turn>model\\n' generation header; the E2B/E4B template "
+        "does not. "
+        "Prefix reuse breaks where the template rewrites history: reasoning is rendered only for assistant "
+        "messages after the last user message (or with preserve_thinking=true and tool calls), so a new user "
+        "turn drops earlier thought channels; the empty thought channel of the generation prompt is absent "
+        "when that turn is rendered as history; the content of an assistant message with tool calls is "
+        "rendered after the tool results, not after the calls; assistant content is passed through "
+        "strip_thinking (channel spans removed, trimmed) and user/system content is trimmed. "
+        "A later user message turns the open end of a tool round into '<turn|>\\n'. "
+        "Tool messages not preceded by an assistant message with tool calls are dropped by the template. "
+        "With content lowered as typed blocks, each system text block is rendered trimmed plus one space "
+        "('item['text'] | trim + ' ''). continue_final_message is rejected: assistant content passes through "
+        "the strip_thinking macro, so its end cannot be located."
+    ),
+)
