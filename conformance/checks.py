@@ -8,8 +8,11 @@ from __future__ import annotations
 
 
 def check_endpoint_invariants(prompt: str, ids: list[int], message_endpoints: list[int],
-                              token_endpoints: list[int], decode) -> list[str]:
-    """``decode(ids) -> str`` is the reference tokenizer's decoder."""
+                              token_endpoints: list[int], endpoint_bytes: list[int], decode,
+                              canonical=lambda text: text) -> list[str]:
+    """``decode(ids) -> str`` and ``canonical(text) -> str`` (decode of encode, i.e. the text as
+    the tokenizer normalizes it) come from the reference tokenizer: an exact cut at byte ``c`` and
+    token ``t`` decodes to the canonical prompt text on both sides of the cut."""
     problems = []
     data = prompt.encode("utf-8")
     n = len(ids)
@@ -21,25 +24,34 @@ def check_endpoint_invariants(prompt: str, ids: list[int], message_endpoints: li
         problems.append(f"token endpoints not sorted/unique: {token_endpoints}")
     if any(not 0 < t < n for t in token_endpoints):
         problems.append(f"token endpoint not strictly inside the prompt: {token_endpoints} ({n} tokens)")
-    # Prefix byte length of every token prefix, from the reference decoder.
-    prefix_len = {}
-    for t in range(1, n):
+    if len(endpoint_bytes) != len(token_endpoints) or not set(endpoint_bytes) <= set(message_endpoints):
+        problems.append(f"token endpoints {token_endpoints} are not paired with message endpoints ({endpoint_bytes})")
+
+    def exact(t: int, cut: int) -> bool:
         try:
-            prefix_len[t] = len(decode(ids[:t]).encode("utf-8"))
-        except Exception:
-            prefix_len[t] = None
-    exact = {}
-    for t, length in prefix_len.items():
-        if length is not None and data[:length].decode("utf-8", "replace") == decode(ids[:t]):
-            exact.setdefault(length, t)
-    for t in token_endpoints:
-        length = prefix_len.get(t)
-        if length not in message_endpoints:
-            problems.append(f"token endpoint {t} decodes to {length} bytes, which is no message endpoint (rounded?)")
+            left, right = data[:cut].decode("utf-8"), data[cut:].decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return decode(ids[:t]) == canonical(left) and decode(ids[t:]) == canonical(right)
+
+    for t, cut in zip(token_endpoints, endpoint_bytes):
+        if not exact(t, cut):
+            problems.append(f"token endpoint {t} does not split the prompt exactly at byte {cut} (rounded?)")
+    prefix_lengths = None
     for cut in message_endpoints:
-        t = exact.get(cut)
-        if t is not None and 0 < t < n and t not in token_endpoints:
-            problems.append(f"message endpoint {cut} is an exact token cut at {t} but was omitted")
+        if cut in endpoint_bytes:
+            continue
+        if prefix_lengths is None:
+            prefix_lengths = [len(decode(ids[:t])) for t in range(n + 1)]
+        try:
+            target = len(canonical(data[:cut].decode("utf-8")))
+        except UnicodeDecodeError:
+            problems.append(f"message endpoint {cut} is not on a character boundary")
+            continue
+        for t in (t for t, length in enumerate(prefix_lengths) if length == target):
+            if 0 < t < n and exact(t, cut):
+                problems.append(f"message endpoint {cut} is an exact token cut at {t} but was omitted")
+                break
     return problems
 
 

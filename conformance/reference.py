@@ -68,9 +68,26 @@ def supports_sanitize(tok) -> bool:
     return "sanitize_control_tokens" in inspect.signature(tok.apply_chat_template).parameters
 
 
+def _has_none(messages) -> bool:
+    return any(v is None for m in messages for v in m.values())
+
+
 def reference_render(tok, template: str, messages, variables: dict, conv_options) -> str:
     kwargs = {k: v for k, v in variables.items()
               if k not in ("messages", "tools", "documents", "add_generation_prompt") and not k.endswith("_token")}
+    if _has_none(messages):
+        # apply_chat_template drops None-valued keys (transformers >= 5.2x), which makes templates that
+        # branch on `content is none` (DeepSeek-V3 tool-call turns) undefined; render with transformers'
+        # own renderer and the tokenizer's special tokens instead.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, _ = render_jinja_template(
+            conversations=[_plain(messages)], tools=_plain(variables.get("tools")), chat_template=template,
+            add_generation_prompt=conv_options.add_generation_prompt,
+            continue_final_message=conv_options.continue_final_message,
+            **{**tok.special_tokens_map, **_plain(kwargs)},
+        )
+        return rendered[0]
     return tok.apply_chat_template(
         _plain(messages), tools=_plain(variables.get("tools")), chat_template=template, tokenize=False,
         add_generation_prompt=conv_options.add_generation_prompt,

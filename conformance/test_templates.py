@@ -89,9 +89,9 @@ def test_planted_rounded_token_endpoint_is_caught():
     ids = list(range(len(tokens)))
     decode = lambda seq: "".join(tokens[i] for i in seq)
     # Byte 3 falls inside the "ab" token: that cut must be omitted; byte 5 is exact at token 4.
-    assert check_endpoint_invariants(prompt, ids, [3, 5], [4], decode) == []
+    assert check_endpoint_invariants(prompt, ids, [3, 5], [4], [5], decode) == []
     # Rounding the crossed cut to a neighbouring token boundary (2 or 3) is a defect.
-    assert check_endpoint_invariants(prompt, ids, [3, 5], [2, 4], decode)
-    assert check_endpoint_invariants(prompt, ids, [3, 5], [3, 4], decode)
+    assert check_endpoint_invariants(prompt, ids, [3, 5], [2, 4], [3, 5], decode)
+    assert check_endpoint_invariants(prompt, ids, [3, 5], [3, 4], [3, 5], decode)
     # Omitting an exact cut is a defect too.
-    assert check_endpoint_invariants(prompt, ids, [3, 5], [], decode)
+    assert check_endpoint_invariants(prompt, ids, [3, 5], [], [], decode)

@@ -3,7 +3,7 @@
 It matches the environment transformers' ``apply_chat_template`` uses (sandboxed, ``trim_blocks``,
 ``lstrip_blocks``, loop controls, ``tojson`` without HTML escaping, ``raise_exception``,
 ``strftime_now``) so prompt bytes are identical, and adds the ``{% mark %}`` extension and a
-``finalize`` hook that records where tracked strings are emitted.
+span-keeping buffer join for tracked strings.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
 from ignition.templates.marks import GenerationExtension, MarkExtension, MarkRecorder
-from .tracked import TrackedStr
+from .conversation import FrontendError
+from .tracked import TrackedStr, concat
 
 ACTIVE_RECORDER: ContextVar[MarkRecorder | None] = ContextVar("flare_mark_recorder", default=None)
 
@@ -62,14 +63,6 @@ class _TemplateDict:
         return dict.fromkeys(*args, **kwargs)
 
 
-def _finalize(value):
-    if type(value) is TrackedStr and value.spans:
-        recorder = ACTIVE_RECORDER.get()
-        if recorder is not None:
-            recorder.pending.append(value)
-    return value
-
-
 class _MarkAwareExtension(MarkExtension):
     @staticmethod
     def _record(context, lineno, value):
@@ -84,8 +77,8 @@ def make_environment() -> ImmutableSandboxedEnvironment:
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_MarkAwareExtension, GenerationExtension, jinja2.ext.loopcontrols],
-        finalize=_finalize,
     )
+    env.concat = concat
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -112,23 +105,14 @@ def render_with_marks(template: jinja2.Template, variables: dict):
     try:
         ctx = template.new_context(variables)
         for chunk in template.root_render_func(ctx):
-            if recorder.pending:
-                _place_spans(recorder, chunk)
+            if type(chunk) is TrackedStr and chunk.spans:
+                base = recorder.chars
+                recorder.spans.extend((key, base + s, base + e) for key, s, e in chunk.spans)
             append(chunk)
             recorder.chars += len(chunk)
             recorder.position += len(chunk) if chunk.isascii() else len(chunk.encode("utf-8"))
+    except jinja2.exceptions.TemplateError as exc:  # raise_exception() and template errors
+        raise FrontendError("messages", f"the chat template rejected the conversation: {exc}") from exc
     finally:
         ACTIVE_RECORDER.reset(token)
     return "".join(chunks), recorder
-
-
-def _place_spans(recorder: MarkRecorder, chunk: str) -> None:
-    # Only a tracked value emitted directly as this chunk is placed; one that was finalized into a
-    # buffer (a macro or captured block) reached the output transformed, so its spans are dropped.
-    value = recorder.pending[-1]
-    recorder.pending.clear()
-    if str.__str__(value) != chunk:
-        return
-    base = recorder.chars
-    for key, start, end in value.spans:
-        recorder.spans.append((key, base + start, base + end))

@@ -51,6 +51,8 @@ class Frontend:
         opts = conv.options
         v = dict(self.variables)
         v.update(messages=messages, add_generation_prompt=opts.add_generation_prompt)
+        if opts.tools and not self.spec.renders_tools:
+            raise FrontendError("tools", "this recipe's chat template does not render tool definitions")
         v["tools"] = opts.tools if opts.tools else None
         v["documents"] = None
         if opts.tool_choice not in (None, "auto", "none", "required"):

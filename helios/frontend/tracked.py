@@ -3,8 +3,9 @@
 A ``TrackedStr`` carries spans ``(key, start, end)`` in characters.  Concatenation (``+`` on
 either side) and ``strip``/``lstrip``/``rstrip`` keep the spans exact; every other operation
 returns a plain ``str`` and the spans are lost, so a position is never guessed after a
-transformation that cannot be mapped.  The renderer's ``finalize`` hook sees each tracked
-value as it is emitted and records its spans at the exact output position.
+transformation that cannot be mapped.  ``str()`` of a tracked string is itself and Jinja's
+buffer join keeps spans (:func:`concat`), so tracked pieces survive macros, captured blocks and
+``trim``; the renderer records the spans of each tracked chunk at its exact output position.
 
 Only requests that need positions (block hints, continuation, literal special-token
 spellings) create tracked strings; the ordinary path creates none.
@@ -66,5 +67,18 @@ class TrackedStr(str):
     def rstrip(self, chars=None):
         return self._clip(0, len(str.rstrip(self, chars)))
 
-    def __str__(self):  # what gets emitted is always a plain string
-        return str.__str__(self)
+    def __str__(self):  # Jinja calls str() on every output: keep the spans travelling
+        return self
+
+
+def concat(pieces) -> str:
+    """``"".join`` that keeps tracked spans (Jinja's buffer join for macros and captured blocks)."""
+    pieces = list(pieces)
+    if not any(type(p) is TrackedStr for p in pieces):
+        return "".join(pieces)
+    spans, pos = [], 0
+    for p in pieces:
+        if type(p) is TrackedStr:
+            spans.extend((k, s + pos, e + pos) for k, s, e in p.spans)
+        pos += len(p)
+    return TrackedStr("".join(pieces), tuple(spans))

@@ -65,6 +65,7 @@ def tokenizer_config(template: str | None = None) -> dict:
         "eos_token": im_end,
         "pad_token": eot,
         "unk_token": eot,
+        "additional_special_tokens": list(_tokenizer.SPECIAL_TOKENS[1:]),
         "add_bos_token": False,
         "add_eos_token": False,
         "add_prefix_space": False,

@@ -93,6 +93,7 @@ class FrontendSpec:
     image_token: str | None = None  # placeholder token expanded to image tokens
     reasoning_field: str = "reasoning_content"
     text_joiner: str = "\n"
+    renders_tools: bool = True  # False: the template never renders tool definitions; requests with tools are rejected
     # "object": tool-call arguments reach the template as a mapping; "json": as a JSON string
     # (json.dumps, ensure_ascii=False), for templates that concatenate them as text.
     tool_arguments: str = "object"

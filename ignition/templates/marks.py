@@ -38,7 +38,6 @@ class MarkRecorder:
     chars: int = 0  # characters emitted so far
     marks: list[tuple[int, Any]] = field(default_factory=list)  # (line, (bytes, chars)) or (line, value)
     spans: list[tuple[Any, int, int]] = field(default_factory=list)  # tracked (key, start, end) characters
-    pending: list[Any] = field(default_factory=list)
     literal_expected: int = 0  # special-token spellings in content (set by the frontend)
 
 

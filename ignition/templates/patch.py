@@ -48,9 +48,9 @@ class Insertion:
 
 @dataclass(frozen=True)
 class TemplateSource:
-    repo_id: str | None  # None for project-embedded templates
-    revision: str | None
     filename: str
+    repo_id: str | None = None  # None for project-embedded templates
+    revision: str | None = None
     json_key: str | None = None  # e.g. "chat_template" inside tokenizer_config.json
     embedded: str | None = None  # repository-relative path of a project-owned template
 

@@ -17,6 +17,7 @@ RECIPE = Recipe(
         reasoning_field="reasoning_content",  # the V3 template ignores reasoning
         tool_arguments="json",  # arguments are concatenated as text into a ```json fence
         assistant_null_content=True,  # tool calls render only when content is none
+        renders_tools=False,  # the V3 template never renders tool definitions: reject them rather than drop them
     ),
     variants=(TemplateVariant("deepseek_v3", "chat_template.deepseek_v3.patch.json", hidden_sizes=(7168,)),),
     checkpoints=CHECKPOINTS,
