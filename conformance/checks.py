@@ -55,7 +55,8 @@ def check_endpoint_invariants(prompt: str, ids: list[int], message_endpoints: li
     return problems
 
 
-def check_reuse(prev_ids: list[int], prev_endpoints: list[int], next_ids: list[int]) -> tuple[int, int]:
-    """How many endpoints of turn N remain a token prefix of turn N+1: (kept, total)."""
-    kept = sum(1 for t in prev_endpoints if next_ids[:t] == prev_ids[:t])
+def check_reuse(prev_prompt: str, prev_endpoints: list[int], next_prompt: str) -> tuple[int, int]:
+    """How many byte endpoints of turn N remain a byte prefix of turn N+1: (kept, total)."""
+    a, b = prev_prompt.encode("utf-8"), next_prompt.encode("utf-8")
+    kept = sum(1 for c in prev_endpoints if b[:c] == a[:c])
     return kept, len(prev_endpoints)

@@ -1,4 +1,9 @@
-"""Reusable-prefix rate: which endpoints of turn N remain a prefix of turn N+1, per template."""
+"""Reusable-prefix rate: which endpoints of turn N remain a prefix of turn N+1, per template.
+
+Turn N is the conversation up to and including the assistant reply as the model generated it;
+turn N+1 re-renders that history with the next user message.  Templates that rewrite history
+(reasoning dropped once a later user message exists, for example) lose the endpoints after it.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +20,23 @@ MULTITURN = [s for s in CORPUS if "multiturn" in s["features"] and s["protocol"]
 
 
 def _turns(request):
-    """Requests ending at each user message after the first: turn N and turn N+1 pairs."""
+    """(turn N, turn N+1) request pairs: turn N ends with an assistant reply as it was generated
+    (rendered as history, no generation prompt); turn N+1 adds the next user message."""
     msgs = request["messages"]
-    user_idx = [i for i, m in enumerate(msgs) if m["role"] == "user"]
     out = []
-    for i in user_idx:
-        r = copy.deepcopy(request)
-        r["messages"] = msgs[: i + 1]
-        out.append(r)
-    return list(zip(out, out[1:]))
+    for a, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        nxt = next((u for u in range(a + 1, len(msgs)) if msgs[u]["role"] == "user"), None)
+        if nxt is None:
+            continue
+        prev = copy.deepcopy(request)
+        prev["messages"] = msgs[: a + 1]
+        prev["add_generation_prompt"] = False
+        follow = copy.deepcopy(request)
+        follow["messages"] = msgs[: nxt + 1]
+        out.append((prev, follow))
+    return out
 
 
 def test_reusable_prefix_rate(frontend_case, frontend, flare_samples):
@@ -36,11 +49,11 @@ def test_reusable_prefix_rate(frontend_case, frontend, flare_samples):
                 nxt = frontend.prepare(decode_request("openai", next_req))
             except FrontendError:
                 continue  # a feature this recipe rejects (covered by test_frontend)
-            kept, total = check_reuse(prev.token_ids, prev.token_endpoints, nxt.token_ids)
-            # Token-prefix reuse implies byte-prefix reuse at the same endpoint.
+            kept, total = check_reuse(prev.prompt, prev.message_endpoints, nxt.prompt)
+            # Where the bytes before an exact token endpoint are kept, so are its tokens.
             for t, cut in zip(prev.token_endpoints, prev.token_endpoint_bytes):
-                if nxt.token_ids[:t] == prev.token_ids[:t]:
-                    assert nxt.prompt.encode()[:cut] == prev.prompt.encode()[:cut]
+                if nxt.prompt.encode()[:cut] == prev.prompt.encode()[:cut]:
+                    assert nxt.token_ids[:t] == prev.token_ids[:t], (t, cut)
             k, n = per_conversation.get(sample["name"], (0, 0))
             per_conversation[sample["name"]] = (k + kept, n + total)
             kept_all += kept

@@ -1,7 +1,7 @@
 """Strings that remember where tracked pieces of them came from.
 
 A ``TrackedStr`` carries spans ``(key, start, end)`` in characters.  Concatenation (``+`` on
-either side) and ``strip``/``lstrip``/``rstrip`` keep the spans exact; every other operation
+either side), ``strip``/``lstrip``/``rstrip`` and ``split`` on a separator keep the spans exact; every other operation
 returns a plain ``str`` and the spans are lost, so a position is never guessed after a
 transformation that cannot be mapped.  ``str()`` of a tracked string is itself and Jinja's
 buffer join keeps spans (:func:`concat`), so tracked pieces survive macros, captured blocks and
@@ -66,6 +66,17 @@ class TrackedStr(str):
 
     def rstrip(self, chars=None):
         return self._clip(0, len(str.rstrip(self, chars)))
+
+    def split(self, sep=None, maxsplit=-1):
+        """Parts of a split are slices of this string, so spans that overlap them are kept."""
+        parts = str.split(self, sep, maxsplit)
+        if sep is None or not self.spans:
+            return parts
+        out, pos = [], 0
+        for part in parts:
+            out.append(self._clip(pos, pos + len(part)))
+            pos += len(part) + len(sep)
+        return out
 
     def __str__(self):  # Jinja calls str() on every output: keep the spans travelling
         return self
