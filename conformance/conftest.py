@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,9 +27,18 @@ def hub_cache():
 
 @lru_cache(maxsize=None)
 def _frontend(recipe, checkpoint, variant, hub_cache):
+    """The frontend under test; annotated templates come from FLARE_TEST_TEMPLATE_DIR when set
+    (tests/frontend/prepare_templates.py), else they are prepared from the hub cache."""
     from ignition.frontend_assets import load_frontend
 
-    return load_frontend(recipe, checkpoint, variant, hub_cache)
+    annotated = None
+    prepared_dir = os.environ.get("FLARE_TEST_TEMPLATE_DIR")
+    if prepared_dir:
+        path = Path(prepared_dir) / recipe / f"chat_template.{variant}.jinja"
+        if not path.is_file():
+            raise TemplateSourceMissing(f"{path} (prepare it with tests/frontend/prepare_templates.py)")
+        annotated = path.read_text(encoding="utf-8")
+    return load_frontend(recipe, checkpoint, variant, hub_cache, annotated)
 
 
 def needs_hub(case) -> bool:

@@ -41,7 +41,11 @@ def reference_tokenizer(recipe: str, checkpoint: str, hub_cache: str | None):
     except TemplateSourceMissing as exc:
         raise AssetMissing(str(exc)) from exc
     cls = transformers.GemmaTokenizer if decl.tokenizer_class == "gemma" else transformers.AutoTokenizer
-    return cls.from_pretrained(checkpoint, cache_dir=hub_cache, local_files_only=True)
+    try:
+        return cls.from_pretrained(checkpoint, cache_dir=hub_cache, local_files_only=True)
+    except OSError as exc:  # e.g. DeepSeek-R1: tokenizer.json only, no tokenizer_config.json
+        raise AssetMissing(f"{checkpoint}: transformers cannot load its tokenizer offline ({exc.__class__.__name__}: "
+                           f"{str(exc).splitlines()[0][:160]})") from exc
 
 
 @lru_cache(maxsize=None)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ignition.recipes.base import Checkpoint, Recipe
 from ignition.recipes.registry import load_recipe
-from ignition.templates.patch import TemplatePatch, hub_file, read_source_text
+from ignition.templates.patch import TemplatePatch, TemplateSourceMismatch, hub_file, read_source_text, sha256
 
 
 @dataclass
@@ -47,28 +47,37 @@ def _checkpoint_file(checkpoint: str, filename: str, hub_cache) -> Path:
     return hub_file(checkpoint, filename, None, hub_cache)
 
 
+def checkpoint_template_source(patch: TemplatePatch, checkpoint: str, hub_cache: str | None) -> str:
+    """The checkpoint's own template bytes (its folder, or its repository's ``refs/main`` in the hub
+    cache); the patch's pinned hash decides whether the annotations apply to them."""
+    if patch.source.embedded:
+        return read_source_text(patch.source)
+    if os.path.isdir(checkpoint):
+        return read_source_text(patch.source, checkpoint_dir=checkpoint)
+    return read_source_text(replace(patch.source, repo_id=checkpoint, revision=None), hub_cache=hub_cache)
+
+
 def prepare_frontend_assets(recipe_name: str, checkpoint: str, variant: str | None = None,
-                            hub_cache: str | None = None) -> FrontendAssets:
+                            hub_cache: str | None = None, annotated: str | None = None) -> FrontendAssets:
+    """Verify and annotate the checkpoint's template (or check a prepared ``annotated`` text against
+    the patch's result hash) and locate its tokenizer."""
     recipe = load_recipe(recipe_name)
     decl = _declared_checkpoint(recipe, checkpoint, hub_cache)
     variant = variant or decl.variant
     patch = TemplatePatch.load(recipe.patch_path(variant))
-    source = read_source_text(
-        patch.source, checkpoint_dir=checkpoint if os.path.isdir(checkpoint) else None, hub_cache=hub_cache,
-    ) if not patch.source.embedded else read_source_text(patch.source)
-    if not patch.source.embedded and not os.path.isdir(checkpoint):
-        # Read from the checkpoint's own repository (refs/main), verified against the pinned hash.
-        path = hub_file(checkpoint, patch.source.filename, None, hub_cache)
-        raw = path.read_bytes()
-        source = json.loads(raw)[patch.source.json_key] if patch.source.json_key else raw.decode("utf-8")
-    annotated = patch.apply(source)
-    tok_path = _checkpoint_file(checkpoint, "tokenizer.json", hub_cache) if not _is_embedded(decl) else None
-    cfg_path = None if _is_embedded(decl) else _checkpoint_file(checkpoint, "tokenizer_config.json", hub_cache)
+    if annotated is None:
+        annotated = patch.apply(checkpoint_template_source(patch, checkpoint, hub_cache))
+    elif sha256(annotated) != patch.result_sha256:
+        raise TemplateSourceMismatch(f"prepared annotated template for {recipe_name}/{variant}",
+                                     patch.result_sha256, sha256(annotated))
     if _is_embedded(decl):
         from ignition.embedded import materialize_default
 
         folder = materialize_default()
         tok_path, cfg_path = folder / "tokenizer.json", folder / "tokenizer_config.json"
+    else:
+        tok_path = _checkpoint_file(checkpoint, "tokenizer.json", hub_cache)
+        cfg_path = _checkpoint_file(checkpoint, "tokenizer_config.json", hub_cache)
     variables = special_token_variables(json.loads(Path(cfg_path).read_text()))
     return FrontendAssets(recipe, decl, variant, annotated, Path(tok_path), variables)
 
@@ -91,10 +100,11 @@ def _declared_checkpoint(recipe: Recipe, checkpoint: str, hub_cache) -> Checkpoi
     return recipe.checkpoints[0]
 
 
-def load_frontend(recipe_name: str, checkpoint: str, variant: str | None = None, hub_cache: str | None = None):
+def load_frontend(recipe_name: str, checkpoint: str, variant: str | None = None, hub_cache: str | None = None,
+                  annotated: str | None = None):
     from helios.frontend.frontend import Frontend
     from helios.frontend.tokens import PromptTokenizer
 
-    a = prepare_frontend_assets(recipe_name, checkpoint, variant, hub_cache)
+    a = prepare_frontend_assets(recipe_name, checkpoint, variant, hub_cache, annotated)
     return Frontend(a.annotated_template, PromptTokenizer.from_file(a.tokenizer_path), a.variables,
                     a.recipe.frontend, a.checkpoint.sampling)
