@@ -65,7 +65,7 @@ def print_summary(run_dir: Path, elapsed: float) -> None:
         if s.get("case", {}).get("metric") == "reusable_prefix_rate":
             rates.append(s)
     if rates:
-        print("\nreusable-prefix rate (endpoints of turn N that stay a token prefix of turn N+1):")
+        print("\nreusable-prefix rate (byte endpoints of turn N, reply included, that stay a prefix of turn N+1):")
         for s in sorted(rates, key=lambda s: (s["case"]["recipe"], s["case"]["variant"])):
             c = s["case"]
             print(f"  {c['recipe']:12} {c['variant']:16} {c['checkpoint']:28} {s['rate']:.3f} ({s['kept']}/{s['total']})")
