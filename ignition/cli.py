@@ -67,6 +67,55 @@ def _cmd_frontend_render(args) -> int:
     return 0
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def _byte_size(text: str) -> int:
+    """``4294967296``, ``4GiB``, ``500MB``: a positive number of bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS or int(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive byte size: {text!r} (e.g. 4294967296, 4GiB, 500MB)")
+    return int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+
+
+def _cmd_synth(args) -> int:
+    import time
+
+    from ignition.checkpoints.synth import (
+        DEFAULT_SHARD_SIZE, GEOMETRY_FIELDS, SynthError, read_manifest, synthesize_checkpoint,
+    )
+
+    overrides = {k: getattr(args, k) for k in GEOMETRY_FIELDS if getattr(args, k) is not None}
+    for item in args.set or ():
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key:
+                raise ValueError("expected KEY=JSON")
+            overrides[key] = json.loads(value)
+        except ValueError as exc:
+            print(f"error: --set {item!r}: {exc}", file=sys.stderr)
+            return 2
+    started = time.perf_counter()
+    try:
+        out = synthesize_checkpoint(
+            args.repo_id, args.out, seed=args.seed, overrides=overrides, hub_cache=args.hub_cache,
+            shard_size=args.shard_size or DEFAULT_SHARD_SIZE, revision=args.revision, force=args.force,
+            progress=not args.quiet,
+        )
+    except SynthError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    m = read_manifest(out)
+    shards = sum(1 for name in m["files"] if name.endswith(".safetensors"))
+    rev = m["source"]["revision"]
+    print(f"wrote {out}: {m['tensors']} tensors, {m['parameters']:,} parameters, {m['weight_bytes']:,} bytes "
+          f"in {shards} shard(s), seed {m['seed']}, from {m['source']['repo_id']}" + (f"@{rev[:12]}" if rev else "")
+          + f"; copied {', '.join(m['source']['copied']) or 'nothing'} ({time.perf_counter() - started:.1f}s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ignition", description="Prepare checkpoints into Flare cores.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -97,6 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--hub-cache", default=None)
     r.add_argument("request", help="request JSON file")
     r.set_defaults(func=_cmd_frontend_render)
+
+    c = sub.add_parser("synth-checkpoint", help="write a checkpoint folder with seeded random weights (no downloads)")
+    c.add_argument("repo_id", help="hub repo id in the offline cache, or flare/embedded-default")
+    c.add_argument("--out", required=True, help="checkpoint folder to write (must be empty or absent)")
+    c.add_argument("--seed", type=int, default=0)
+    for flag, field in (("layers", "num_hidden_layers"), ("hidden", "hidden_size"),
+                        ("intermediate", "intermediate_size"), ("heads", "num_attention_heads"),
+                        ("kv-heads", "num_key_value_heads"), ("head-dim", "head_dim"), ("vocab", "vocab_size")):
+        c.add_argument(f"--{flag}", type=int, default=None, metavar="N", help=f"override {field}")
+    c.add_argument("--set", action="append", metavar="KEY=JSON",
+                   help="override any other config field (JSON value; null removes it); repeatable")
+    c.add_argument("--hub-cache", default=None)
+    c.add_argument("--revision", default=None, help="hub revision (default: refs/main)")
+    c.add_argument("--shard-size", type=_byte_size, default=None, metavar="BYTES",
+                   help="largest shard (default 4GiB); accepts 4GiB, 500MB, ...")
+    c.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=_cmd_synth)
     return p
 
 
