@@ -23,3 +23,14 @@ RECIPE = Recipe(
     assets_dir=Path(__file__).parent / "assets",
     notes="Reasoning of assistant turns before the last user query is dropped from history by the template.",
 )
+
+# Model side (issue 3): the prepared model and its graph catalog (imported lazily: no torch for the frontend).
+MODEL = "ignition.recipes.qwen3.model:PreparedQwen3"
+DECODE_CAPACITIES = (1, 2, 4, 8, 16, 32, 64)  # rows per decode graph
+PREFILL_CHUNKS = (256, 1024, 4096)  # tokens per prefill graph
+
+
+def graph_catalog():
+    from ignition.graphs.catalog import GraphCatalog
+
+    return GraphCatalog(decode_capacities=DECODE_CAPACITIES, prefill_chunks=PREFILL_CHUNKS)

@@ -1,0 +1,140 @@
+"""Paged KV cache and the PyTorch attention backend (decode and chunked prefill).
+
+Layout (``PagedKVCache``): one stacked pool per K and V, ``[num_layers, num_pages + 1, page_size,
+kv_heads, head_dim]``.  Page ``num_pages`` is a sink: writes of padding tokens and inactive rows go
+there (``slot_mapping < 0`` or row inactive), so every step writes a static number of slots and
+nothing is decided on the host.  Page indices ``0 .. num_pages - 1`` belong to requests through their
+block tables ``[B, max_pages] int32``; a token at position ``p`` of a row lives in slot
+``block_tables[row, p // page_size] * page_size + p % page_size``.
+
+A step's ``AttentionBatch`` carries explicit tensors (positions ``[B, T]``, slot mapping ``[B, T]``,
+block tables, ``seq_lens [B]`` = context length after this step, ``active [B]``) and the visibility
+mask, built once per step from tensor comparisons of static shape (key index ``j`` is visible to a
+query at position ``p`` iff ``j <= p`` and ``j < seq_len`` and the row is active).  No dense mask is
+built from Python values and nothing reads back to the host, so the step is capturable.
+
+``PyTorchPagedAttention`` writes the new K/V through the slot mapping, gathers each row's context from
+its pages and computes attention like transformers' eager path: bf16 scores ``(q @ k^T) * scaling``,
+masked, softmax in fp32 rounded to the activation dtype, ``@ v``.  GQA shares each K/V head with its
+query-head group by reshaping the queries (no K/V repetition).  It attends over the full block-table
+width every step (the price of static shapes on this reference path); kernels that stop at
+``seq_len`` belong to the Triton/FlashInfer backends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedKVCache:
+    k: torch.Tensor  # [layers, num_pages + 1, page_size, kv_heads, head_dim]; the last page is the sink
+    v: torch.Tensor
+    page_size: int
+    max_pages_per_row: int
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int, *,
+                 max_context: int, dtype=torch.bfloat16, device=None) -> "PagedKVCache":
+        """Zero-filled pools (never uninitialized: masked keys must still hold finite values)."""
+        shape = (num_layers, num_pages + 1, page_size, kv_heads, head_dim)
+        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device),
+                   page_size, math.ceil(max_context / page_size))
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[1] - 1
+
+    @property
+    def sink_page(self) -> int:
+        return self.num_pages
+
+    @property
+    def sink_slot(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def max_context(self) -> int:
+        return self.max_pages_per_row * self.page_size
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+        """Scatter ``[N, kv_heads, head_dim]`` into flat slots ``[N]`` (every slot valid; sink for padding)."""
+        self.k[layer].view(-1, *self.k.shape[-2:]).index_copy_(0, slots, k_new)
+        self.v[layer].view(-1, *self.v.shape[-2:]).index_copy_(0, slots, v_new)
+
+    def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's context in logical order: ``[B, max_pages * page_size, kv_heads, head_dim]``."""
+        b, p = block_tables.shape
+        idx = block_tables.long()
+        k = self.k[layer][idx].view(b, p * self.page_size, *self.k.shape[-2:])
+        v = self.v[layer][idx].view(b, p * self.page_size, *self.v.shape[-2:])
+        return k, v
+
+
+def slot_mapping_for(block_tables: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                     page_size: int) -> torch.Tensor:
+    """Host-side helper (scheduler, tests): slots of ``positions [B, T]``; -1 where not ``valid``."""
+    page = torch.gather(block_tables.long(), 1, (positions // page_size).clamp(min=0, max=block_tables.shape[1] - 1))
+    slots = page * page_size + positions % page_size
+    return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+@dataclass
+class AttentionBatch:
+    """Per-step attention inputs shared by every layer (built once per step, static shapes)."""
+
+    cache: PagedKVCache
+    slots: torch.Tensor  # [B * T] int64, sanitized: padding and inactive rows point at the sink slot
+    block_tables: torch.Tensor  # [B, P]
+    visible: torch.Tensor  # [B, 1, 1, T, S] bool: key j visible to query t
+    valid: torch.Tensor  # [B, T] bool: real (written, attended) tokens
+    active: torch.Tensor  # [B] bool
+
+    @classmethod
+    def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
+              block_tables: torch.Tensor, seq_lens: torch.Tensor, active: torch.Tensor) -> "AttentionBatch":
+        b, t = positions.shape
+        s = block_tables.shape[1] * cache.page_size
+        active = active.bool()
+        valid = (slot_mapping >= 0) & active[:, None]
+        sink = torch.full_like(slot_mapping, cache.sink_slot)
+        slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
+        key = torch.arange(s, device=positions.device)
+        visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
+        visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
+        return cls(cache, slots, block_tables, visible, valid, active)
+
+
+class PyTorchPagedAttention:
+    """Reference backend (CPU and GPU, eager or Inductor): eager-path numerics, paged K/V."""
+
+    name = "pytorch"
+    features = frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"})  # backends.ATTENTION_FEATURES
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scaling = num_heads, num_kv_heads, head_dim, scaling
+        self.groups = num_heads // num_kv_heads
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 batch: AttentionBatch) -> torch.Tensor:
+        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (rotated, normed) -> ``[B, T, H * D]``."""
+        b, t = q.shape[:2]
+        kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
+        batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
+        k_ctx, v_ctx = batch.cache.gather(layer, batch.block_tables)  # [B, S, KV, D]
+        s = k_ctx.shape[1]
+        # queries of one KV group side by side: [B, KV, G*T, D]; head h = kv * G + g as in repeat_kv
+        qg = q.view(b, t, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
+        scores = torch.matmul(qg, k_ctx.permute(0, 2, 3, 1)) * self.scaling  # [B, KV, G*T, S]
+        scores = scores.view(b, kvh, g, t, s).masked_fill(~batch.visible, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(b, kvh, g * t, s)
+        out = torch.matmul(probs, v_ctx.transpose(1, 2))  # [B, KV, G*T, D]
+        return out.view(b, kvh, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, kvh * g * d)

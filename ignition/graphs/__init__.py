@@ -1,0 +1,1 @@
+"""Graph catalogs: static-shape prepared steps, compiled and captured."""

@@ -1,0 +1,237 @@
+"""The graph catalog: static-shape prepared steps, tuned, compiled, then captured into one graph pool.
+
+A recipe declares a ``GraphCatalog`` (decode capacities in rows, prefill chunk sizes in tokens).
+``GraphCatalog.prepare(model, ...)`` builds one ``PreparedStep`` per shape with static input and output
+buffers; ``PreparedGraphs`` then runs the stages in order:
+
+1. ``tune()``: each step runs once on its declaration example (its own static buffers: every row
+   inactive, so all KV writes land in the sink page); the model's optional ``tune(step)`` hook may
+   keep plans.  Examples and tuning workspaces are released afterwards (``release_examples``).
+2. ``compile()``: each step's callable is wrapped with ``torch.compile(fullgraph=True, dynamic=False)``
+   with ``emulate_precision_casts`` so fused kernels keep the model's bf16 rounding points.
+3. ``capture()`` (CUDA only): each step is warmed up on a side stream and captured into a
+   ``torch.cuda.CUDAGraph``; all graphs share one pool (``torch.cuda.graph_pool_handle()``), largest
+   first.  The captured step copies logits and tokens into per-step output buffers allocated outside
+   the pool, so a later replay of another graph never overwrites them.
+
+``PreparedStep.run(...)`` copies a (possibly smaller) batch into the static inputs -- padding rows are
+inactive, padding tokens carry ``slot_mapping = -1`` -- then replays the graph (CUDA) or calls the
+eager/compiled forward (CPU), and returns views of the static outputs for the live rows.  Nothing in
+a step advances by itself: all state it changes is the KV pages its inputs name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DECODE = "decode"
+PREFILL = "prefill"
+INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "active_rows")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    kind: str  # "decode" | "prefill"
+    rows: int
+    tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.rows}x{self.tokens}"
+
+
+@dataclass(frozen=True)
+class GraphCatalog:
+    """What a recipe declares: decode capacities (rows, one token each) and prefill chunks (tokens, one row)."""
+
+    decode_capacities: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    prefill_chunks: tuple[int, ...] = (256, 1024, 4096)
+
+    def __post_init__(self):
+        for what, values in (("decode_capacities", self.decode_capacities), ("prefill_chunks", self.prefill_chunks)):
+            if list(values) != sorted(set(values)) or any(v < 1 for v in values):
+                raise ValueError(f"{what} must be positive, unique and ascending: {values}")
+
+    def shapes(self, decode: Iterable[int] | None = None, prefill: Iterable[int] | None = None) -> list[StepShape]:
+        decode = self.decode_capacities if decode is None else tuple(decode)
+        prefill = self.prefill_chunks if prefill is None else tuple(prefill)
+        unknown = [c for c in decode if c not in self.decode_capacities]
+        unknown += [c for c in prefill if c not in self.prefill_chunks]
+        if unknown:
+            raise ValueError(f"capacities {unknown} are not declared by the catalog {self}")
+        return [StepShape(DECODE, c, 1) for c in decode] + [StepShape(PREFILL, 1, t) for t in prefill]
+
+    def prepare(self, model, decode: Iterable[int] | None = None, prefill: Iterable[int] | None = None,
+                max_pages_per_row: int | None = None) -> "PreparedGraphs":
+        """Static buffers and eager step callables for each selected shape."""
+        cache = model.kv_cache
+        if cache is None:
+            raise RuntimeError("the model needs its KV cache allocated before the catalog is prepared")
+        pages = max_pages_per_row or cache.max_pages_per_row
+        steps = [PreparedStep(s, model, pages) for s in self.shapes(decode, prefill)]
+        return PreparedGraphs(self, model, steps)
+
+
+def _inductor_options() -> dict:
+    from torch._inductor import config as inductor_config
+
+    return {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+
+
+def _recompile_limit(n: int):
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            return cfg.patch(**{name: max(n, getattr(cfg, name))})
+    return contextlib.nullcontext()
+
+
+class PreparedStep:
+    """One static shape: input buffers, output buffers, and the callable that fills the outputs."""
+
+    def __init__(self, shape: StepShape, model, max_pages: int):
+        self.shape, self.model, self.max_pages = shape, model, max_pages
+        dev, b, t = model.device, shape.rows, shape.tokens
+        self.inputs = {
+            "input_ids": torch.zeros(b, t, dtype=torch.long, device=dev),
+            "positions": torch.zeros(b, t, dtype=torch.long, device=dev),
+            "slot_mapping": torch.full((b, t), -1, dtype=torch.long, device=dev),
+            "block_tables": torch.full((b, max_pages), model.kv_cache.sink_page, dtype=torch.int32, device=dev),
+            "seq_lens": torch.zeros(b, dtype=torch.long, device=dev),
+            "active_rows": torch.zeros(b, dtype=torch.bool, device=dev),
+        }
+        self.pad = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_tables": model.kv_cache.sink_page,
+                    "seq_lens": 0, "active_rows": False}
+        self.logits = torch.zeros(b, model.vocab_size, dtype=torch.float32, device=dev)
+        self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
+        self.fn: Callable = model.forward
+        self.mode = "eager"
+        self.graph = None
+        self.example: dict | None = None  # declaration example, alive only until release_examples()
+
+    def _body(self):
+        logits, tokens = self.fn(*(self.inputs[k] for k in INPUTS))
+        self.logits.copy_(logits)
+        self.tokens.copy_(tokens)
+
+    def execute(self) -> None:
+        """Run on whatever the static inputs hold (graph replay when captured)."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            with torch.no_grad():
+                self._body()
+
+    def load(self, **inputs: torch.Tensor) -> tuple[int, int]:
+        """Copy a batch of ``b <= rows`` rows and ``t <= tokens`` tokens into the static inputs; pad the rest."""
+        missing = [k for k in INPUTS if k not in inputs]
+        if missing:
+            raise TypeError(f"{self.shape.name}: missing inputs {missing}")
+        b, t = inputs["input_ids"].shape
+        p = inputs["block_tables"].shape[1]
+        if b > self.shape.rows or t > self.shape.tokens or p > self.max_pages:
+            raise ValueError(f"{self.shape.name} (max pages {self.max_pages}) cannot hold a batch of {b} rows x "
+                             f"{t} tokens x {p} pages")
+        for k in INPUTS:
+            buf, x = self.inputs[k], inputs[k]
+            buf.fill_(self.pad[k])
+            region = buf[:b, :t] if k in ("input_ids", "positions", "slot_mapping") else (
+                buf[:b, :p] if k == "block_tables" else buf[:b])
+            region.copy_(x, non_blocking=True)
+        return b, t
+
+    def run(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Load, execute, and return ``(logits [b, V], tokens [b])`` -- views of the static outputs."""
+        b, _ = self.load(**inputs)
+        self.execute()
+        return self.logits[:b], self.tokens[:b]
+
+
+@dataclass
+class PreparedGraphs:
+    catalog: GraphCatalog
+    model: object
+    steps: list[PreparedStep]
+    stage: str = "prepared"
+    pool: object = None
+    log_lines: list[str] = field(default_factory=list)
+
+    def step(self, kind: str, rows: int = 1, tokens: int = 1) -> PreparedStep:
+        """The smallest prepared step of ``kind`` holding ``rows`` rows and ``tokens`` tokens."""
+        fits = [s for s in self.steps if s.shape.kind == kind and s.shape.rows >= rows and s.shape.tokens >= tokens]
+        if not fits:
+            raise KeyError(f"no prepared {kind} step holds {rows} rows x {tokens} tokens "
+                           f"(prepared: {[s.shape.name for s in self.steps]})")
+        return min(fits, key=lambda s: (s.shape.rows, s.shape.tokens))
+
+    def _note(self, msg: str) -> None:
+        self.log_lines.append(msg)
+        log.info(msg)
+
+    def tune(self) -> "PreparedGraphs":
+        self._expect("prepared", "tune")
+        hook = getattr(self.model, "tune", None)
+        for s in self.steps:
+            s.example = {k: v.clone() for k, v in s.inputs.items()}  # declaration example: all rows inactive
+            if hook is not None:
+                hook(s)
+            s.execute()
+        self.release_examples()
+        self.stage = "tuned"
+        return self
+
+    def release_examples(self) -> None:
+        for s in self.steps:
+            s.example = None
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    def compile(self, **options) -> "PreparedGraphs":
+        if self.stage == "prepared":
+            self.tune()
+        self._expect("tuned", "compile")
+        opts = {"fullgraph": True, "dynamic": False, "options": _inductor_options(), **options}
+        with _recompile_limit(len(self.steps) + 8):
+            for s in self.steps:
+                s.fn = torch.compile(self.model.forward, **opts)
+                s.mode = "compiled"
+                s.execute()  # compiles this shape now (each shape is one specialization of the forward)
+                self._note(f"compiled {s.shape.name}")
+        self.stage = "compiled"
+        return self
+
+    def capture(self, warmup: int = 2) -> "PreparedGraphs":
+        if self.model.device.type != "cuda":
+            raise RuntimeError("capture() needs a CUDA model; on CPU the prepared steps run eagerly or compiled")
+        if self.stage == "prepared":
+            self.tune()
+        self.pool = torch.cuda.graph_pool_handle()
+        order = sorted(self.steps, key=lambda s: s.shape.rows * s.shape.tokens, reverse=True)
+        with torch.no_grad(), _recompile_limit(len(self.steps) + 8):
+            for s in order:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(warmup):
+                        s._body()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    s._body()
+                s.graph, s.mode = graph, f"captured({s.mode})"
+                self._note(f"captured {s.shape.name}")
+        torch.cuda.synchronize()
+        self.stage = "captured"
+        return self
+
+    def _expect(self, stage: str, what: str) -> None:
+        if self.stage != stage:
+            raise RuntimeError(f"{what}() runs on a {stage} catalog, this one is {self.stage}")

@@ -1,0 +1,233 @@
+"""The prepared Qwen3 model: transformers' Qwen3 modules with instance-local replacements.
+
+Composition (what is reused, what is replaced, and why):
+
+* The canonical ``Qwen3ForCausalLM`` is built on the meta device.  Its embedding, every
+  ``Qwen3DecoderLayer`` (and thus its residual structure and ``input_layernorm`` /
+  ``post_attention_layernorm``), the final ``Qwen3RMSNorm``, the activation, ``q_norm`` / ``k_norm`` and
+  ``apply_rotary_pos_emb`` / ``rotary_emb`` are reused as they are.
+* Per instance (no class or module-global patch), ``layer.self_attn`` becomes ``PagedQwen3Attention``
+  and ``layer.mlp`` becomes ``PackedQwen3MLP``: the smallest modules that own the dataflow we must
+  change -- Q/K/V and gate/up fused into one projection each (packed once at load), the KV state in
+  the paged pool instead of a ``Cache`` object, and attention without a dense mask built per call.
+  ``lm_head`` becomes a ``Projection`` (tied to the embedding where the config says so).
+* ``Qwen3Model.forward`` is not called: it builds a ``DynamicCache`` and a causal mask from Python
+  values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed, canonical rotary, then
+  each canonical decoder layer's own ``forward`` -- its signature forwards ``**kwargs`` to
+  ``self_attn``, so the step's ``AttentionBatch`` reaches our attention as ``paged_batch=`` without a
+  cache argument (the ``past_key_values``/``cache`` rename between transformers versions never matters).
+* Residual + RMSNorm: the decoder layer's canonical ``residual + h`` (rounded to bf16) followed by the
+  norm (fp32 statistics, bf16 rounding) is kept.  Inductor fuses the pair into one kernel; the graph
+  catalog compiles with ``emulate_precision_casts`` so that fusion keeps the bf16 rounding points.
+
+Only the modules that survive replacement are materialized (``to_empty``), then the checkpoint is
+streamed into them (``ignition.checkpoints.loading``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3 import modeling_qwen3
+
+from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
+from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
+from ignition.components.projections import (
+    BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
+    quantization_from_config,
+)
+
+#: Hugging Face leaf name -> (packed module, shard).  Fusion is data: the loader reads it.
+PACKED_MODULES_MAPPING: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+_STATIC_ROPE = ("default", "linear", "yarn", "llama3")  # inv_freq fixed at init (no per-call update)
+
+Sampler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def greedy(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """Default in-step sampler: argmax (first maximum, as ``torch.argmax``); -1 for inactive rows."""
+    return torch.where(active, logits.argmax(dim=-1), torch.full_like(active, -1, dtype=torch.long))
+
+
+class PagedQwen3Attention(nn.Module):
+    """Replaces one ``Qwen3Attention``: fused QKV, canonical q/k norms and rotary, paged attention, o_proj."""
+
+    def __init__(self, canonical: nn.Module, qkv_proj: PackedProjection, o_proj: nn.Module, backend):
+        super().__init__()
+        self.layer_idx = canonical.layer_idx
+        self.head_dim = canonical.head_dim
+        self.scaling = canonical.scaling
+        self.qkv_proj = qkv_proj
+        self.q_norm = canonical.q_norm  # canonical Qwen3RMSNorm instances, reused
+        self.k_norm = canonical.k_norm
+        self.o_proj = o_proj
+        self.backend = backend
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None, **_):
+        if paged_batch is None:
+            raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
+        b, t = hidden_states.shape[:2]
+        q, k, v = self.qkv_proj(hidden_states)
+        q = self.q_norm(q.view(b, t, -1, self.head_dim))
+        k = self.k_norm(k.view(b, t, -1, self.head_dim))
+        v = v.view(b, t, -1, self.head_dim)
+        cos, sin = position_embeddings
+        # canonical rotary on the [B, T, heads, D] layout: cos/sin [B, T, D] broadcast over heads
+        q, k = modeling_qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+        out = self.backend(self.layer_idx, q, k, v, paged_batch)
+        return self.o_proj(out), None
+
+
+class PackedQwen3MLP(nn.Module):
+    """Replaces one ``Qwen3MLP``: fused gate/up, the canonical ``act_fn``, down projection."""
+
+    def __init__(self, canonical: nn.Module, gate_up_proj: PackedProjection, down_proj: nn.Module):
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act_fn = canonical.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def validate_config(config: Qwen3Config) -> None:
+    """Structural fields this preparation supports; errors name the config.json field."""
+    if getattr(config, "model_type", None) != "qwen3":
+        raise CheckpointError(f"config.json model_type={config.model_type!r}: the qwen3 recipe serves 'qwen3'")
+    archs = getattr(config, "architectures", None) or ["Qwen3ForCausalLM"]
+    if "Qwen3ForCausalLM" not in archs:
+        raise CheckpointError(f"config.json architectures={archs!r}: expected Qwen3ForCausalLM")
+    if any(t != "full_attention" for t in config.layer_types):
+        raise CheckpointError("config.json use_sliding_window/layer_types: sliding-window layers are not supported")
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type not in _STATIC_ROPE:
+        raise CheckpointError(f"config.json rope_parameters.rope_type={rope_type!r} is not supported "
+                              f"(supported: {', '.join(_STATIC_ROPE)})")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise CheckpointError("config.json num_attention_heads must be a multiple of num_key_value_heads")
+
+
+class PreparedQwen3(nn.Module):
+    """A Qwen3 causal LM prepared for paged, static-shape steps.
+
+    ``forward(input_ids [B, T], positions [B, T], slot_mapping [B, T], block_tables [B, P],
+    seq_lens [B], active_rows [B]) -> (logits fp32 [B, V], tokens int64 [B])``: logits of each row's
+    last valid token (padding tokens carry ``slot_mapping = -1`` and follow the row's valid tokens);
+    inactive rows give zero logits and token -1.  ``seq_lens`` counts each row's context after the step.
+    """
+
+    packed_modules_mapping = PACKED_MODULES_MAPPING
+
+    def __init__(self, config: Qwen3Config, formats: dict[str, str] | None = None, *,
+                 quant: Quantization = Quantization(), device="cpu", dtype=torch.bfloat16, attention_backend=None):
+        super().__init__()
+        validate_config(config)
+        self.config, self.quant, self.dtype = config, quant, dtype
+        formats = formats or {}
+        fmt = lambda name: formats.get(name, BF16)  # noqa: E731
+        with torch.device("meta"):
+            hf = Qwen3ForCausalLM(config).to(dtype)
+            hd = hf.model.layers[0].self_attn.head_dim if config.num_hidden_layers else config.head_dim
+            h, kv, n_h = config.hidden_size, config.num_key_value_heads * hd, config.num_attention_heads * hd
+            bias, inter = config.attention_bias, config.intermediate_size
+            kw = dict(dtype=dtype, block_size=quant.block_size)
+            for i, layer in enumerate(hf.model.layers):
+                p = f"model.layers.{i}"
+                attn = layer.self_attn
+                backend = attention_backend or PyTorchPagedAttention(
+                    config.num_attention_heads, config.num_key_value_heads, hd, attn.scaling)
+                qkv = PackedProjection(h, (n_h, kv, kv), [fmt(f"{p}.self_attn.{n}_proj") for n in "qkv"],
+                                       bias=bias, **kw)
+                o = make_projection(fmt(f"{p}.self_attn.o_proj"), n_h, h, bias=bias, **kw)
+                layer.self_attn = PagedQwen3Attention(attn, qkv, o, backend)
+                gate_up = PackedProjection(h, (inter, inter), [fmt(f"{p}.mlp.gate_proj"), fmt(f"{p}.mlp.up_proj")],
+                                           **kw)
+                down = make_projection(fmt(f"{p}.mlp.down_proj"), inter, h, **kw)
+                layer.mlp = PackedQwen3MLP(layer.mlp, gate_up, down)
+            if config.tie_word_embeddings:
+                hf.lm_head = nn.Identity()  # bound to the embedding after materialization
+            else:
+                hf.lm_head = make_projection(fmt("lm_head"), h, config.vocab_size, **kw)
+        hf.to_empty(device=device)  # allocates only the surviving modules, once
+        with torch.device(device):  # non-persistent inv_freq is computed at init: rebuild it for real
+            hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)
+        if config.tie_word_embeddings:
+            hf.lm_head = UnquantizedProjection(h, config.vocab_size, tied_weight=hf.model.embed_tokens.weight)
+        hf.requires_grad_(False)
+        hf.eval()
+        self.hf = hf
+        self.kv_cache: PagedKVCache | None = None
+        self.sampler: Sampler = greedy
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, device="cpu", dtype=torch.bfloat16, attention_backend=None,
+                        progress=None) -> "PreparedQwen3":
+        path = Path(path)
+        raw = json.loads((path / "config.json").read_text())
+        quant = quantization_from_config(raw.get("quantization_config"))
+        config = Qwen3Config.from_pretrained(path)
+        reader = CheckpointReader(path)
+        formats = cls.weight_formats(config, reader, quant)
+        model = cls(config, formats, quant=quant, device=device, dtype=dtype, attention_backend=attention_backend)
+        ignore = ["lm_head.weight"] if config.tie_word_embeddings else []  # a tied copy, if saved, is not read
+        load_checkpoint(model.hf, reader, PACKED_MODULES_MAPPING, ignore=ignore, what="qwen3", progress=progress)
+        return model
+
+    @staticmethod
+    def weight_formats(config: Qwen3Config, reader: CheckpointReader, quant: Quantization) -> dict[str, str]:
+        """Each projection's format from its stored weight dtype under the declared quantization."""
+        names = ["lm_head"]
+        for i in range(config.num_hidden_layers):
+            names += [f"model.layers.{i}.self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+            names += [f"model.layers.{i}.mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
+        return {n: format_for(quant, reader.dtype(f"{n}.weight"), f"{n}.weight") for n in names}
+
+    def allocate_kv_cache(self, num_pages: int, page_size: int, max_context: int) -> PagedKVCache:
+        c = self.config
+        hd = self.hf.model.layers[0].self_attn.head_dim
+        self.kv_cache = PagedKVCache.allocate(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, hd,
+                                              max_context=max_context, dtype=self.dtype, device=self.device)
+        return self.kv_cache
+
+    def set_sampler(self, sampler: Sampler) -> None:
+        """The in-step sampling hook (``ignition.components.sampling`` plugs in here before compile)."""
+        self.sampler = sampler
+
+    @property
+    def device(self) -> torch.device:
+        return self.hf.model.embed_tokens.weight.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    # -- the prepared step -------------------------------------------------------------------------
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor):
+        if self.kv_cache is None:
+            raise RuntimeError("allocate_kv_cache() before running a step")
+        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows)
+        m = self.hf.model
+        hidden = m.embed_tokens(input_ids)
+        position_embeddings = m.rotary_emb(hidden, positions)
+        for layer in m.layers:
+            hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)
+        last = (batch.valid.sum(dim=1) - 1).clamp(min=0)
+        hidden = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
+        hidden = m.norm(hidden)  # per-token norm: on the kept positions only, like logits_to_keep
+        logits = self.hf.lm_head(hidden).float().masked_fill(~batch.active[:, None], 0.0)
+        return logits, self.sampler(logits, batch.active)

@@ -1,0 +1,210 @@
+"""The prepared Qwen3 forward against transformers' canonical forward (CPU, tiny bf16 geometry).
+
+Geometry: hidden 64, 2 layers, 4 query heads, 2 KV heads (GQA), head_dim 16, vocab 512, bf16 weights
+with randomized norm weights.  Reference: ``Qwen3ForCausalLM.from_pretrained`` (eager attention,
+``DynamicCache``), greedy, stepped token by token.
+
+Logit bound.  bf16 has 8 significant bits, unit roundoff ``u = 2^-8``.  An implementation that keeps
+the canonical rounding points but orders a reduction differently (another GEMM blocking, a fused
+kernel, a longer masked softmax row) changes an intermediate by about one rounding; through the
+final norm and the vocabulary projection that shows up in a logit as a few roundings of the logit's
+own magnitude.  We allow ``|prepared - canonical| <= 4 * u * max|canonical logit|`` over all
+steps (about 0.011 at this geometry, where max|logit| is about 0.7).  Measured on CPU: 0 (eager and
+compiled are bit-identical here).  The bound is tight enough to matter: the planted defects in
+``test_bound_catches_planted_defects`` (rotary from chunk-relative positions, one layer's q_norm
+skipped, q_norm/k_norm swapped) each exceed it by more than 10x.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers.models.qwen3 import modeling_qwen3
+
+from ignition.graphs.catalog import GraphCatalog
+from ignition.recipes.qwen3.model import PagedQwen3Attention, PreparedQwen3
+from tiny_qwen3 import Row, canonical_greedy, logit_bound, make_checkpoint, prefill, prepared_greedy
+
+PROMPT = [(i * 37 + 11) % 512 for i in range(20)]
+STEPS = 32
+PAGE = 8
+PAGES = [11, 3, 7, 0, 14, 5, 9, 2]  # scattered, non-monotonic: block tables must be honoured
+CATALOG = GraphCatalog(decode_capacities=(1, 2, 4), prefill_chunks=(8, 32))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("qwen3-tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    return canonical_greedy(ckpt, PROMPT, STEPS)
+
+
+def prepare(ckpt, decode=(1, 4), prefill=(8, 32), page_size=PAGE, num_pages=32, max_context=128):
+    model = PreparedQwen3.from_pretrained(ckpt)
+    model.allocate_kv_cache(num_pages=num_pages, page_size=page_size, max_context=max_context)
+    return model, CATALOG.prepare(model, decode=decode, prefill=prefill)
+
+
+@pytest.fixture(scope="module")
+def compiled_graphs(ckpt):
+    # two shapes keep the cold Inductor compile inside the CPU budget; decode runs at capacity 2 with a
+    # padding row, prefill at chunk 32 with 12 padding tokens
+    model, graphs = prepare(ckpt, decode=(2,), prefill=(32,))
+    return graphs.compile()
+
+
+def assert_close(prepared_logits, reference_logits, bound):
+    worst = max(float((p - r).abs().max()) for p, r in zip(prepared_logits, reference_logits))
+    assert worst <= bound, f"max |prepared - canonical| logit {worst:.4g} exceeds the bf16 bound {bound:.4g}"
+    return worst
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_greedy_matches_canonical(mode, ckpt, reference, request):
+    graphs = request.getfixturevalue("compiled_graphs") if mode == "compiled" else prepare(ckpt)[1]
+    assert {s.mode for s in graphs.steps} == {mode}
+    ref_tokens, ref_logits = reference
+    tokens, logits = prepared_greedy(graphs, Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+    assert len(PROMPT) + STEPS > 6 * PAGE  # the run crossed six page boundaries
+
+
+class ChunkRelativeRotary(nn.Module):
+    """Planted defect: rotary from positions relative to the step's first token."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, positions):
+        return self.inner(x, positions - positions[:, :1])
+
+
+def _plant_rotary(model):
+    model.hf.model.rotary_emb = ChunkRelativeRotary(model.hf.model.rotary_emb)
+
+
+def _plant_skip_q_norm(model):
+    model.hf.model.layers[1].self_attn.q_norm = nn.Identity()
+
+
+def _plant_swap_norms(model):
+    attn = model.hf.model.layers[0].self_attn
+    attn.q_norm, attn.k_norm = attn.k_norm, attn.q_norm
+
+
+@pytest.mark.parametrize("plant", [_plant_rotary, _plant_skip_q_norm, _plant_swap_norms],
+                         ids=["rotary-chunk-relative", "q_norm-skipped", "q_norm-k_norm-swapped"])
+def test_bound_catches_planted_defects(plant, ckpt, reference):
+    ref_tokens, ref_logits = reference
+    model, graphs = prepare(ckpt)
+    plant(model)
+    tokens, logits = prepared_greedy(graphs, Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
+    bound = logit_bound(ref_logits)
+    worst = max(float((p - r).abs().max()) for p, r in zip(logits, ref_logits))
+    assert worst > 10 * bound, f"planted defect moved logits by only {worst:.4g} (bound {bound:.4g})"
+
+
+def test_batch_rows_with_different_lengths_and_an_inactive_row(ckpt):
+    """Capacity-4 decode: rows 0, 2, 3 live with contexts 5, 13 and 20; row 1 inactive with junk inputs
+    aimed at row 0's page (its writes must land in the sink).  Each live row equals its own canonical run."""
+    steps = 6
+    prompts = {0: PROMPT[:5], 2: PROMPT[3:16], 3: PROMPT}
+    pages = {0: [4, 20, 1], 2: [6, 13, 17], 3: [2, 9, 25, 8]}
+    refs = {r: canonical_greedy(ckpt, p, steps) for r, p in prompts.items()}
+    model, graphs = prepare(ckpt)
+    width = graphs.steps[0].max_pages
+    rows = {r: Row(pages[r], PAGE) for r in prompts}
+    next_tok = {r: int(prefill(graphs, rows[r], prompts[r], chunk=8)[1]) for r in prompts}
+    got = {r: ([], []) for r in prompts}
+    step = graphs.step("decode", 3)
+    assert step.shape.rows == 4  # 3 rows fall between capacities: padded to 4
+    for _ in range(steps):
+        batch = {r: rows[r].inputs([next_tok[r]], width) for r in prompts}
+        junk = {"input_ids": torch.tensor([[7]]), "positions": torch.tensor([[1]]),
+                "slot_mapping": torch.tensor([[pages[0][0] * PAGE + 1]]),
+                "block_tables": rows[0].block_table(width)[None],
+                "seq_lens": torch.tensor([2]), "active_rows": torch.tensor([False])}
+        order = [batch[0], junk, batch[2], batch[3]]
+        inputs = {k: torch.cat([o[k] for o in order]) for k in order[0]}
+        logits, tokens = step.run(**inputs)
+        assert int(tokens[1]) == -1 and not logits[1].any()
+        for r in prompts:
+            got[r][0].append(next_tok[r])
+            got[r][1].append(logits[r].clone())
+            next_tok[r] = int(tokens[r])
+    for r in prompts:
+        ref_tokens, ref_logits = refs[r]
+        assert got[r][0] == ref_tokens, f"row {r}"
+        # the first reference logits are the prefill's; compare the decode steps
+        assert_close(got[r][1][: steps - 1], ref_logits[1:], logit_bound(ref_logits))
+
+
+def test_chunked_prefill_equals_one_shot(ckpt):
+    model, graphs = prepare(ckpt)
+    one_shot = Row(list(PAGES[:4]), PAGE)
+    chunked = Row([15, 16, 17, 18], PAGE)
+    l1, t1 = prefill(graphs, one_shot, PROMPT, chunk=32)
+    l2, t2 = prefill(graphs, chunked, PROMPT, chunk=8)  # chunks of 8, 8, 4 (the last one padded)
+    assert int(t1) == int(t2)
+    assert torch.equal(l1, l2) or float((l1 - l2).abs().max()) <= logit_bound([l1])
+    cache = model.kv_cache
+    for pa, pb in zip(one_shot.pages[:3], chunked.pages[:3]):  # the 20 prompt tokens' K and V
+        n = min(PAGE, len(PROMPT) - one_shot.pages.index(pa) * PAGE)
+        assert torch.equal(cache.k[:, pa, :n], cache.k[:, pb, :n])
+        assert torch.equal(cache.v[:, pa, :n], cache.v[:, pb, :n])
+    width = graphs.steps[0].max_pages
+    a = graphs.step("decode", 1).run(**one_shot.inputs([int(t1)], width))[0].clone()
+    b = graphs.step("decode", 1).run(**chunked.inputs([int(t2)], width))[0].clone()
+    assert torch.equal(a, b)
+
+
+def test_page_boundary_crossing_tied_sharded(tmp_path):
+    """Page size 4, a prompt filling exactly two pages: the first decode opens a new page, later decodes cross
+    more.  The checkpoint ties embeddings (like Qwen3-0.6B) and is sharded with an index."""
+    ckpt = make_checkpoint(tmp_path / "tied", seed=1, tie_word_embeddings=True, max_shard_size="40KB")
+    assert (ckpt / "model.safetensors.index.json").is_file()
+    prompt, steps = PROMPT[:8], 10
+    ref_tokens, ref_logits = canonical_greedy(ckpt, prompt, steps)
+    model, graphs = prepare(ckpt, page_size=4, max_context=64)
+    assert model.hf.lm_head.weight is model.hf.model.embed_tokens.weight
+    tokens, logits = prepared_greedy(graphs, Row([9, 3, 12, 1, 30, 6], 4), prompt, steps, chunk=8)
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+
+
+def test_composition_is_instance_local(ckpt):
+    forward_before = modeling_qwen3.Qwen3Attention.forward
+    model, _ = prepare(ckpt)
+    assert modeling_qwen3.Qwen3Attention.forward is forward_before
+    for layer in model.hf.model.layers:
+        assert type(layer) is modeling_qwen3.Qwen3DecoderLayer  # canonical layer forward and residuals
+        assert isinstance(layer.self_attn, PagedQwen3Attention)
+        assert isinstance(layer.self_attn.q_norm, modeling_qwen3.Qwen3RMSNorm)
+        assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
+        assert layer.self_attn.qkv_proj.packed and layer.mlp.gate_up_proj.packed
+    assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    fresh = modeling_qwen3.Qwen3ForCausalLM(model.config)
+    assert type(fresh.model.layers[0].self_attn) is modeling_qwen3.Qwen3Attention
+
+
+def test_catalog_stages_and_capacities(ckpt):
+    model, graphs = prepare(ckpt)
+    with pytest.raises(KeyError, match="no prepared decode step holds 5 rows"):
+        graphs.step("decode", 5)
+    with pytest.raises(ValueError, match="not declared"):
+        CATALOG.prepare(model, decode=(3,))
+    row = Row([0], PAGE)
+    with pytest.raises(ValueError, match="cannot hold"):
+        graphs.step("prefill", 1, 8).run(**row.inputs(PROMPT[:8] * 5, graphs.steps[0].max_pages))
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA model"):
+            graphs.capture()
+    assert graphs.tune().stage == "tuned" and all(s.example is None for s in graphs.steps)
+    # the tuning run wrote nothing outside the sink page
+    assert not model.kv_cache.k[:, :model.kv_cache.num_pages].any()
