@@ -116,6 +116,24 @@ def _cmd_synth(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    import logging
+
+    from ignition.preparation import ExportError, export
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    caps = lambda text: tuple(int(x) for x in text.split(",") if x) if text is not None else None  # noqa: E731
+    try:
+        report = export(args.checkpoint, args.out, recipe_name=args.recipe, decode=caps(args.capacities),
+                        prefill=caps(args.prefill_chunks), device=args.device, page_size=args.page_size,
+                        compile=not args.eager, hub_cache=args.hub_cache, overwrite=args.overwrite)
+    except (ExportError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report.to_dict()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ignition", description="Prepare checkpoints into Flare cores.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -136,6 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variant", required=True)
     s.add_argument("--hub-cache", default=None)
     s.set_defaults(func=_cmd_template_annotated)
+
+    e = sub.add_parser("export", help="prepare a checkpoint folder into a core (tune, compile, capture, write)")
+    e.add_argument("--recipe", default=None, help="recipe name (default: from config.json architectures)")
+    e.add_argument("--checkpoint", required=True, help="checkpoint folder with weights")
+    e.add_argument("--out", required=True, help="core directory to write (atomically)")
+    e.add_argument("--capacities", default=None, help="decode capacities, e.g. 1,4 (default: the recipe's)")
+    e.add_argument("--prefill-chunks", default=None, help="prefill chunk sizes, e.g. 256 ('' for none)")
+    e.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    e.add_argument("--page-size", type=int, default=16)
+    e.add_argument("--eager", action="store_true", help="validate eager prepared forwards (no torch.compile)")
+    e.add_argument("--hub-cache", default=None)
+    e.add_argument("--overwrite", action="store_true")
+    e.set_defaults(func=_cmd_export)
 
     f = sub.add_parser("frontend", help="inspect the prompt frontend").add_subparsers(dest="sub", required=True)
     r = f.add_parser("render", help="render a request: prompt, token IDs, endpoints, hints, sampling")
