@@ -19,7 +19,7 @@ RECIPE = Recipe(
         TemplateVariant("flare-default", "chat_template.flare-default.patch.json", hidden_sizes=(64,)),
     ),
     checkpoints=CHECKPOINTS,
-    capacities=(1, 4),
+    capacities=(1, 2, 4, 8, 16, 32, 64),  # decode graph capacities (rows), = DECODE_CAPACITIES
     assets_dir=Path(__file__).parent / "assets",
     notes="Reasoning of assistant turns before the last user query is dropped from history by the template.",
 )

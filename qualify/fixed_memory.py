@@ -1,0 +1,84 @@
+"""Fixed GPU memory after loading a core: weights, KV pool, graph pool, workspaces, allocator slack.
+
+``python -m qualify.fixed_memory CORE [--capacities 1,4] [--prefill 256] [--kv-pages N] [--json OUT]``
+loads the core the way the runtime does (no preparation resources), allocates the KV pool, prepares,
+compiles and captures the catalog, and reports each owner's bytes from the CUDA caching allocator
+(``allocated`` = live tensors, ``reserved`` = physical segments held by the allocator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, page_size: int | None = None) -> dict:
+    import torch
+
+    from ignition.preparation import _recipe_model, load_prepared
+    from ignition.recipes.registry import load_recipe
+
+    torch.cuda.empty_cache()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    t0 = time.perf_counter()
+    model, loaded = load_prepared(core, device="cuda")
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+    weights = torch.cuda.memory_allocated() - base_alloc
+    m = loaded.manifest
+    page_size = page_size or m.kv_layout.page_size
+    decode = tuple(decode or m.graph_catalog.decode_capacities)
+    prefill = tuple(m.graph_catalog.prefill_chunk_sizes if prefill is None else prefill)
+    max_context = max(prefill, default=0) + 2 * page_size
+    kv_pages = kv_pages or (max(decode) + 1) * (max_context // page_size + 1)
+    a0 = torch.cuda.memory_allocated()
+    model.allocate_kv_cache(kv_pages, page_size, max_context)
+    kv = torch.cuda.memory_allocated() - a0
+    _, module = _recipe_model(load_recipe(m.recipe.name))
+    a1, r1 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    graphs = module.graph_catalog().prepare(model, decode=decode, prefill=prefill)
+    static_io = torch.cuda.memory_allocated() - a1
+    t1 = time.perf_counter()
+    graphs.compile().capture()
+    torch.cuda.synchronize()
+    capture_s = time.perf_counter() - t1
+    a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    free, total = torch.cuda.mem_get_info()
+    stats = torch.cuda.memory_stats()
+    return {
+        "core": core, "decode_capacities": list(decode), "prefill_chunks": list(prefill),
+        "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
+        "weights_bytes": weights, "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
+        "static_io_bytes": static_io,
+        "graph_pool_and_workspaces_bytes": (a2 - a1 - static_io),
+        "allocated_bytes": a2 - base_alloc, "reserved_bytes": r2 - base_res,
+        "allocator_slack_bytes": (r2 - base_res) - (a2 - base_alloc),
+        "reserved_growth_during_capture_bytes": r2 - r1,
+        "device_free_bytes": free, "device_total_bytes": total,
+        "non_torch_bytes": (total - free) - torch.cuda.memory_reserved(),
+        "num_alloc_retries": stats.get("num_alloc_retries", 0),
+        "graphs": [s.shape.name for s in graphs.steps],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("core")
+    p.add_argument("--capacities", default=None)
+    p.add_argument("--prefill", default=None)
+    p.add_argument("--kv-pages", type=int, default=None)
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    caps = lambda t: tuple(int(x) for x in t.split(",") if x) if t is not None else None  # noqa: E731
+    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.json:
+        open(a.json, "w").write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
