@@ -153,8 +153,10 @@ def pytest_collection_modifyitems(config, items):
             item.user_properties.append((PARAMS_KEY, {k: _plain(v) for k, v in callspec.params.items()}))
         if item.get_closest_marker("gpu") is None:
             continue
-        wanted = callspec.params.get("gpu_class") if callspec else None
-        wanted = getattr(wanted, "gpu_class", wanted)
+        wanted = None
+        for name, value in (callspec.params.items() if callspec else ()):
+            if name == "gpu_class" or hasattr(value, "gpu_class"):
+                wanted = getattr(value, "gpu_class", value)
         if here == "cpu":
             if _wants_gpu(config):
                 deselected.append(item)

@@ -52,6 +52,7 @@ class _Clock:
 
                     torch.cuda.synchronize()
                 clock.report.timings_s[name] = round(time.perf_counter() - self.t0, 3)
+                log.info("export: %s done in %.1f s", name, clock.report.timings_s[name])
 
         return _Span()
 

@@ -1,23 +1,18 @@
 #!/usr/bin/env bash
-# GPU run for issue 3 on the H200 (device tool): GPU conformance + recipe GPU tests, then synthesize,
-# export and measure Qwen3-0.6B (and, with STAGE=8b, Qwen3-8B) geometry cores. Writes logs under $OUT.
-# Needs the hub files of Qwen3-0.6B/8B in .hub/ (carried; see README "GPU runs").
+# GPU run for issue 3 on the H200 (device tool): GPU conformance (captured capacities vs eager), then
+# synthesize, export and measure a Qwen3 geometry core. Every stage is time-boxed and logs straight to $OUT.
+# Needs the hub files of the Qwen3 repos in .hub/ (carried). Variables: GEOMETRY (0.6B), CAPS (1,4), PREFILL (256).
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/results"
-STAGE=${STAGE:-tests}
-py=python3
-if [ "$STAGE" = tests ]; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-  $py -m pytest conformance/test_graphs.py tests/recipes tests/core -m "gpu or not gpu" -p no:cacheprovider \
-      --flare-results "$OUT/results" -q -rs 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
-fi
-for geo in ${GEOMETRIES:-0.6B}; do
-  repo=Qwen/Qwen3-$geo
-  /usr/bin/time -f "synth_s=%e maxrss_kb=%M" $py -m ignition.cli synth-checkpoint $repo --out /tmp/ckpt-$geo \
-      --hub-cache .hub --quiet 2>&1 | tail -3 | tee "$OUT/synth-$geo.log"
-  /usr/bin/time -f "export_wall_s=%e maxrss_kb=%M" $py -m ignition.cli export --checkpoint /tmp/ckpt-$geo \
-      --out /tmp/core-$geo --hub-cache .hub 2>&1 | grep -v "it/s\]" | tail -25 | tee "$OUT/export-$geo.log"
-  $py -m qualify.fixed_memory /tmp/core-$geo --json "$OUT/memory-$geo.json" 2>&1 | tail -40 > "$OUT/memory-$geo.log"
-done
-ls -la "$OUT"
+geo=${GEOMETRY:-0.6B}; caps=${CAPS:-1,4}; prefill=${PREFILL:-256}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+timeout ${TESTS_S:-170} python3 -m pytest conformance/test_graphs.py tests/recipes/test_qwen3_captured.py -m gpu \
+    -p no:cacheprovider --flare-results "$OUT/results" -q -rs > "$OUT/gpu_tests.log" 2>&1
+timeout 60 /usr/bin/time -f "synth_s=%e maxrss_kb=%M" python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$geo \
+    --out /tmp/ckpt --hub-cache .hub --quiet > "$OUT/synth.log" 2>&1
+timeout ${EXPORT_S:-200} /usr/bin/time -f "export_wall_s=%e maxrss_kb=%M" python3 -m ignition.cli export \
+    --checkpoint /tmp/ckpt --out /tmp/core --hub-cache .hub --capacities "$caps" --prefill-chunks "$prefill" \
+    2>&1 | grep -v "it/s\]\|B/s\]" > "$OUT/export.log"
+timeout ${MEMORY_S:-150} python3 -m qualify.fixed_memory /tmp/core --json "$OUT/memory.json" > "$OUT/memory.log" 2>&1
+tail -3 "$OUT/gpu_tests.log" "$OUT/synth.log" "$OUT/export.log"; cat "$OUT/memory.json" 2>/dev/null | head -30

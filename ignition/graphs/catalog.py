@@ -89,7 +89,9 @@ def _recompile_limit(n: int):
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
-            return cfg.patch(**{name: max(n, getattr(cfg, name))})
+            # One recompile per static shape is intended; several models in one process share the
+            # per-code-object counter, so the limit must cover all of them.
+            return cfg.patch(**{name: max(n, 256, getattr(cfg, name))})
     return contextlib.nullcontext()
 
 

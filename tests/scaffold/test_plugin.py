@@ -85,3 +85,32 @@ def test_archive_works_under_xdist(tester):
     run = _archived(tester.path / "res")
     samples = (run / "samples.jsonl").read_text().splitlines()
     assert len(samples) == 2
+
+
+CASE_FILE = """
+import pytest
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Case:
+    recipe: str
+    gpu_class: str
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [Case("r", "sm90"), Case("r", "sm120")], ids=["sm90", "sm120"])
+def test_case_object(case):
+    pass
+"""
+
+
+def test_gpu_class_read_from_a_case_object(pytester, monkeypatch):
+    """Regression: cases carrying gpu_class as an attribute ran on every class (seen on the H200)."""
+    from conformance.gpu import detect_gpu_class
+
+    monkeypatch.setenv("FLARE_GPU_CLASS", "sm90")
+    detect_gpu_class.cache_clear()
+    pytester.makepyfile(test_cases=CASE_FILE)
+    out = pytester.runpytest("test_cases.py", "-p", "no:cacheprovider", "--flare-no-archive", "-rs")
+    detect_gpu_class.cache_clear()
+    out.assert_outcomes(passed=1, skipped=1)
+    out.stdout.fnmatch_lines(["*case is for GPU class sm120; this machine is sm90*"])

@@ -1,0 +1,311 @@
+"""In-graph sampling with static shapes: capturable (no host syncs, no data-dependent shapes).
+
+``sample(logits[B, V], params) -> tokens[B]`` works row by row with per-row parameters held in
+:class:`SamplingTensors` (caller-owned, fixed addresses, so a captured graph reads whatever the runtime
+wrote into them before replay).  Order, as vLLM's v1 sampler applies it:
+
+1. **penalties** (vLLM ``apply_penalties`` semantics; transformers' repetition processor agrees):
+   repetition -- for tokens in the prompt *or* the output so far, ``x / r`` where ``x > 0`` else ``x * r``;
+   then frequency and presence over *output* tokens only (OpenAI semantics):
+   ``x -= frequency * count + presence * (count > 0)``.  Counts are the caller-owned int32 histogram
+   ``output_counts[B, V]`` (:func:`advance` maintains it in-graph); the prompt set is ``prompt_mask[B, V]``.
+   The greedy token is the argmax here (filters below never change the argmax).
+2. **temperature**: ``x / t``; rows with ``t < 1e-5`` (vLLM's ``_SAMPLING_EPS``) are greedy.
+3. **filters**, on the temperature-scaled logits: min-p (keep ``p >= min_p * p_max``, evaluated as
+   ``x >= x_max + log(min_p)``), top-k (keep values ``>=`` the k-th largest; ``0`` = off), top-p (keep the
+   smallest descending prefix whose mass reaches ``p``: a token stays when the mass strictly above it is
+   ``< p``; probabilities after top-k).  Cuts are value thresholds, so tokens *tied* with the boundary
+   value are kept -- the result does not depend on sort order (vLLM splits such ties arbitrarily).
+4. **sample**: Gumbel-max, ``argmax(x + g)`` with ``g = -log(-log u)`` -- the same distribution as vLLM's
+   exponential race ``argmax(p / e)``.  ``u`` comes from a counter-based hash of (row seed, row step,
+   vocabulary index) computed with int64 tensor ops (32-bit lanes, products kept below 2**63 so every
+   backend computes identical bits): no global generator, per-request reproducible, independent of the
+   batch the row shares, and replaying a step (rollback, re-capture) redraws the same token.
+
+Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step untouched.
+Cost: without a bound the cut sorts the whole vocabulary (``[B, V]`` fp32) every step, as vLLM's
+PyTorch path does.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
+by ``topk(max_top_k)``; it is exact because admission requires ``1 <= top_k <= max_top_k`` for every
+row -- e.g. a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
+           "apply_min_p", "apply_top_k", "apply_top_p", "filter_logits", "uniform_noise", "GREEDY_EPS"]
+
+GREEDY_EPS = 1e-5
+_M32 = 0xFFFFFFFF
+_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters and penalty state for ``capacity`` rows (fixed addresses).
+
+    ``seed`` holds the request seed's 64 bits (two's complement); ``step`` counts the tokens the row has
+    sampled (its randomness counter).  ``output_counts``/``prompt_mask`` exist when a vocabulary size
+    was given; without them penalties must be neutral.
+    """
+
+    temperature: torch.Tensor  # f32[B]
+    top_k: torch.Tensor  # i32[B], 0 = off
+    top_p: torch.Tensor  # f32[B], 1 = off
+    min_p: torch.Tensor  # f32[B], 0 = off
+    presence_penalty: torch.Tensor  # f32[B]
+    frequency_penalty: torch.Tensor  # f32[B]
+    repetition_penalty: torch.Tensor  # f32[B], 1 = off
+    seed: torch.Tensor  # i64[B]
+    step: torch.Tensor  # i64[B]
+    active: torch.Tensor  # bool[B]
+    output_counts: torch.Tensor | None = None  # i32[B, V]
+    prompt_mask: torch.Tensor | None = None  # bool[B, V]
+    #: Static: when set, every admitted row has ``1 <= top_k <= max_top_k`` (checked in set_row) and
+    #: the filters use ``topk(max_top_k)`` instead of sorting the whole vocabulary -- exact, cheaper.
+    max_top_k: int | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.temperature.shape[0]
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None if self.output_counts is None else self.output_counts.shape[1]
+
+    @classmethod
+    def empty(cls, capacity: int, *, vocab_size: int | None = None, device: torch.device | str = "cpu",
+              max_top_k: int | None = None) -> "SamplingTensors":
+        """All rows inactive with neutral parameters."""
+        f = lambda v: torch.full((capacity,), v, dtype=torch.float32, device=device)  # noqa: E731
+        return cls(
+            temperature=f(1.0), top_k=torch.zeros(capacity, dtype=torch.int32, device=device), top_p=f(1.0),
+            min_p=f(0.0), presence_penalty=f(0.0), frequency_penalty=f(0.0), repetition_penalty=f(1.0),
+            seed=torch.zeros(capacity, dtype=torch.int64, device=device),
+            step=torch.zeros(capacity, dtype=torch.int64, device=device),
+            active=torch.zeros(capacity, dtype=torch.bool, device=device),
+            output_counts=None if vocab_size is None else
+            torch.zeros(capacity, vocab_size, dtype=torch.int32, device=device),
+            prompt_mask=None if vocab_size is None else
+            torch.zeros(capacity, vocab_size, dtype=torch.bool, device=device),
+            max_top_k=max_top_k)
+
+    @classmethod
+    def from_resolved(cls, resolved: Sequence[dict[str, Any]], capacity: int, *, vocab_size: int | None = None,
+                      prompt_token_ids: Sequence[Sequence[int]] | None = None,
+                      device: torch.device | str = "cpu", max_top_k: int | None = None,
+                      default_seed: Callable[[], int] | None = None) -> "SamplingTensors":
+        """Rows ``0..len(resolved)-1`` from ``SamplingDefaults.resolve`` outputs, active; the rest inactive.
+
+        A row whose ``seed`` is ``None`` gets ``default_seed()`` (default: 64 random bits from
+        :mod:`secrets`); pass a deterministic ``default_seed`` where reproducibility matters.
+        """
+        if len(resolved) > capacity:
+            raise ValueError(f"{len(resolved)} requests exceed the sampling capacity {capacity}")
+        if prompt_token_ids is not None and len(prompt_token_ids) != len(resolved):
+            raise ValueError("prompt_token_ids needs one entry per resolved request")
+        out = cls.empty(capacity, vocab_size=vocab_size, device=device, max_top_k=max_top_k)
+        for i, r in enumerate(resolved):
+            out.set_row(i, r, None if prompt_token_ids is None else prompt_token_ids[i], default_seed=default_seed)
+        return out
+
+    def set_row(self, i: int, resolved: dict[str, Any], prompt_token_ids: Sequence[int] | None = None, *,
+                step: int = 0, default_seed: Callable[[], int] | None = None) -> None:
+        """Admit a request into row ``i`` (host side, between replays): parameters, seed, counters."""
+        if not 0 <= i < self.capacity:
+            raise IndexError(f"row {i} outside capacity {self.capacity}")
+        v = {**_NEUTRAL, **{k: resolved[k] for k in _NEUTRAL if resolved.get(k) is not None}}
+        _validate(v)
+        if self.max_top_k is not None and not 1 <= v["top_k"] <= self.max_top_k:
+            raise ValueError(f"top_k {v['top_k']} outside 1..{self.max_top_k}, the bound this graph variant was "
+                             "prepared for (max_top_k); use a variant without the bound")
+        penalized = (v["presence_penalty"], v["frequency_penalty"], v["repetition_penalty"]) != (0.0, 0.0, 1.0)
+        if self.output_counts is None and (penalized or prompt_token_ids is not None):
+            raise ValueError("penalties need the penalty state: build SamplingTensors with vocab_size")
+        for name in _NEUTRAL:
+            getattr(self, name)[i] = v[name]
+        seed = resolved.get("seed")
+        if seed is None:
+            seed = (default_seed or (lambda: secrets.randbits(64)))()
+        seed = int(seed) % (1 << 64)
+        self.seed[i] = seed - (1 << 64) if seed >= 1 << 63 else seed
+        self.step[i] = step
+        self.active[i] = True
+        if self.output_counts is not None:
+            self.output_counts[i].zero_()
+            self.prompt_mask[i].zero_()
+            if prompt_token_ids:
+                ids = torch.as_tensor(list(prompt_token_ids), dtype=torch.int64)
+                if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+                    raise ValueError(f"prompt token id outside the vocabulary of {self.vocab_size}")
+                self.prompt_mask[i, ids.to(self.prompt_mask.device)] = True
+
+    def clear_row(self, i: int) -> None:
+        """Retire row ``i``: inactive, neutral parameters, empty histograms."""
+        for name, value in _NEUTRAL.items():
+            getattr(self, name)[i] = value
+        self.active[i] = False
+        self.seed[i] = 0
+        self.step[i] = 0
+        if self.output_counts is not None:
+            self.output_counts[i].zero_()
+            self.prompt_mask[i].zero_()
+
+
+def _validate(v: dict[str, Any]) -> None:
+    checks = {
+        "temperature": math.isfinite(v["temperature"]) and v["temperature"] >= 0,
+        "top_p": 0 < v["top_p"] <= 1,
+        "top_k": float(v["top_k"]).is_integer() and v["top_k"] >= 0,
+        "min_p": 0 <= v["min_p"] <= 1,
+        "presence_penalty": -2 <= v["presence_penalty"] <= 2,
+        "frequency_penalty": -2 <= v["frequency_penalty"] <= 2,
+        "repetition_penalty": math.isfinite(v["repetition_penalty"]) and v["repetition_penalty"] > 0,
+    }
+    bad = {k: v[k] for k, ok in checks.items() if not ok}
+    if bad:
+        raise ValueError(f"sampling values outside their ranges: {bad} (temperature >= 0, 0 < top_p <= 1, "
+                         "integer top_k >= 0, 0 <= min_p <= 1, penalties in [-2, 2], repetition_penalty > 0)")
+
+
+# ----------------------------------------------------------------------------- counter-based RNG
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32): 16-bit halves keep every product below 2**49."""
+    lo, hi = x & 0xFFFF, x >> 16
+    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 (C. Wellons' integer hash), on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``u[B, V]`` in (0, 1), a pure function of (seed[b], step[b], v): 24-bit odd fractions."""
+    lo, hi = seed & _M32, (seed >> 32) & _M32
+    key = _mix32(_mix32(_mix32((step & _M32) ^ 0x9E3779B9) ^ hi) ^ lo)
+    key2 = _mix32(key ^ 0x85EBCA6B)
+    idx = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)
+    h = _mix32(_mix32(idx[None, :] ^ key[:, None]) ^ key2[:, None])
+    return ((h >> 8) | 1).to(torch.float32) * (2.0 ** -24)
+
+
+# ----------------------------------------------------------------------------- logit processing
+
+def apply_penalties(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Repetition (prompt or output tokens), then frequency and presence (output tokens); see module doc."""
+    if params.output_counts is None:
+        return logits
+    counts = params.output_counts
+    seen = counts > 0
+    rep = torch.where(seen | params.prompt_mask, params.repetition_penalty[:, None], 1.0)
+    x = torch.where(logits > 0, logits / rep, logits * rep)
+    return x - params.frequency_penalty[:, None] * counts.to(x.dtype) - params.presence_penalty[:, None] * seen.to(x.dtype)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """``x / t`` per row; greedy rows (``t < GREEDY_EPS``) divide by 1 so they stay finite."""
+    t = torch.where(temperature < GREEDY_EPS, 1.0, temperature)
+    return logits / t[:, None]
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens with ``p < min_p * p_max`` (as ``x < x_max + log(min_p)``; ``min_p = 0`` keeps all)."""
+    cut = logits.amax(dim=-1, keepdim=True) + torch.log(min_p)[:, None]
+    return logits.masked_fill(logits < cut, float("-inf"))
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """Mask values below the k-th largest.  ``sorted_desc``: the row's ``n`` largest values, descending
+    (``n = V`` after a full sort; with ``topk(n)`` every row must have ``1 <= top_k <= n``)."""
+    n = sorted_desc.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k > n), n, top_k).to(torch.int64)
+    kth = sorted_desc.gather(1, (k - 1)[:, None])
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest descending prefix whose probability mass reaches ``top_p`` (boundary ties kept).
+
+    ``sorted_desc`` must already carry every earlier mask (it is the sorted ``logits``, or their top
+    ``n`` when top-k has masked everything beyond ``n``).
+    """
+    probs = torch.softmax(sorted_desc, dim=-1)
+    above = torch.nn.functional.pad(_cumsum_last(probs)[:, :-1], (1, 0))  # mass strictly above
+    keep = (above < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    n_keep = keep.sum(dim=-1, keepdim=True).clamp_min(1)
+    threshold = sorted_desc.gather(1, n_keep - 1)
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _cumsum_last(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """Inclusive cumsum over the last dim as two short scans (within blocks of ``block``, then over
+    block totals).  Inductor in torch 2.11 fails to generate code for one 150k-long scan on CUDA
+    (SplitScan); short scans compile everywhere."""
+    b, v = x.shape
+    n = -(-v // block)
+    blocks = torch.nn.functional.pad(x, (0, n * block - v)).view(b, n, block)
+    inner = torch.cumsum(blocks, dim=-1)
+    offsets = torch.cumsum(inner[:, :, -1], dim=-1) - inner[:, :, -1]  # exclusive over blocks
+    return (inner + offsets[:, :, None]).view(b, n * block)[:, :v]
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(penalized, filtered)``: penalized logits (greedy source) and the temperature-scaled,
+    min-p/top-k/top-p-masked logits that random rows sample from."""
+    x = apply_penalties(logits.to(torch.float32), params)
+    y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
+    if params.max_top_k is None:
+        sorted_desc = torch.sort(y, dim=-1, descending=True).values
+    else:  # every row has 1 <= top_k <= max_top_k: its kept set lies inside the top max_top_k values
+        sorted_desc = torch.topk(y, min(params.max_top_k, y.shape[-1]), dim=-1).values
+    y = apply_top_k(y, params.top_k, sorted_desc)
+    k_sorted = apply_top_k(sorted_desc, params.top_k, sorted_desc)  # top-k applied in sorted space
+    return x, apply_top_p(y, params.top_p, k_sorted)
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
+           pad_id: int = -1) -> torch.Tensor:
+    """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
+    ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
+    penalized, filtered = filter_logits(logits, params)
+    greedy = penalized.argmax(dim=-1)
+    u = uniform_noise(params.seed, params.step, logits.shape[-1])
+    drawn = (filtered - torch.log(-torch.log(u))).argmax(dim=-1)
+    tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
+    return torch.where(params.active if active is None else active, tokens, pad_id)
+
+
+def advance(params: SamplingTensors, tokens: torch.Tensor, *, active: torch.Tensor | None = None) -> None:
+    """In-graph state update after :func:`sample`: active rows count ``tokens`` and step once;
+    inactive rows are untouched.  Pure tensor mutations, capturable."""
+    act = params.active if active is None else active
+    if params.output_counts is not None:
+        v = params.output_counts.shape[1]
+        params.output_counts.scatter_add_(1, tokens.clamp(0, v - 1)[:, None].to(torch.int64),
+                                          act.to(torch.int32)[:, None])
+    params.step.add_(act.to(torch.int64))
+
+
+def make_sampler(params: SamplingTensors, *, advance_state: bool = True,
+                 pad_id: int = -1) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A ``(logits, active) -> tokens`` step hook (the prepared forward's sampler signature) that samples
+    with ``params`` under the step's own active mask and, by default, advances the row state in-graph."""
+    def sampler(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        tokens = sample(logits, params, active=active, pad_id=pad_id)
+        if advance_state:
+            advance(params, tokens, active=active)
+        return tokens
+    return sampler

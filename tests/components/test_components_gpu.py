@@ -1,0 +1,135 @@
+"""GPU half (``-m gpu``): the compiled sampling step and scratch poison inside captured CUDA graphs."""
+
+import pytest
+import torch
+
+from ignition.components.backends import BackendUnavailable, select
+from ignition.components.sampling import SamplingTensors, advance, sample
+from ignition.components.scratch import ScratchArena, ScratchPlan
+
+pytestmark = pytest.mark.gpu
+VOCAB = 151936  # Qwen3
+
+
+def _step(logits, params):
+    tokens = sample(logits, params)
+    advance(params, tokens)
+    return tokens
+
+
+def _params(capacity, device):
+    n = max(1, capacity - 1)  # the last row stays inactive where there is room
+    rows = [{"temperature": [0.0, 0.6, 1.0, 1.3][b % 4], "top_k": [0, 20][b % 2], "top_p": [1.0, 0.95, 0.8][b % 3],
+             "min_p": [0.0, 0.05][b % 2], "presence_penalty": 0.5, "frequency_penalty": 0.1,
+             "repetition_penalty": 1.05, "seed": 100 + b} for b in range(n)]
+    return SamplingTensors.from_resolved(rows, capacity, vocab_size=VOCAB, device=device,
+                                         prompt_token_ids=[[b, 7, 9000 + b] for b in range(n)])
+
+
+@pytest.mark.parametrize("capacity", [1, 8, 64])
+def test_captured_sampling_step_replays_like_eager(capacity):
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(capacity)
+    logits = [torch.randn(capacity, VOCAB, device=dev, generator=g) * 4 for _ in range(8)]
+    eager_p, graph_p = _params(capacity, dev), _params(capacity, dev)
+    state = {k: getattr(graph_p, k).clone() for k in ("output_counts", "step")}
+    step = torch.compile(_step, fullgraph=True, dynamic=False)
+    static_logits = logits[0].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step(static_logits, graph_p)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_tokens = step(static_logits, graph_p)
+    for k, v in state.items():  # warm-up and capture advanced the state: restore it
+        getattr(graph_p, k).copy_(v)
+    for i, x in enumerate(logits):
+        if i == 4:  # host writes between replays reach the graph (fixed addresses)
+            for p in (eager_p, graph_p):
+                p.temperature[0] = 0.0
+        static_logits.copy_(x)
+        graph.replay()
+        expected = _step(x, eager_p)
+        assert torch.equal(static_tokens, expected), i
+    torch.cuda.synchronize()
+    for name in ("output_counts", "step"):
+        assert torch.equal(getattr(eager_p, name), getattr(graph_p, name)), name
+    # Replay time of the complete sampling step (report only; no threshold here).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        graph.replay()
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    print(f"\nsampling step capacity={capacity} vocab={VOCAB}: {start.elapsed_time(end) / 50 * 1000:.1f} us/replay")
+
+
+def test_poison_between_replays_catches_read_before_write():
+    dev = torch.device("cuda")
+    arena = ScratchArena(dev)
+    arena.register(ScratchPlan("prev", buf=((4096,), torch.float32)))
+    arena.register(ScratchPlan("consumer", ws=((4096,), torch.float32)))
+    ws = arena.bind("consumer")["ws"]
+    x = torch.ones(4096, device=dev)
+
+    def good():
+        ws.copy_(x * 2)
+        return ws.sum()
+
+    def defective():
+        ws.add_(x)  # reads scratch it never wrote
+        return ws.sum()
+
+    outs = {}
+    for name, fn in (("good", good), ("defective", defective)):
+        arena.bind("prev")["buf"].fill_(0.25)
+        fn()  # warm-up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs[name] = (graph, fn())
+        arena.bind("prev")["buf"].fill_(0.25)  # plausible leftovers from the previous plan
+        graph.replay()
+        finite_before = bool(torch.isfinite(outs[name][1]))
+        arena.poison("prev")  # after the previous plan's last permitted use
+        graph.replay()
+        outs[name] = (finite_before, bool(torch.isfinite(outs[name][1])))
+    assert outs["good"] == (True, True)
+    assert outs["defective"] == (True, False)  # only the poison exposes the plant
+
+
+def test_poison_inside_a_captured_graph():
+    dev = torch.device("cuda")
+    arena = ScratchArena(dev)
+    plan = arena.register(ScratchPlan("p", a=((1024,), torch.bfloat16), i=((256,), torch.int32)))
+    b = arena.bind(plan)
+    b["a"].zero_()
+    b["i"].zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        arena.poison(plan)
+    b["a"].fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(b["a"].float()).all() and (b["i"] == -1515870811).all()
+
+
+def test_backend_selection_on_this_gpu():
+    from conformance.gpu import detect_gpu_class
+
+    gpu = detect_gpu_class()
+    assert select("sampling", gpu).name == "torch"
+    chosen = select("attention", gpu, {"dtype": torch.bfloat16, "features": {"paged_decode"}})
+    print(f"\nattention backend on {gpu}: {chosen.name}")
+    if gpu == "sm90":
+        try:
+            import flashinfer  # noqa: F401
+        except ImportError:
+            with pytest.raises(BackendUnavailable, match="flashinfer"):
+                select("attention", gpu, prefer="flashinfer")
+        with pytest.raises(BackendUnavailable, match="GPU class sm90 not supported"):
+            select("attention", gpu, prefer="b12x")
