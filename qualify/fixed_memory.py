@@ -14,7 +14,8 @@ import sys
 import time
 
 
-def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, page_size: int | None = None) -> dict:
+def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, page_size: int | None = None,
+            compile: bool = True) -> dict:
     import torch
 
     from ignition.preparation import _recipe_model, load_prepared
@@ -41,7 +42,7 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     graphs = module.graph_catalog().prepare(model, decode=decode, prefill=prefill)
     static_io = torch.cuda.memory_allocated() - a1
     t1 = time.perf_counter()
-    graphs.compile().capture()
+    (graphs.compile() if compile else graphs).capture()
     torch.cuda.synchronize()
     capture_s = time.perf_counter() - t1
     a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
@@ -49,7 +50,7 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     stats = torch.cuda.memory_stats()
     return {
         "core": core, "decode_capacities": list(decode), "prefill_chunks": list(prefill),
-        "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
+        "compiled": compile, "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
         "weights_bytes": weights, "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
         "static_io_bytes": static_io,
         "graph_pool_and_workspaces_bytes": (a2 - a1 - static_io),
@@ -70,9 +71,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", default=None)
     p.add_argument("--kv-pages", type=int, default=None)
     p.add_argument("--json", default=None)
+    p.add_argument("--eager", action="store_true", help="capture the eager prepared steps (no torch.compile)")
     a = p.parse_args(argv)
     caps = lambda t: tuple(int(x) for x in t.split(",") if x) if t is not None else None  # noqa: E731
-    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages)
+    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages, compile=not a.eager)
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:
