@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 import torch
@@ -75,6 +75,14 @@ class SamplingTensors:
     @property
     def capacity(self) -> int:
         return self.temperature.shape[0]
+
+    def rows(self, b: int) -> "SamplingTensors":
+        """The first ``b`` rows as views of the same storage (graphs of smaller capacities share state)."""
+        if not 0 < b <= self.capacity:
+            raise IndexError(f"{b} rows outside capacity {self.capacity}")
+        view = {f.name: (getattr(self, f.name)[:b] if isinstance(getattr(self, f.name), torch.Tensor)
+                         else getattr(self, f.name)) for f in fields(self)}
+        return SamplingTensors(**view)
 
     @property
     def vocab_size(self) -> int | None:

@@ -69,14 +69,27 @@ class GraphCatalog:
         return [StepShape(DECODE, c, 1) for c in decode] + [StepShape(PREFILL, 1, t) for t in prefill]
 
     def prepare(self, model, decode: Iterable[int] | None = None, prefill: Iterable[int] | None = None,
-                max_pages_per_row: int | None = None) -> "PreparedGraphs":
-        """Static buffers and eager step callables for each selected shape."""
+                max_pages_per_row: int | None = None, sampling: bool = True,
+                max_top_k: int | None = None) -> "PreparedGraphs":
+        """Static buffers and eager step callables for each selected shape.  With ``sampling`` (default)
+        every step samples in-graph from one shared :class:`SamplingTensors` (rows of the largest shape;
+        smaller shapes use views of its first rows); without it the model's greedy hook decides."""
         cache = model.kv_cache
         if cache is None:
             raise RuntimeError("the model needs its KV cache allocated before the catalog is prepared")
         pages = max_pages_per_row or cache.max_pages_per_row
-        steps = [PreparedStep(s, model, pages) for s in self.shapes(decode, prefill)]
-        return PreparedGraphs(self, model, steps)
+        shapes = self.shapes(decode, prefill)
+        state = None
+        if sampling:
+            from ignition.components.sampling import SamplingTensors
+
+            state = SamplingTensors.empty(max(s.rows for s in shapes), vocab_size=model.vocab_size,
+                                          device=model.device, max_top_k=max_top_k)
+            state.temperature.zero_()  # greedy until the scheduler admits a request's parameters (set_row)
+        steps = [PreparedStep(s, model, pages, state) for s in shapes]
+        graphs = PreparedGraphs(self, model, steps)
+        graphs.sampling = state
+        return graphs
 
 
 def _inductor_options() -> dict:
@@ -98,8 +111,10 @@ def _recompile_limit(n: int):
 class PreparedStep:
     """One static shape: input buffers, output buffers, and the callable that fills the outputs."""
 
-    def __init__(self, shape: StepShape, model, max_pages: int):
+    def __init__(self, shape: StepShape, model, max_pages: int, sampling=None):
         self.shape, self.model, self.max_pages = shape, model, max_pages
+        # In-graph sampling state: views of the catalog's shared rows (None: the model's own greedy hook).
+        self.sampling = None if sampling is None else sampling.rows(shape.rows)
         dev, b, t = model.device, shape.rows, shape.tokens
         self.inputs = {
             "input_ids": torch.zeros(b, t, dtype=torch.long, device=dev),
@@ -113,10 +128,22 @@ class PreparedStep:
                     "seq_lens": 0, "active_rows": False}
         self.logits = torch.zeros(b, model.vocab_size, dtype=torch.float32, device=dev)
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
-        self.fn: Callable = model.forward
+        self.fn: Callable = self.forward
         self.mode = "eager"
         self.graph = None
         self.example: dict | None = None  # declaration example, alive only until release_examples()
+
+    def forward(self, *inputs):
+        """The complete step: prepared forward (vocabulary projection included), then sampling and the
+        in-graph update of the sampling state (counts, random step) when the catalog samples."""
+        logits, tokens = self.model.forward(*inputs)
+        if self.sampling is not None:
+            from ignition.components.sampling import advance, sample
+
+            active = inputs[INPUTS.index("active_rows")]
+            tokens = sample(logits, self.sampling, active=active)
+            advance(self.sampling, tokens, active=active)
+        return logits, tokens
 
     def _body(self):
         logits, tokens = self.fn(*(self.inputs[k] for k in INPUTS))
@@ -164,6 +191,7 @@ class PreparedGraphs:
     stage: str = "prepared"
     pool: object = None
     log_lines: list[str] = field(default_factory=list)
+    sampling: object = None  # the shared SamplingTensors (None: greedy hook)
 
     def step(self, kind: str, rows: int = 1, tokens: int = 1) -> PreparedStep:
         """The smallest prepared step of ``kind`` holding ``rows`` rows and ``tokens`` tokens."""
@@ -203,7 +231,7 @@ class PreparedGraphs:
         opts = {"fullgraph": True, "dynamic": False, "options": _inductor_options(), **options}
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
-                s.fn = torch.compile(self.model.forward, **opts)
+                s.fn = torch.compile(s.forward, **opts)
                 s.mode = "compiled"
                 s.execute()  # compiles this shape now (each shape is one specialization of the forward)
                 self._note(f"compiled {s.shape.name}")
