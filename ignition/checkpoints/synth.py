@@ -504,22 +504,7 @@ def embedded_default_checkpoint(cache: bool = True, root: str | os.PathLike | No
                                      progress=progress)
     root = Path(root) if root is not None else checkpoints_root()
     final = root / f"embedded-default-{embedded_build_key()}"
-    if verify_checkpoint(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
-        built = synthesize_checkpoint(EMBEDDED_REPO_ID, tmp / "checkpoint", progress=progress)
-        if final.exists() and not verify_checkpoint(final):  # damaged: move it aside first
-            try:
-                os.rename(final, tmp / "stale")
-            except OSError:
-                pass
-        try:
-            os.rename(built, final)
-        except OSError:
-            if not verify_checkpoint(final):  # lost a race to a concurrent builder, whose output must be good
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    from ignition.cached_build import build_cached
+
+    return build_cached(final, lambda tmp: synthesize_checkpoint(EMBEDDED_REPO_ID, tmp / "checkpoint",
+                                                                 progress=progress), verify_checkpoint)

@@ -20,8 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from . import corpus as _corpus
@@ -118,25 +116,13 @@ def materialize_default(root: str | os.PathLike | None = None) -> Path:
     root = Path(root) if root is not None else default_root()
     key = build_key()
     final = root / key
-    if verify_folder(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    files = build_files()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-    try:
+
+    def build(tmp: Path) -> Path:
         staging = tmp / key
-        write_folder(staging, files, key)
-        if final.exists() and not verify_folder(final):  # damaged: move it aside first
-            try:
-                os.rename(final, tmp / "stale")
-            except OSError:
-                pass
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not verify_folder(final):  # lost a race to a concurrent builder, whose output must be good
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+        write_folder(staging, build_files(), key)
+        return staging
+
+    from ignition.cached_build import build_cached
+
+    return build_cached(final, build, verify_folder)
 
