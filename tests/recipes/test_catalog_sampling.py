@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ignition.graphs.catalog import GraphCatalog
 from ignition.recipes.qwen3.model import PreparedQwen3

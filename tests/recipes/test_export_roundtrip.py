@@ -13,7 +13,7 @@ import torch
 
 from ignition.core import CoreFormatError, load_core
 from ignition.graphs.catalog import GraphCatalog
-from ignition.preparation import ExportError, export, load_prepared
+from ignition.preparation import export, load_prepared
 from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, prepared_greedy
 

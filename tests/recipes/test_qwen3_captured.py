@@ -4,7 +4,6 @@ and transformers' canonical forward on the same device (tiny geometry; bound as 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ignition.graphs.catalog import GraphCatalog
 from ignition.recipes.qwen3.model import PreparedQwen3
