@@ -7,8 +7,22 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
 1. ``tune()``: each step runs once on its declaration example (its own static buffers: every row
    inactive, so all KV writes land in the sink page); the model's optional ``tune(step)`` hook may
    keep plans.  Examples and tuning workspaces are released afterwards (``release_examples``).
-2. ``compile()``: each step's callable is wrapped with ``torch.compile(fullgraph=True, dynamic=False)``
-   with ``emulate_precision_casts`` so fused kernels keep the model's bf16 rounding points.
+2. ``compile()``: ``torch.compile(fullgraph=True, dynamic=False)`` with ``emulate_precision_casts`` so
+   fused kernels keep the model's bf16 rounding points.  Two scopes:
+
+   * ``"regional"`` (default): the repeated decoder layer is one region (the model's ``run_layer``,
+     compiled once per shape and reused by every layer: parameters are graph inputs, and each layer
+     sees a one-layer view of the KV pool, so no per-layer value is guarded), and the non-repeated head
+     (last-token gather, final norm, vocabulary projection, sampling and its state update) is another.
+     Embedding, rotary and the per-step attention metadata stay eager Python between the regions --
+     on a GPU the whole step is captured into one CUDA graph anyway, so that Python costs nothing at
+     replay.  Compile time scales with the number of shapes, not shapes x layers.
+   * ``"whole"``: each step's complete forward is one graph (more fusion across layer boundaries, but
+     Inductor sees every layer unrolled: compile time grows with depth).
+
+   Regional compilation needs the model to split its forward: ``body(*inputs, layer_fn=None) ->
+   (batch, hidden)``, the static ``run_layer(layer, hidden, position_embeddings, layer_batch)`` and
+   ``head(hidden, batch) -> logits``.
 3. ``capture()`` (CUDA only): each step is warmed up on a side stream and captured into a
    ``torch.cuda.CUDAGraph``; all graphs share one pool (``torch.cuda.graph_pool_handle()``), largest
    first.  The captured step copies logits and tokens into per-step output buffers allocated outside
@@ -23,6 +37,7 @@ a step advances by itself: all state it changes is the KV pages its inputs name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -108,6 +123,22 @@ def _recompile_limit(n: int):
     return contextlib.nullcontext()
 
 
+def step_head(model, sampling, hidden: torch.Tensor, batch, active_rows: torch.Tensor):
+    """The non-repeated tail of a step -- the model's head (last token, final norm, vocabulary projection)
+    then in-graph sampling and its state update (``sampling``), or the model's own sampler hook."""
+    logits = model.head(hidden, batch)
+    if sampling is None:
+        return logits, model.sampler(logits, batch.active)
+    from ignition.components.sampling import advance, sample
+
+    tokens = sample(logits, sampling, active=active_rows)
+    advance(sampling, tokens, active=active_rows)
+    return logits, tokens
+
+
+COMPILE_SCOPES = ("regional", "whole")
+
+
 class PreparedStep:
     """One static shape: input buffers, output buffers, and the callable that fills the outputs."""
 
@@ -130,20 +161,21 @@ class PreparedStep:
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.fn: Callable = self.forward
         self.mode = "eager"
+        self.compile_scope: str | None = None  # "regional" | "whole" once compiled
         self.graph = None
         self.example: dict | None = None  # declaration example, alive only until release_examples()
 
     def forward(self, *inputs):
         """The complete step: prepared forward (vocabulary projection included), then sampling and the
         in-graph update of the sampling state (counts, random step) when the catalog samples."""
-        logits, tokens = self.model.forward(*inputs)
-        if self.sampling is not None:
-            from ignition.components.sampling import advance, sample
+        return self.regional_forward(*inputs)
 
-            active = inputs[INPUTS.index("active_rows")]
-            tokens = sample(logits, self.sampling, active=active)
-            advance(self.sampling, tokens, active=active)
-        return logits, tokens
+    def regional_forward(self, *inputs, layer_fn: Callable | None = None, head_fn: Callable | None = None):
+        """The step as its regions: the model's body (each decoder layer through ``layer_fn`` when given),
+        then ``head_fn`` (default :func:`step_head`, eager).  Compiled regions are passed in by
+        ``PreparedGraphs.compile(scope="regional")``."""
+        batch, hidden = self.model.body(*inputs, layer_fn=layer_fn)
+        return (head_fn or step_head)(self.model, self.sampling, hidden, batch, inputs[INPUTS.index("active_rows")])
 
     def _body(self):
         logits, tokens = self.fn(*(self.inputs[k] for k in INPUTS))
@@ -224,17 +256,30 @@ class PreparedGraphs:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
-    def compile(self, **options) -> "PreparedGraphs":
+    def compile(self, scope: str = "regional", **options) -> "PreparedGraphs":
+        """Compile every step (``scope``: "regional" or "whole", see the module docstring); ``options`` go to
+        ``torch.compile`` (``mode``, ``backend``, ...).  Each shape is one specialization of each compiled
+        code object, so the recompile limit covers the number of shapes."""
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile scope {scope!r}: expected one of {COMPILE_SCOPES}")
         if self.stage == "prepared":
             self.tune()
         self._expect("tuned", "compile")
         opts = {"fullgraph": True, "dynamic": False, "options": _inductor_options(), **options}
+        if scope == "regional":
+            # One wrapper per region; Dynamo caches compiled code on the code object, so every layer (and
+            # every step) shares the entries: one layer graph and one head graph per shape.
+            layer_fn = torch.compile(type(self.model).run_layer, **opts)
+            head_fn = torch.compile(step_head, **opts)
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
-                s.fn = torch.compile(s.forward, **opts)
-                s.mode = "compiled"
+                if scope == "regional":
+                    s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn)
+                else:
+                    s.fn = torch.compile(s.forward, **opts)
+                s.mode, s.compile_scope = "compiled", scope
                 s.execute()  # compiles this shape now (each shape is one specialization of the forward)
-                self._note(f"compiled {s.shape.name}")
+                self._note(f"compiled {s.shape.name} ({scope})")
         self.stage = "compiled"
         return self
 

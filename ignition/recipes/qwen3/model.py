@@ -26,6 +26,7 @@ streamed into them (``ignition.checkpoints.loading``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable
@@ -72,7 +73,11 @@ class PagedQwen3Attention(nn.Module):
         self.backend = backend
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None, **_):
+                attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None,
+                kv_layer: int | None = None, **_):
+        """``kv_layer``: the layer of ``paged_batch.cache`` holding this layer's K/V (default ``layer_idx``);
+        regional compilation passes a one-layer view of the pool and ``kv_layer=0`` so that no
+        layer-specific integer is traced (one compiled layer graph then serves every layer)."""
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
@@ -83,7 +88,7 @@ class PagedQwen3Attention(nn.Module):
         cos, sin = position_embeddings
         # canonical rotary on the [B, T, heads, D] layout: cos/sin [B, T, D] broadcast over heads
         q, k = modeling_qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
-        out = self.backend(self.layer_idx, q, k, v, paged_batch)
+        out = self.backend(self.layer_idx if kv_layer is None else kv_layer, q, k, v, paged_batch)
         return self.o_proj(out), None
 
 
@@ -218,16 +223,48 @@ class PreparedQwen3(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                 block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor):
+        batch, hidden = self.body(input_ids, positions, slot_mapping, block_tables, seq_lens, active_rows)
+        logits = self.head(hidden, batch)
+        return logits, self.sampler(logits, batch.active)
+
+    def body(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+             block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor,
+             layer_fn: Callable | None = None) -> tuple[AttentionBatch, torch.Tensor]:
+        """Embedding, rotary and every decoder layer -> ``(batch, hidden [B, T, H])``.  With ``layer_fn``
+        (regional compilation: a compiled :meth:`run_layer`) each layer runs as
+        ``layer_fn(layer, hidden, position_embeddings, layer_batch)`` on a one-layer view of the KV pool."""
         if self.kv_cache is None:
             raise RuntimeError("allocate_kv_cache() before running a step")
         batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows)
         m = self.hf.model
         hidden = m.embed_tokens(input_ids)
         position_embeddings = m.rotary_emb(hidden, positions)
-        for layer in m.layers:
-            hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)
+        for i, layer in enumerate(m.layers):
+            if layer_fn is None:
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)
+            else:
+                hidden = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i))
+        return batch, hidden
+
+    @staticmethod
+    def layer_batch(batch: AttentionBatch, i: int) -> AttentionBatch:
+        """``batch`` with its cache narrowed to layer ``i`` (views ``[1, pages + 1, ...]``, no copy)."""
+        c = batch.cache
+        return dataclasses.replace(batch, cache=PagedKVCache(c.k[i:i + 1], c.v[i:i + 1], c.page_size,
+                                                             c.max_pages_per_row))
+
+    @staticmethod
+    def run_layer(layer: nn.Module, hidden: torch.Tensor, position_embeddings, layer_batch: AttentionBatch):
+        """One canonical decoder layer on a :meth:`layer_batch` view -- the repeated region: nothing in it
+        depends on the layer index, so one compiled graph per shape serves every layer."""
+        return layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=layer_batch,
+                     kv_layer=0)
+
+    def head(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """Each row's last valid token -> final norm -> vocabulary projection: fp32 logits ``[B, V]``,
+        zero for inactive rows."""
+        m = self.hf.model
         last = (batch.valid.sum(dim=1) - 1).clamp(min=0)
         hidden = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
         hidden = m.norm(hidden)  # per-token norm: on the kept positions only, like logits_to_keep
-        logits = self.hf.lm_head(hidden).float().masked_fill(~batch.active[:, None], 0.0)
-        return logits, self.sampler(logits, batch.active)
+        return self.hf.lm_head(hidden).float().masked_fill(~batch.active[:, None], 0.0)

@@ -1,0 +1,71 @@
+"""Regional compilation of the catalog: one layer graph per shape (not per layer), bytewise equal to eager.
+
+Three decoder layers and two shapes: if any per-layer value were guarded (the layer index, a KV pool
+offset), Dynamo would compile the layer once per layer and shape (6 entries) instead of once per shape.
+The catalog samples greedily through the model hook here (``sampling=False``) to keep the cold CPU
+compile of the head short; the sampling head is compiled regionally in ``test_catalog_sampling``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.utils import counters
+
+from ignition.graphs.catalog import GraphCatalog, step_head
+from ignition.recipes.qwen3.model import PreparedQwen3
+from tiny_qwen3 import Row, make_checkpoint, prefill
+
+LAYERS = 3
+PROMPT = [(i * 37 + 11) % 512 for i in range(11)]
+CATALOG = GraphCatalog(decode_capacities=(1,), prefill_chunks=(8,))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny3") / "ckpt", seed=5, num_hidden_layers=LAYERS)
+
+
+def _graphs(ckpt):
+    model = PreparedQwen3.from_pretrained(ckpt)
+    model.allocate_kv_cache(num_pages=8, page_size=8, max_context=32)
+    return CATALOG.prepare(model, sampling=False)
+
+
+def _run(graphs, decodes=4):
+    """Chunked prefill (8 + 3 tokens: the second chunk padded) then greedy decodes; every output kept."""
+    row = Row([5, 1, 6], 8)
+    width = graphs.steps[0].max_pages
+    logits, token = prefill(graphs, row, PROMPT, chunk=8)
+    out = [(logits, token)]
+    for _ in range(decodes):
+        lg, tok = graphs.step("decode", 1).run(**row.inputs([int(out[-1][1])], width))
+        out.append((lg[0].clone(), tok[0].clone()))
+    return out, graphs.model.kv_cache
+
+
+def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
+    eager, eager_cache = _run(_graphs(ckpt))
+    torch._dynamo.reset()  # count this compile only (earlier tests may have compiled the same code objects)
+    counters.clear()
+    graphs = _graphs(ckpt)
+    # A recompile limit below the number of shapes: the catalog's own limit must cover them.
+    with torch._dynamo.config.patch(recompile_limit=1):
+        graphs.compile()
+    assert {s.compile_scope for s in graphs.steps} == {"regional"}
+    shapes = len(graphs.steps)
+    assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # not shapes * LAYERS
+    assert len(_debug_get_cache_entry_list(step_head.__code__)) == shapes
+    assert counters["stats"]["unique_graphs"] == 2 * shapes  # one layer graph + one head graph per shape
+    compiled, compiled_cache = _run(graphs)
+    assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # running: no recompile
+    assert counters["stats"]["unique_graphs"] == 2 * shapes
+    for (le, te), (lc, tc) in zip(eager, compiled):
+        assert torch.equal(le, lc) and torch.equal(te, tc)
+    assert torch.equal(eager_cache.k, compiled_cache.k) and torch.equal(eager_cache.v, compiled_cache.v)
+
+
+def test_unknown_compile_scope_is_refused(ckpt):
+    with pytest.raises(ValueError, match="compile scope"):
+        _graphs(ckpt).compile(scope="per-layer")
