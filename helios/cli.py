@@ -15,6 +15,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("-n", "--workers", default="auto" if _has_xdist() else "0",
                    help="pytest-xdist workers (0: in process)")
     q.add_argument("--hub-cache", default=None, help="Hugging Face hub cache (default: ../shared/hub)")
+    r = sub.add_parser("run", help="serve a core over HTTP (OpenAI and Anthropic chat)")
+    r.add_argument("core", nargs="?", default=None,
+                   help="an exported core folder (default: the embedded tiny core, exported once and cached)")
+    r.add_argument("--host", default="127.0.0.1")
+    r.add_argument("--port", type=int, default=8000)
+    r.add_argument("--kv-tokens", type=int, default=None, help="KV pool size in tokens")
+    r.add_argument("--max-context", type=int, default=None, help="per-request context in tokens")
+    r.add_argument("--queue-timeout", type=float, default=30.0,
+                   help="seconds a request may wait for KV pages before a 503 with Retry-After")
+    r.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV pages across requests")
+    r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     return p
 
 
@@ -26,12 +37,43 @@ def _has_xdist() -> bool:
     return True
 
 
+def engine_config(args):
+    from helios.runtime.engine import EngineConfig
+
+    return EngineConfig(kv_tokens=args.kv_tokens, max_context=args.max_context, device=args.device,
+                        queue_timeout_s=args.queue_timeout, prefix_cache=not args.no_prefix_cache)
+
+
+def _serve(args) -> int:
+    import logging
+
+    from helios.runtime.engine import EngineStartError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("flare.helios")
+    try:
+        from helios.server.app import build_server
+
+        app, engine = build_server(args.core, engine_config(args))
+    except (EngineStartError, ValueError) as e:
+        print(f"flare run: {e}", file=sys.stderr)
+        return 1
+    for line in engine.description:
+        log.info("%s", line)
+    import uvicorn
+
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "qualify":
         from qualify.main_job import run
 
         return run(args.recipe, args.results, args.workers, args.hub_cache)
+    if args.command == "run":
+        return _serve(args)
     return 2
 
 

@@ -1,0 +1,246 @@
+"""Core loading, the KV page pool and the step driver.
+
+``load_engine(core_path, config)`` loads an exported core (nothing from preparation), builds the
+frontend from the core's own tokenizer, annotated template and sampling defaults, allocates the paged
+KV cache and prepares the core's graph catalog (eager prepared forwards on CPU; captured on CUDA).
+
+``StepDriver`` turns host-side rows into step inputs.  It owns one invariant the catalog imposes:
+the in-graph sampling state is shared by every capacity (row ``i`` of each step is the same state),
+so a decoding request lives in a fixed *slot* and the active slots are kept compact
+(``0 .. n-1``) -- the decode step for ``n`` rows is the smallest capacity ``>= n``.  The prefill
+steps hold one row, whose sampling state is slot 0; a prefill therefore parks slot 0's state, runs
+with the new request's parameters, and moves the result to the request's slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from ignition.components.attention import slot_mapping_for
+
+log = logging.getLogger("flare.helios")
+
+#: Catalog of the served embedded default core (tiny; decode batching up to 8 rows on CPU).
+DEFAULT_CORE_DECODE = (1, 2, 4, 8)
+DEFAULT_CORE_PREFILL = (256,)
+_DEFAULT_CORE_VERSION = "1"
+
+
+class EngineStartError(RuntimeError):
+    """A core that cannot be served (missing, damaged, incompatible)."""
+
+
+@dataclass
+class EngineConfig:
+    kv_tokens: int | None = None  # KV pool size in tokens (None: a default sized for the device)
+    max_context: int | None = None  # per-request context (None: min(model positions, kv_tokens))
+    device: str | None = None
+    queue_timeout_s: float = 30.0  # a request not admitted within this gets 503 + Retry-After
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise ValueError(f"kv_tokens must be positive, got {self.kv_tokens}")
+        if self.queue_timeout_s <= 0:
+            raise ValueError("queue_timeout_s must be positive")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("FLARE_CACHE")
+    return (Path(base) if base else Path.home() / ".cache" / "flare") / "cores"
+
+
+def default_core(progress: bool = False) -> Path:
+    """The embedded tiny default exported once into the cache (concurrent builders: first rename wins)."""
+    from ignition.checkpoints import embedded_default_checkpoint
+    from ignition.preparation import export
+
+    ckpt = embedded_default_checkpoint()
+    key = f"{ckpt.name}-d{'.'.join(map(str, DEFAULT_CORE_DECODE))}-p{'.'.join(map(str, DEFAULT_CORE_PREFILL))}" \
+          f"-v{_DEFAULT_CORE_VERSION}"
+    root = cache_root()
+    final = root / key
+    if final.is_dir():  # complete: it only ever appears by an atomic rename
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        log.info("exporting the embedded default core to %s (once)", final)
+        export(str(ckpt), str(tmp / "core"), decode=DEFAULT_CORE_DECODE, prefill=DEFAULT_CORE_PREFILL,
+               device="cpu", compile=False, progress=progress)
+        try:
+            os.rename(tmp / "core", final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+class PagePool:
+    """KV page allocator over pages ``0 .. num_pages-1`` (the sink page is never handed out)."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self._free = list(range(num_pages - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def allocate(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+def _copy_row(state, src: int, dst: int) -> None:
+    for f in fields(state):
+        t = getattr(state, f.name)
+        if isinstance(t, torch.Tensor):
+            t[dst] = t[src]
+
+
+def _save_row(state, i: int) -> dict:
+    return {f.name: getattr(state, f.name)[i].clone() for f in fields(state)
+            if isinstance(getattr(state, f.name), torch.Tensor)}
+
+
+def _restore_row(state, i: int, saved: dict) -> None:
+    for name, value in saved.items():
+        getattr(state, name)[i] = value
+
+
+class StepDriver:
+    """Builds step inputs from rows (pages + length) and runs the catalog's prepared steps."""
+
+    def __init__(self, model, graphs, page_size: int, on_replay=None):
+        self.model, self.graphs, self.page_size = model, graphs, page_size
+        self.width = graphs.steps[0].max_pages
+        self.sink = model.kv_cache.sink_page
+        self.decode_caps = sorted(s.shape.rows for s in graphs.steps if s.shape.kind == "decode")
+        self.prefill_chunks = sorted(s.shape.tokens for s in graphs.steps if s.shape.kind == "prefill")
+        self.slots = max(self.decode_caps)
+        self.on_replay = on_replay or (lambda kind, capacity: None)
+
+    def _table(self, pages: list[int]) -> torch.Tensor:
+        return torch.tensor(pages + [self.sink] * (self.width - len(pages)), dtype=torch.int32)
+
+    def prefill(self, pages: list[int], start: int, tokens: list[int], resolved: dict | None,
+                prompt_ids: list[int], slot: int, occupied: bool) -> int | None:
+        """One chunk of ``tokens`` at positions ``start..``.  On the final chunk (``resolved`` given) the
+        request's sampling row is admitted, the first token sampled and the row moved to ``slot``;
+        ``occupied`` says whether slot 0 belongs to a decoding request (its state is parked)."""
+        chunk = next(c for c in self.prefill_chunks if c >= len(tokens))
+        state = self.graphs.sampling
+        saved = _save_row(state, 0) if occupied else None  # every prefill chunk samples (and advances) row 0
+        if resolved is not None:
+            state.set_row(0, resolved, prompt_ids)
+        bt = self._table(pages)[None]
+        pos = torch.arange(start, start + len(tokens))[None]
+        valid = torch.ones_like(pos, dtype=torch.bool)
+        step = self.graphs.step("prefill", 1, chunk)
+        _, out = step.run(input_ids=torch.tensor([tokens]), positions=pos,
+                          slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size), block_tables=bt,
+                          seq_lens=torch.tensor([start + len(tokens)]), active_rows=torch.tensor([True]))
+        self.on_replay("prefill", step.shape.tokens)
+        token = int(out[0]) if resolved is not None else None
+        if resolved is not None and slot != 0:
+            _copy_row(state, 0, slot)
+        if saved is not None:
+            _restore_row(state, 0, saved)
+        return token
+
+    def decode(self, rows: list[tuple[list[int], int, int]]) -> list[int]:
+        """``rows[i] = (pages, position, token)`` for slots ``0..n-1``; returns each row's next token."""
+        n = len(rows)
+        step = self.graphs.step("decode", n)
+        bt = torch.stack([self._table(p) for p, _, _ in rows])
+        pos = torch.tensor([[p] for _, p, _ in rows])
+        valid = torch.ones_like(pos, dtype=torch.bool)
+        _, out = step.run(input_ids=torch.tensor([[t] for _, _, t in rows]), positions=pos,
+                          slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size), block_tables=bt,
+                          seq_lens=pos[:, 0] + 1, active_rows=torch.ones(n, dtype=torch.bool))
+        self.on_replay("decode", step.shape.rows)
+        return [int(t) for t in out.tolist()]
+
+    def clear(self, slot: int) -> None:
+        self.graphs.sampling.clear_row(slot)
+
+    def move(self, src: int, dst: int) -> None:
+        _copy_row(self.graphs.sampling, src, dst)
+        self.graphs.sampling.clear_row(src)
+
+
+@dataclass
+class LoadedEngine:
+    core_path: Path
+    model_name: str
+    frontend: object
+    tokenizer: object
+    driver: StepDriver
+    pool: PagePool
+    page_size: int
+    max_context: int
+    eos_token_ids: set[int]
+    description: list[str]
+
+
+def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=None) -> LoadedEngine:
+    from helios.frontend.frontend import Frontend
+    from helios.frontend.tokens import PromptTokenizer
+    from ignition.core import CoreFormatError
+    from ignition.preparation import ExportError, load_prepared
+
+    path = Path(core_path)
+    if not path.is_dir():
+        raise EngineStartError(f"{core_path}: no such core folder (export one with `ignition export`)")
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        model, core = load_prepared(str(path), device=device)
+    except (CoreFormatError, ExportError, OSError, KeyError, ValueError) as e:
+        raise EngineStartError(f"{core_path}: cannot serve this core: {e}") from e
+    m = core.manifest
+    page_size = m.kv_layout.page_size or 16
+    decode, prefill = list(m.graph_catalog.decode_capacities), list(m.graph_catalog.prefill_chunk_sizes)
+    if not decode or not prefill:
+        raise EngineStartError(f"{core_path}: the core's graph catalog needs decode and prefill steps "
+                               f"(decode {decode}, prefill {prefill})")
+    positions = m.geometry.max_position_embeddings
+    kv_tokens = config.kv_tokens or max(decode) * min(positions, 4096)
+    max_context = min(config.max_context or positions, positions, kv_tokens)
+    num_pages = math.ceil(kv_tokens / page_size)
+    model.allocate_kv_cache(num_pages, page_size, max_context)
+    from ignition.graphs.catalog import GraphCatalog
+
+    catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
+    graphs = catalog.prepare(model)
+    graphs.tune()
+    if device.startswith("cuda"):
+        graphs.capture()
+    tokenizer = PromptTokenizer.from_file(core.tokenizer_path)
+    frontend = Frontend(core.template_text(), tokenizer, core.special_token_variables, core.frontend_spec(),
+                        core.sampling_defaults())
+    name = m.source.repo_id or path.name
+    desc = [f"core {path} (recipe {m.recipe.name}, model {name})",
+            f"device {device}; steps {[s.shape.name for s in graphs.steps]} ({graphs.stage})",
+            f"KV pool {num_pages} pages x {page_size} tokens; max context {max_context}"]
+    driver = StepDriver(model, graphs, page_size, on_replay)
+    return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
+                        set(core.eos_token_ids), desc)

@@ -1,0 +1,261 @@
+"""The engine loop: one thread, continuous batching, chunked prefill, admission by KV pages.
+
+Each iteration (1) drops cancelled requests and fails requests that waited longer than the queue
+timeout (503), (2) admits waiting requests in arrival order while a slot and their KV pages are free
+(pages for ``prompt + max_tokens`` are reserved at admission, so a running request never stalls),
+(3) runs one prefill chunk of the oldest admitted request, and (4) runs one decode step over every
+decoding row at the smallest decode capacity holding them.  Finished rows free their pages and slot
+at once; the last slot moves into the freed one so the active slots stay compact.
+
+Results go back to the HTTP side as events on each request's asyncio queue:
+``("delta", text)``, ``("done", finish_reason, stop_sequence)``, ``("error", status, message)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger("flare.helios")
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    resolved: dict
+    max_tokens: int
+    stop: list[str]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    id: int = field(default_factory=lambda: next(_ids))
+    pages: list[int] = field(default_factory=list)
+    prefilled: int = 0
+    generated: list[int] = field(default_factory=list)
+    text_ids: list[int] = field(default_factory=list)
+    sent: int = 0  # characters of text already sent
+    finish_reason: str | None = None
+    stop_sequence: str | None = None
+    cancelled: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+    cache_points: list[int] = field(default_factory=list)  # token endpoints the prefix cache may keep
+    cached_tokens: int = 0  # prompt tokens consumed from the prefix cache
+    cached_nodes: list = field(default_factory=list)
+
+    def post(self, *event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+class Scheduler:
+    def __init__(self, engine, queue_timeout_s: float, metrics=None, prefix_cache: bool = True):
+        from .prefix_cache import PrefixCache
+
+        self.engine, self.driver, self.pool = engine, engine.driver, engine.pool
+        self.cache = PrefixCache(engine.page_size) if prefix_cache else None
+        self.queue_timeout_s = queue_timeout_s
+        self.metrics = metrics
+        self.cond = threading.Condition()
+        self.waiting: deque[Request] = deque()
+        self.prefilling: deque[Request] = deque()
+        self.running: list[Request] = []  # index == sampling slot
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # -- thread-safe API ---------------------------------------------------------------------------
+    def pages_for(self, prompt_len: int, max_tokens: int) -> int:
+        return math.ceil(min(prompt_len + max_tokens, self.engine.max_context) / self.engine.page_size)
+
+    def submit(self, req: Request) -> None:
+        with self.cond:
+            self.waiting.append(req)
+            self.cond.notify()
+
+    def cancel(self, req: Request) -> None:
+        with self.cond:
+            req.cancelled = True
+            self.cond.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="flare-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stop = True
+            self.cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    while not self._stop and not (self.waiting or self.prefilling or self.running):
+                        self.cond.wait()
+                    if self._stop:
+                        break
+                    self._reap()
+                    self._admit()
+                if self.prefilling:
+                    self._prefill_chunk()
+                if self.running:
+                    self._decode()
+                self._gauges()
+        except BaseException as e:  # a broken engine fails every request instead of hanging them
+            log.exception("engine loop failed")
+            self.error = e
+            with self.cond:
+                for r in list(self.waiting) + list(self.prefilling) + self.running:
+                    r.post("error", 500, f"engine failure: {e}")
+                self.waiting.clear(), self.prefilling.clear(), self.running.clear()
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.metrics.running.set(len(self.running) + len(self.prefilling))
+            self.metrics.kv_pages_used.set(self.pool.used)
+            self.metrics.kv_pages_free.set(self.pool.free)
+            self.metrics.kv_pages_cached.set(self.cache.pages if self.cache else 0)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for r in [r for r in self.waiting if r.cancelled or now - r.arrived > self.queue_timeout_s]:
+            self.waiting.remove(r)
+            if not r.cancelled:
+                r.post("error", 503, f"the KV cache is full: not admitted within {self.queue_timeout_s:g} s; "
+                                     "retry later")
+        for r in [r for r in self.prefilling if r.cancelled]:
+            self.prefilling.remove(r)
+            self._free(r)
+        for slot in sorted((i for i, r in enumerate(self.running) if r.cancelled), reverse=True):
+            self._retire(slot)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) + len(self.prefilling) < self.driver.slots:
+            r = self.waiting[0]
+            nodes = self.cache.match(r.prompt_ids) if self.cache else []
+            pages = self._allocate(self.pages_for(len(r.prompt_ids), r.max_tokens) - len(nodes))
+            if pages is None:
+                if self.cache:
+                    self.cache.release(nodes)
+                break  # arrival order: the head waits for pages (or its timeout)
+            self.waiting.popleft()
+            r.cached_nodes, r.pages = nodes, [n.page for n in nodes] + pages
+            r.prefilled = r.cached_tokens = len(nodes) * self.engine.page_size
+            if self.metrics is not None:
+                self.metrics.cached_tokens.inc(r.cached_tokens)
+            self.prefilling.append(r)
+
+    def _allocate(self, n: int) -> list[int] | None:
+        pages = self.pool.allocate(n)
+        if pages is None and self.cache is not None and n <= self.pool.free + self.cache.pages:
+            self.pool.release(self.cache.evict(n - self.pool.free))
+            pages = self.pool.allocate(n)
+        return pages
+
+    def _free(self, r: Request) -> None:
+        """Give a request's pages back: its complete prompt pages up to its last recorded endpoint go to
+        the prefix cache (those it matched stay there), the rest to the pool."""
+        own = range(len(r.cached_nodes), len(r.pages))
+        adopted: set[int] = set()
+        if self.cache is not None:
+            cut = max((p for p in r.cache_points if p <= len(r.prompt_ids)), default=0)
+            if r.prefilled >= len(r.prompt_ids) and cut:
+                adopted = self.cache.insert(r.prompt_ids, cut, r.pages)
+            self.cache.release(r.cached_nodes)
+        self.pool.release([r.pages[i] for i in own if i not in adopted])
+        r.pages, r.cached_nodes = [], []
+
+    def _prefill_chunk(self) -> None:
+        r = self.prefilling[0]
+        size = max(self.driver.prefill_chunks)
+        part = r.prompt_ids[r.prefilled:r.prefilled + size]
+        final = r.prefilled + len(part) == len(r.prompt_ids)
+        slot = len(self.running)
+        token = self.driver.prefill(r.pages, r.prefilled, part, r.resolved if final else None, r.prompt_ids,
+                                    slot, occupied=slot > 0)
+        r.prefilled += len(part)
+        if final:
+            self.prefilling.popleft()
+            self.running.append(r)
+            if self.metrics is not None:
+                self.metrics.ttft.observe(time.monotonic() - r.arrived)
+            self._accept(r, token)
+            if r.finish_reason is not None:
+                self._retire(slot)
+
+    def _decode(self) -> None:
+        plen = lambda r: len(r.prompt_ids)  # noqa: E731
+        rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
+        tokens = self.driver.decode(rows)
+        for r, t in zip(self.running, tokens):
+            self._accept(r, t)
+        for slot in sorted((i for i, r in enumerate(self.running) if r.finish_reason is not None), reverse=True):
+            self._retire(slot)
+
+    def _retire(self, slot: int) -> None:
+        r = self.running[slot]
+        last = len(self.running) - 1
+        if slot != last:
+            self.driver.move(last, slot)
+            self.running[slot] = self.running[last]
+        else:
+            self.driver.clear(slot)
+        self.running.pop()
+        self._free(r)
+
+    # -- tokens -> text ----------------------------------------------------------------------------
+    def _accept(self, r: Request, token: int) -> None:
+        now = time.monotonic()
+        if r.last_token_at is not None and self.metrics is not None:
+            self.metrics.itl.observe(now - r.last_token_at)
+        r.last_token_at = now
+        r.generated.append(token)
+        if token in self.engine.eos_token_ids:
+            self._flush(r, final=True)
+            return self._finish(r, "stop")
+        r.text_ids.append(token)
+        self._flush(r, final=False)
+        if r.finish_reason is None and len(r.generated) >= r.max_tokens:
+            self._flush(r, final=True)
+            self._finish(r, "length")
+
+    def _flush(self, r: Request, final: bool) -> None:
+        if r.finish_reason is not None:
+            return
+        text = self.engine.tokenizer.decode(r.text_ids)
+        for s in r.stop:
+            i = text.find(s)
+            if i >= 0 and (r.stop_sequence is None or i < text.find(r.stop_sequence)):
+                r.stop_sequence = s
+        if r.stop_sequence is not None:
+            text = text[:text.find(r.stop_sequence)]
+            if len(text) > r.sent:
+                r.post("delta", text[r.sent:])
+            r.sent = len(text)
+            return self._finish(r, "stop")
+        end = len(text)
+        if not final:
+            if text.endswith("\ufffd"):
+                return  # an incomplete UTF-8 sequence: wait for the next token
+            hold = max((k for s in r.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            end -= hold
+        if end > r.sent:
+            r.post("delta", text[r.sent:end])
+            r.sent = end
+
+    def _finish(self, r: Request, reason: str) -> None:
+        r.finish_reason = reason
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(r.prompt_ids))
+            self.metrics.completion_tokens.inc(len(r.generated))
+        r.post("done", reason, r.stop_sequence)

@@ -1,0 +1,35 @@
+"""Prometheus metrics of one server (its own registry: several servers may share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("flare_requests", "HTTP generation requests by protocol and status",
+                                ["protocol", "status"], registry=r)
+        self.prompt_tokens = Counter("flare_prompt_tokens", "prompt tokens of finished requests", registry=r)
+        self.completion_tokens = Counter("flare_completion_tokens", "generated tokens of finished requests",
+                                         registry=r)
+        self.cached_tokens = Counter("flare_cached_prompt_tokens",
+                                     "prompt tokens consumed from the prefix cache",
+                                     registry=r)
+        self.graph_replays = Counter("flare_graph_replays", "prepared step executions by kind and capacity",
+                                     ["kind", "capacity"], registry=r)
+        self.queue_depth = Gauge("flare_queue_depth", "requests waiting for admission", registry=r)
+        self.running = Gauge("flare_running_requests", "admitted requests (prefilling or decoding)", registry=r)
+        self.kv_pages_used = Gauge("flare_kv_pages_used", "KV pages held by requests", registry=r)
+        self.kv_pages_cached = Gauge("flare_kv_pages_cached", "KV pages held by the prefix cache", registry=r)
+        self.kv_pages_free = Gauge("flare_kv_pages_free", "KV pages free", registry=r)
+        self.ttft = Histogram("flare_time_to_first_token_seconds", "arrival to first token", registry=r)
+        self.itl = Histogram("flare_inter_token_latency_seconds", "time between a request's tokens",
+                             buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5), registry=r)
+
+    def replay(self, kind: str, capacity: int) -> None:
+        self.graph_replays.labels(kind, str(capacity)).inc()
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
