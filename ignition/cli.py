@@ -134,6 +134,56 @@ def _cmd_export(args) -> int:
     return 0
 
 
+DEBUG_SERVE_BANNER = """\
+================================================================================
+ ignition debug-serve: FAULT DIAGNOSIS ONLY.
+ The checkpoint was prepared in this process into a temporary core (removed at
+ exit){eager}.
+ Timings and throughput seen here are NOT serving measurements: export a core
+ (`ignition export`), serve it with `flare run` and measure with `flare qualify`.
+================================================================================"""
+
+
+def _cmd_debug_serve(args) -> int:
+    """Prepare a checkpoint in process into a temporary core and serve it with ``flare run``'s app."""
+    import logging
+    import shutil
+    import tempfile
+
+    from helios.runtime.engine import EngineConfig, EngineStartError
+    from helios.server.app import build_server
+    from ignition.preparation import ExportError, export
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log = logging.getLogger("flare.ignition")
+    caps = lambda text: tuple(int(x) for x in text.split(",") if x) if text is not None else None  # noqa: E731
+    if not Path(args.checkpoint).is_dir():
+        print(f"ignition debug-serve: {args.checkpoint} is not a checkpoint folder", file=sys.stderr)
+        return 1
+    tmp = Path(tempfile.mkdtemp(prefix="flare-debug-serve-"))
+    try:
+        core = tmp / "core"
+        try:
+            export(args.checkpoint, str(core), decode=caps(args.capacities), prefill=caps(args.prefill_chunks),
+                   device=args.device, compile=not args.eager, progress=False)
+            config = EngineConfig(kv_tokens=args.kv_tokens, max_context=args.max_context, device=args.device)
+            app, engine = build_server(str(core), config)
+        except (ExportError, EngineStartError, OSError, KeyError, ValueError) as exc:
+            msg = str(exc.args[0] if exc.args else exc) or type(exc).__name__
+            print(f"ignition debug-serve: {msg.splitlines()[0]}", file=sys.stderr)
+            return 1
+        print(DEBUG_SERVE_BANNER.format(eager="; --eager: no torch.compile" if args.eager else ""), file=sys.stderr,
+              flush=True)
+        for line in engine.description:
+            log.info("%s", line)
+        import uvicorn
+
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        return 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ignition", description="Prepare checkpoints into Flare cores.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -167,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--hub-cache", default=None)
     e.add_argument("--overwrite", action="store_true")
     e.set_defaults(func=_cmd_export)
+
+    d = sub.add_parser("debug-serve", help="prepare a checkpoint in process and serve it (fault diagnosis only)")
+    d.add_argument("checkpoint", help="checkpoint folder with weights")
+    d.add_argument("--eager", action="store_true", help="skip torch.compile while preparing (the served steps are built from the core as `flare run` "
+                   "builds them)")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--kv-tokens", type=int, default=None, help="KV pool size in tokens")
+    d.add_argument("--max-context", type=int, default=None, help="per-request context in tokens")
+    d.add_argument("--capacities", default=None, help="decode capacities, e.g. 1,4 (default: the recipe's)")
+    d.add_argument("--prefill-chunks", default=None, help="prefill chunk sizes, e.g. 256 (default: the recipe's)")
+    d.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    d.set_defaults(func=_cmd_debug_serve)
 
     f = sub.add_parser("frontend", help="inspect the prompt frontend").add_subparsers(dest="sub", required=True)
     r = f.add_parser("render", help="render a request: prompt, token IDs, endpoints, hints, sampling")

@@ -200,9 +200,6 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
     model_cls, _ = _recipe_model(recipe)
     from ignition.core import core_pb2 as pb
 
-    if m.weights.format != pb.WEIGHT_FORMAT_BF16:
-        raise ExportError(f"{core_path}: weight format {pb.WeightFormat.Name(m.weights.format)} cannot be loaded "
-                          "by this version (BF16 cores only; FP8 block cores are exported but not yet loadable)")
     g = m.geometry
     config = Qwen3Config(
         vocab_size=g.vocab_size, hidden_size=g.hidden_size, num_hidden_layers=g.num_layers,
@@ -210,7 +207,21 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
         intermediate_size=g.intermediate_size, max_position_embeddings=g.max_position_embeddings,
         rope_theta=g.rope_theta, rms_norm_eps=g.rms_norm_eps, tie_word_embeddings=g.tie_word_embeddings,
         architectures=[g.architecture])
-    model = model_cls(config, device=device)
+    if m.weights.format == pb.WEIGHT_FORMAT_BF16:
+        model = model_cls(config, device=device)
+    elif m.weights.format == pb.WEIGHT_FORMAT_FP8_BLOCK:
+        from ignition.components.projections import FP8_BLOCK_SIZE, Quantization
+
+        block = tuple(m.weights.block_shape)
+        if block != FP8_BLOCK_SIZE:
+            raise ExportError(f"{core_path}: FP8_BLOCK core with weights.block_shape {list(block)} is not supported "
+                              f"(supported: {list(FP8_BLOCK_SIZE)})")
+        quant = Quantization("fp8", block)
+        formats = model_cls.weight_formats(config, _CoreDtypes(m, model_cls.packed_modules_mapping), quant)
+        model = model_cls(config, formats, quant=quant, device=device)
+    else:
+        raise ExportError(f"{core_path}: weight format {pb.WeightFormat.Name(m.weights.format)} cannot be loaded "
+                          "by this version (supported: WEIGHT_FORMAT_BF16, WEIGHT_FORMAT_FP8_BLOCK)")
     state = model.hf.state_dict()
     names = set(core.tensor_names())
     expected = {n for n in state if not (g.tie_word_embeddings and n == "lm_head.weight")}
@@ -221,3 +232,35 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
         for name, tensor in core.iter_tensors():
             state[name].copy_(tensor)
     return model, core
+
+
+class _CoreDtypes:
+    """``CheckpointReader.dtype`` over a core's prepared tensors, so that the recipe's own ``weight_formats``
+    rebuilds the per-projection formats the core was exported with.  A Hugging Face leaf fused into a
+    packed module (``q_proj`` -> ``qkv_proj`` shard 0) is stored either packed, ``<fused>.proj.<suffix>``
+    (all parts one format), or split, ``<fused>.parts.<shard>.<suffix>``."""
+
+    _TORCH = {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "BF16": "bfloat16", "F16": "float16",
+              "F32": "float32"}
+
+    def __init__(self, manifest, packed_modules_mapping: dict[str, tuple[str, int]]):
+        import torch
+
+        from ignition.core.schema import dtype_name
+
+        self.mapping = packed_modules_mapping
+        self.dtypes = {t.name: getattr(torch, self._TORCH.get(dtype_name(t.dtype), "uint8"))
+                       for t in manifest.weights.tensors}
+
+    def dtype(self, name: str):
+        module, _, suffix = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        candidates = [name]
+        if leaf in self.mapping:
+            fused, shard = self.mapping[leaf]
+            base = f"{parent}.{fused}" if parent else fused
+            candidates = [f"{base}.proj.{suffix}", f"{base}.parts.{shard}.{suffix}"]
+        for c in candidates:
+            if c in self.dtypes:
+                return self.dtypes[c]
+        return None  # absent (a tied lm_head): bf16; the tensor-name check in load_prepared reports real gaps
