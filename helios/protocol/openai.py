@@ -175,3 +175,41 @@ def _tool_choice(choice: Any) -> Any:
     fn = expect_dict(require(choice, "function", "tool_choice"), "tool_choice.function")
     expect_str(require(fn, "name", "tool_choice.function"), "tool_choice.function.name", nonempty=True)
     return choice
+
+
+# -- legacy completions -----------------------------------------------------------------------------
+COMPLETION_SERVING = ("model", "prompt", "stream", "stream_options", "max_tokens", "stop", "n", "best_of", "user",
+                      "logprobs", "echo", "suffix", "logit_bias")
+
+
+def decode_completion_request(request: dict, vocab_size: int) -> tuple[str | list[int], dict[str, Any]]:
+    """``POST /v1/completions``: ``(prompt, sampling)`` where ``prompt`` is text (tokenized without a
+    template) or token IDs checked against ``vocab_size``; one prompt per request."""
+    request = expect_dict(request, "request")
+    reject_unknown(request, COMPLETION_SERVING + SAMPLING)
+    _check_serving(request)
+    if request.get("best_of") not in (None, 1):
+        raise FrontendError("best_of", "only best_of=1 is supported")
+    if request.get("echo") not in (None, False):
+        raise FrontendError("echo", "is not supported")
+    if request.get("suffix") is not None:
+        raise FrontendError("suffix", "is not supported")
+    if request.get("logit_bias") not in (None, {}):
+        raise FrontendError("logit_bias", "is not supported")
+    prompt = require(request, "prompt", "")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise FrontendError("prompt", "must not be empty")
+    elif isinstance(prompt, list):
+        if not prompt:
+            raise FrontendError("prompt", "must not be empty")
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise FrontendError("prompt", f"token {i} must be an integer token ID, got {t!r}")
+            if not 0 <= t < vocab_size:
+                raise FrontendError("prompt", f"token {i} ({t}) is outside the vocabulary (0..{vocab_size - 1})")
+    else:
+        raise FrontendError("prompt", "must be a string or a list of token IDs (one prompt per request)")
+    return prompt, pick_sampling(request, SAMPLING)

@@ -200,6 +200,8 @@ class LoadedEngine:
     max_context: int
     eos_token_ids: set[int]
     description: list[str]
+    vocab_size: int = 0  # token IDs a prompt may hold (0 .. vocab_size-1)
+    tool_call_format: str | None = None  # the recipe's (helios/frontend/tool_calls.py); None: replies stay text
 
 
 def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=None) -> LoadedEngine:
@@ -243,4 +245,16 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
             f"KV pool {num_pages} pages x {page_size} tokens; max context {max_context}"]
     driver = StepDriver(model, graphs, page_size, on_replay)
     return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
-                        set(core.eos_token_ids), desc)
+                        set(core.eos_token_ids), desc, int(m.geometry.vocab_size),
+                        _tool_call_format(m.recipe.name))
+
+
+def _tool_call_format(recipe_name: str) -> str | None:
+    """The recipe's tool-call format, by the core's recipe name (the core does not carry it yet)."""
+    from ignition.recipes.registry import load_recipe
+
+    try:
+        return load_recipe(recipe_name).tool_call_format
+    except (KeyError, ValueError):
+        log.warning("recipe %r is not registered here: replies carry no parsed tool calls", recipe_name)
+        return None

@@ -1,9 +1,11 @@
-"""The HTTP API (FastAPI): OpenAI chat completions, Anthropic messages, models, health, metrics.
+"""The HTTP API (FastAPI): OpenAI chat and legacy completions, Anthropic messages, models, health, metrics.
 
 Every generation request takes the same road: JSON -> ``helios.protocol.decode_request`` ->
 ``Frontend.prepare`` (render once, tokenize once, sampling resolved and clamped by the core's
 defaults) -> the scheduler -> events -> the protocol's response shape.  Errors use each protocol's
-own error body; nothing a request does reaches another request.
+own error body; nothing a request does reaches another request.  ``/v1/completions`` skips the
+frontend: its prompt is text tokenized as is (no template) or token IDs.  With ``tools`` in the request,
+a completed reply is parsed for tool calls in the recipe's format (``helios.frontend.tool_calls``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from helios.frontend.conversation import FrontendError
+from helios.frontend.tool_calls import ToolCall, opening, parse_tool_calls
 from helios.protocol import decode_request
+from helios.protocol.openai import decode_completion_request
 from helios.runtime.scheduler import Request as EngineRequest
 from helios.runtime.scheduler import Scheduler
 
@@ -46,6 +50,46 @@ def _error_response(protocol: str, e: ApiError) -> JSONResponse:
         body = {"error": {"message": e.message, "type": _OPENAI_TYPES.get(e.status, "server_error"),
                           "param": e.param, "code": e.code}}
     return JSONResponse(body, status_code=e.status, headers=headers)
+
+
+def _openai_call(call: ToolCall) -> dict:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+
+
+def _anthropic_call(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": call.arguments}
+
+
+class _Holdback:
+    """Streams text up to the tool-call opening and holds the rest; ``finish`` returns the held text and
+    no calls, or ``""`` and the calls when the held text is a well-formed call sequence.  Without a
+    format nothing is held."""
+
+    def __init__(self, fmt: str | None):
+        self.fmt, self.tag = fmt, opening(fmt)
+        self.sent, self.text = 0, ""
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        if self.tag is None:
+            out, self.sent = self.text[self.sent:], len(self.text)
+            return out
+        i = self.text.find(self.tag)
+        if i < 0:  # hold a suffix that may begin the tag
+            i = len(self.text) - max((k for k in range(1, len(self.tag)) if self.text.endswith(self.tag[:k])),
+                                     default=0)
+        end = max(i, self.sent)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        held = self.text[self.sent:]
+        parsed = parse_tool_calls(self.fmt, held)
+        if parsed is None:
+            return held, []
+        self.sent = len(self.text)
+        return parsed[0], parsed[1]
 
 
 def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
@@ -98,20 +142,31 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
     async def _submit(protocol: str, body: dict, max_tokens: int | None, stop: list[str]) -> EngineRequest:
         conv = decode_request(protocol, body)
         prepared = engine.frontend.prepare(conv)
-        n = len(prepared.token_ids)
+        return _enqueue(prepared.token_ids, prepared.sampling, max_tokens, stop, "messages",
+                        sorted(set(prepared.token_endpoints) | set(prepared.hint_cuts)))
+
+    def _enqueue(prompt_ids: list[int], sampling: dict, max_tokens: int | None, stop: list[str], param: str,
+                 cache_points: list[int]) -> EngineRequest:
+        n = len(prompt_ids)
         if n >= engine.max_context:
             raise ApiError(400, f"the prompt is {n} tokens; this server's context is {engine.max_context} tokens",
-                           "messages", "context_length_exceeded")
+                           param, "context_length_exceeded")
         room = engine.max_context - n
         max_tokens = room if max_tokens is None else min(max_tokens, room)
         if scheduler.pages_for(n, max_tokens) > engine.pool.num_pages:
             raise ApiError(400, f"the request needs {n + max_tokens} KV tokens; the pool holds "
                                 f"{engine.pool.num_pages * engine.page_size}", "max_tokens", "context_length_exceeded")
         loop = asyncio.get_running_loop()
-        req = EngineRequest(prepared.token_ids, prepared.sampling, max_tokens, stop, loop, asyncio.Queue(),
-                            cache_points=sorted(set(prepared.token_endpoints) | set(prepared.hint_cuts)))
+        req = EngineRequest(list(prompt_ids), sampling, max_tokens, stop, loop, asyncio.Queue(),
+                            cache_points=cache_points)
         scheduler.submit(req)
         return req
+
+    def _tool_format(body: dict) -> str | None:
+        """The format to parse replies with: the recipe's, when the request declared tools it may call."""
+        choice = body.get("tool_choice")
+        off = choice == "none" or (isinstance(choice, dict) and choice.get("type") == "none")
+        return engine.tool_call_format if body.get("tools") and not off else None
 
     async def _events(req: EngineRequest):
         """The request's events; a consumer that goes away (disconnect) cancels the request."""
@@ -196,15 +251,24 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
                 c["usage"] = usage
             return f"data: {json.dumps(c)}\n\n"
 
+        fmt = _tool_format(body)
         if stream:
             async def sse():
                 yield chunk({"role": "assistant", "content": ""})
+                held = _Holdback(fmt)
                 event = first
                 while True:
                     if event[0] == "delta":
-                        yield chunk({"content": event[1]})
+                        out = held.feed(event[1])
+                        if out:
+                            yield chunk({"content": out})
                     elif event[0] == "done":
-                        yield chunk({}, event[1])
+                        rest, calls = held.finish()
+                        if rest:
+                            yield chunk({"content": rest})
+                        if calls:
+                            yield chunk({"tool_calls": [{"index": i, **_openai_call(c)} for i, c in enumerate(calls)]})
+                        yield chunk({}, "tool_calls" if calls else event[1])
                         if include_usage:
                             yield chunk({}, usage=_usage_openai(req))
                         break
@@ -223,10 +287,66 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
             return StreamingResponse(guarded(), media_type="text/event-stream")
 
         text, event = await _collect(gen, first, http, req)
+        text = "".join(text)
+        parsed = parse_tool_calls(fmt, text)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = event[1]
+        if parsed is not None:
+            message = {"role": "assistant", "content": parsed[0] or None,
+                       "tool_calls": [_openai_call(c) for c in parsed[1]]}
+            finish = "tool_calls"
         return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                             "finish_reason": event[1], "logprobs": None}],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
                 "usage": _usage_openai(req)}
+
+    # -- OpenAI legacy completions -----------------------------------------------------------------
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _handle("openai", request, _completions)
+
+    async def _completions(body: dict, http: Request):
+        _check_model(body)
+        prompt, sampling = decode_completion_request(body, engine.vocab_size)
+        ids = engine.tokenizer.encode(prompt).ids if isinstance(prompt, str) else prompt
+        if not ids:
+            raise FrontendError("prompt", "tokenizes to no tokens")
+        max_tokens = _positive(body, "max_tokens")
+        max_tokens = 16 if max_tokens is None else max_tokens  # OpenAI's default for this endpoint
+        stop = _stops(body.get("stop"), "stop")
+        stream = bool(body.get("stream"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+        req = _enqueue(ids, engine.frontend.sampling.resolve(sampling), max_tokens, stop, "prompt", [])
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        gen = _events(req)
+        first = await _first(gen)
+
+        def body_of(text: str, finish: str | None, usage: bool) -> dict:
+            out = {"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                   "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
+            if usage:
+                out["usage"] = _usage_openai(req)
+            return out
+
+        if stream:
+            async def sse():
+                try:
+                    event = first
+                    while event[0] == "delta":
+                        yield f"data: {json.dumps(body_of(event[1], None, False))}\n\n"
+                        event = await gen.__anext__()
+                    if event[0] == "done":
+                        yield f"data: {json.dumps(body_of('', event[1], False))}\n\n"
+                        if include_usage:
+                            tail = {**body_of('', None, True), "choices": []}
+                            yield f"data: {json.dumps(tail)}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    await gen.aclose()
+
+            return StreamingResponse(sse(), media_type="text/event-stream")
+
+        text, event = await _collect(gen, first, http, req)
+        return body_of("".join(text), event[1], True)
 
     # -- Anthropic ---------------------------------------------------------------------------------
     @app.post("/v1/messages")
@@ -241,6 +361,7 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
         stop = _stops(body.get("stop_sequences"), "stop_sequences")
         stream = bool(body.get("stream"))
         req = await _submit("anthropic", body, max_tokens, stop)
+        fmt = _tool_format(body)
         mid = f"msg_{uuid.uuid4().hex}"
         gen = _events(req)
         first = await _first(gen)
@@ -261,16 +382,28 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
                 try:
                     yield ev("message_start", {"message": message([], None, None, 0)})
                     yield ev("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+                    held = _Holdback(fmt)
                     event = first
                     while event[0] == "delta":
-                        yield ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": event[1]}})
+                        out = held.feed(event[1])
+                        if out:
+                            yield ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": out}})
                         event = await gen.__anext__()
                     if event[0] == "error":
                         yield ev("error", {"error": {"type": _ANTHROPIC_TYPES.get(event[1], "api_error"),
                                                      "message": event[2]}})
                         return
+                    rest, calls = held.finish()
+                    if rest:
+                        yield ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": rest}})
                     yield ev("content_block_stop", {"index": 0})
-                    reason = "stop_sequence" if event[2] else _ANTHROPIC_STOP[event[1]]
+                    for i, c in enumerate(calls, start=1):
+                        block = _anthropic_call(c)
+                        yield ev("content_block_start", {"index": i, "content_block": {**block, "input": {}}})
+                        yield ev("content_block_delta", {"index": i, "delta": {
+                            "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}})
+                        yield ev("content_block_stop", {"index": i})
+                    reason = "tool_use" if calls else "stop_sequence" if event[2] else _ANTHROPIC_STOP[event[1]]
                     yield ev("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": event[2]},
                                                "usage": usage(len(req.generated))})
                     yield ev("message_stop", {})
@@ -280,8 +413,14 @@ def create_app(engine, scheduler: Scheduler, metrics: Metrics) -> FastAPI:
             return StreamingResponse(sse(), media_type="text/event-stream")
 
         text, event = await _collect(gen, first, http, req)
+        text = "".join(text)
         reason = "stop_sequence" if event[2] else _ANTHROPIC_STOP[event[1]]
-        return message([{"type": "text", "text": "".join(text)}], reason, event[2], len(req.generated))
+        parsed = parse_tool_calls(fmt, text)
+        if parsed is None:
+            return message([{"type": "text", "text": text}], reason, event[2], len(req.generated))
+        content = [{"type": "text", "text": parsed[0]}] if parsed[0] else []
+        content += [_anthropic_call(c) for c in parsed[1]]
+        return message(content, "tool_use", event[2], len(req.generated))
 
     # -- the rest ----------------------------------------------------------------------------------
     @app.get("/v1/models")

@@ -110,6 +110,11 @@ class Recipe:
     variants: tuple[TemplateVariant, ...]
     checkpoints: tuple[Checkpoint, ...]
     capacities: tuple[int, ...] = (1, 4)
+    # How the templates' assistant tool calls look in a reply: "qwen" | "gemma" | "deepseek" | None (no
+    # parsing; replies stay text). A Recipe field rather than a FrontendSpec one: FrontendSpec is mapped
+    # field-for-field onto core.proto's Frontend message, and core_pb2.py could not be regenerated here
+    # (protoc 3.21 unavailable), so the server derives it from the core's recipe name at load time.
+    tool_call_format: str | None = None
     assets_dir: Path = Path(".")
     notes: str = ""
 

@@ -21,6 +21,7 @@ RECIPE = Recipe(
     ),
     variants=(TemplateVariant("deepseek_v3", "chat_template.deepseek_v3.patch.json", hidden_sizes=(7168,)),),
     checkpoints=CHECKPOINTS,
+    tool_call_format="deepseek",  # how replies carry tool calls (helios/frontend/tool_calls.py)
     capacities=(1, 4),
     assets_dir=Path(__file__).parent / "assets",
     notes=(

@@ -31,6 +31,7 @@ RECIPE = Recipe(
         TemplateVariant("google", "chat_template.google.patch.json", hidden_sizes=(2816, 3840, 5376)),
     ),
     checkpoints=CHECKPOINTS,
+    tool_call_format="gemma",  # how replies carry tool calls (helios/frontend/tool_calls.py)
     capacities=(1, 4),
     assets_dir=Path(__file__).parent / "assets",
     notes=(

@@ -19,6 +19,7 @@ RECIPE = Recipe(
         TemplateVariant("flare-default", "chat_template.flare-default.patch.json", hidden_sizes=(64,)),
     ),
     checkpoints=CHECKPOINTS,
+    tool_call_format="qwen",  # how replies carry tool calls (helios/frontend/tool_calls.py)
     capacities=(1, 2, 4, 8, 16, 32, 64),  # decode graph capacities (rows), = DECODE_CAPACITIES
     assets_dir=Path(__file__).parent / "assets",
     notes="Reasoning of assistant turns before the last user query is dropped from history by the template.",

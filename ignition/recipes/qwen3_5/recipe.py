@@ -21,6 +21,7 @@ RECIPE = Recipe(
     ),
     variants=(TemplateVariant("qwen3_5", "chat_template.qwen3_5.patch.json", hidden_sizes=(2560,)),),
     checkpoints=CHECKPOINTS,
+    tool_call_format="qwen",  # how replies carry tool calls (helios/frontend/tool_calls.py)
     capacities=(1, 4),
     assets_dir=Path(__file__).parent / "assets",
     notes=(
