@@ -1,0 +1,99 @@
+"""qualify.report on two synthetic archived runs written in tmp_path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qualify import report as rp
+
+
+def _run(root, name, gpu_class, cases):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "environment.json").write_text(json.dumps({"gpu": {"gpu_class": gpu_class}, "git_sha": name}))
+    with open(d / "samples.jsonl", "w") as f:
+        for case, values in cases.items():
+            for seed, v in enumerate(values):
+                rec = {"case": {"case": case, "gpu_class": gpu_class, "batch": 1}, "seed": seed, "bytewise_equal": True,
+                       "step_s": v, "floor_s": 1.0, "test": f"t::{case}"}
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+    return d
+
+
+BASE = {"fast": [2.0, 2.1, 2.2], "slow": [2.0, 2.1, 2.2], "same": [2.0, 2.1, 2.2], "gone": [3.0]}
+CAND = {"fast": [1.5, 1.6, 1.9], "slow": [2.3, 2.4, 2.6], "same": [1.9, 2.05, 2.3], "new": [1.0]}
+
+
+def test_verdicts_table_and_rule(tmp_path, monkeypatch):
+    _run(tmp_path, "base", "sm90", BASE)
+    _run(tmp_path, "cand", "sm90", CAND)
+    rep = rp.compare("base", "cand", results=tmp_path)
+    assert rep["metric"] == "step_s"  # first *_s field, floor_s excepted
+    by = {json.loads(r["case"])["case"]: r for r in rep["cases"]}
+    assert by["fast"]["verdict"] == "faster"
+    assert by["slow"]["verdict"] == "slower"
+    assert by["same"]["verdict"] == "within noise"
+    assert by["gone"]["verdict"] == "only in baseline" and by["new"]["verdict"] == "only in candidate"
+    assert by["fast"]["ratio"] == pytest.approx(1.6 / 2.1)
+    assert by["slow"]["candidate"] == {"median": 2.4, "min": 2.3, "max": 2.6, "n": 3}
+    assert by["fast"]["floor_s"] == 1.0
+    assert "gpu_class" not in json.loads(by["fast"]["case"])  # run-specific fields do not split cases
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(rp, "RESULTS", tmp_path)
+    assert rp.main(["base", "cand", "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert rp.RULE in md and "| faster |" in md and "| slower |" in md and "| within noise |" in md
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in md and not (out / "report.png").exists()
+    else:
+        assert (out / "report.png").stat().st_size > 0
+
+
+def test_markdown_only_when_matplotlib_missing(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError("no matplotlib")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    _run(tmp_path, "base", "sm90", BASE)
+    _run(tmp_path, "cand", "sm90", CAND)
+    written = rp.write_report(rp.compare("base", "cand", results=tmp_path), tmp_path / "out")
+    assert written["png"] is None
+    assert "matplotlib is not installed" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_gpu_class_mismatch_refused(tmp_path, monkeypatch, capsys):
+    _run(tmp_path, "base", "sm90", BASE)
+    _run(tmp_path, "cand", "sm100", CAND)
+    with pytest.raises(rp.ReportError, match="different GPU classes.*sm90.*sm100"):
+        rp.compare("base", "cand", results=tmp_path)
+    monkeypatch.setattr(rp, "RESULTS", tmp_path)
+    assert rp.main(["base", "cand", "--out", str(tmp_path / "o")]) == 2
+    assert "different GPU classes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_explicit_metric_lists_and_baseline_file(tmp_path):
+    d = _run(tmp_path, "base", "cpu", {"a": [1.0]})
+    with open(d / "samples.jsonl", "a") as f:
+        f.write(json.dumps({"case": {"case": "a", "batch": 1}, "seed": 9, "raw_ns": [5, 6, 7]}) + "\n")
+    _run(tmp_path, "cand", "cpu", {"a": [1.0]})
+    rep = rp.compare(str(d), tmp_path / "cand", metric="raw_ns", results=tmp_path)
+    (row,) = rep["cases"]
+    assert row["baseline"]["median"] == 6 and row["verdict"] == "only in baseline"
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "cpu.json").write_text(json.dumps({"run": "base"}))
+    assert rp.class_baseline("cpu", tmp_path / "baselines") == "base"
+    assert rp.class_baseline("sm90", tmp_path / "baselines") is None
+    with pytest.raises(rp.ReportError, match="no samples.jsonl"):
+        rp.compare("missing", "cand", results=tmp_path)
