@@ -131,3 +131,19 @@ def ranged_core(tmp_path_factory) -> str:
     core.sampling.ranges.add(name="temperature", lo=0.0, hi=2.0)
     write_manifest(out / "core.pb", core)
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    """The official OpenAI client against the module's ``server``."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    """The official Anthropic client against the module's ``server``."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)

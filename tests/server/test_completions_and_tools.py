@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -30,16 +29,6 @@ REPLY = "Let me look that up.\n" + CALL
 @pytest.fixture(scope="module")
 def server(server_factory):
     return server_factory(*ARGS, in_process=True)
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
 
 
 @pytest.fixture
