@@ -64,7 +64,7 @@ def measure_scope(checkpoint: str, scope: str, decode, prefill) -> dict:
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import clear_compilation_metrics, counters, get_compilation_metrics
 
-    from ignition.graphs.catalog import GraphCatalog, PreparedStep, step_head
+    from ignition.graphs.catalog import GraphCatalog, PreparedStep, head_logits, sample_rows
     from ignition.recipes.qwen3.model import PreparedQwen3
 
     catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
@@ -97,7 +97,8 @@ def measure_scope(checkpoint: str, scope: str, decode, prefill) -> dict:
         r["compiles"] += 1
         r["compile_s"] = round(r["compile_s"] + (m.entire_frame_compile_time_s or 0.0), 3)
     entries = {"run_layer": len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)),
-               "step_head": len(_debug_get_cache_entry_list(step_head.__code__)),
+               "head_logits": len(_debug_get_cache_entry_list(head_logits.__code__)),
+               "sample_rows": len(_debug_get_cache_entry_list(sample_rows.__code__)),
                "PreparedStep.forward": len(_debug_get_cache_entry_list(PreparedStep.forward.__code__))}
     prompt = min(prefill)
     compiled_out = _drive(graphs, prompt, 4)

@@ -12,8 +12,10 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
 
    * ``"regional"`` (default): the repeated decoder layer is one region (the model's ``run_layer``,
      compiled once per shape and reused by every layer: parameters are graph inputs, and each layer
-     sees a one-layer view of the KV pool, so no per-layer value is guarded), and the non-repeated head
-     (last-token gather, final norm, vocabulary projection, sampling and its state update) is another.
+     sees a one-layer view of the KV pool, so no per-layer value is guarded); the non-repeated head
+     (last-token gather, final norm, vocabulary projection: :func:`head_logits`) is a second, and the
+     in-graph sampler with its state update (:func:`sample_rows`) a third.  The sampler only sees
+     ``[rows, vocab]`` logits, so every prefill chunk (one row) reuses the one-row decode sampler.
      Embedding, rotary and the per-step attention metadata stay eager Python between the regions --
      on a GPU the whole step is captured into one CUDA graph anyway, so that Python costs nothing at
      replay.  Compile time scales with the number of shapes, not shapes x layers.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -123,17 +126,29 @@ def _recompile_limit(n: int):
     return contextlib.nullcontext()
 
 
-def step_head(model, sampling, hidden: torch.Tensor, batch, active_rows: torch.Tensor):
-    """The non-repeated tail of a step -- the model's head (last token, final norm, vocabulary projection)
-    then in-graph sampling and its state update (``sampling``), or the model's own sampler hook."""
-    logits = model.head(hidden, batch)
-    if sampling is None:
-        return logits, model.sampler(logits, batch.active)
+def head_logits(model, hidden: torch.Tensor, batch) -> torch.Tensor:
+    """The model's head: last token, final norm, vocabulary projection (a compile region)."""
+    return model.head(hidden, batch)
+
+
+def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor) -> torch.Tensor:
+    """In-graph sampling of ``logits [rows, V]`` and its state update (a compile region keyed by rows)."""
     from ignition.components.sampling import advance, sample
 
     tokens = sample(logits, sampling, active=active_rows)
     advance(sampling, tokens, active=active_rows)
-    return logits, tokens
+    return tokens
+
+
+def step_head(model, sampling, hidden: torch.Tensor, batch, active_rows: torch.Tensor,
+              logits_fn: Callable = head_logits, sample_fn: Callable = sample_rows):
+    """The non-repeated tail of a step -- the model's head (last token, final norm, vocabulary projection)
+    then in-graph sampling and its state update (``sampling``), or the model's own sampler hook.
+    ``logits_fn``/``sample_fn`` are the compiled regions under ``compile(scope="regional")``."""
+    logits = logits_fn(model, hidden, batch)
+    if sampling is None:
+        return logits, model.sampler(logits, batch.active)
+    return logits, sample_fn(sampling, logits, active_rows)
 
 
 COMPILE_SCOPES = ("regional", "whole")
@@ -270,7 +285,8 @@ class PreparedGraphs:
             # One wrapper per region; Dynamo caches compiled code on the code object, so every layer (and
             # every step) shares the entries: one layer graph and one head graph per shape.
             layer_fn = torch.compile(type(self.model).run_layer, **opts)
-            head_fn = torch.compile(step_head, **opts)
+            head_fn = functools.partial(step_head, logits_fn=torch.compile(head_logits, **opts),
+                                        sample_fn=torch.compile(sample_rows, **opts))
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
                 if scope == "regional":
@@ -278,8 +294,9 @@ class PreparedGraphs:
                 else:
                     s.fn = torch.compile(s.forward, **opts)
                 s.mode, s.compile_scope = "compiled", scope
+                t0 = time.perf_counter()
                 s.execute()  # compiles this shape now (each shape is one specialization of the forward)
-                self._note(f"compiled {s.shape.name} ({scope})")
+                self._note(f"compiled {s.shape.name} ({scope}) in {time.perf_counter() - t0:.1f} s")
         self.stage = "compiled"
         return self
 

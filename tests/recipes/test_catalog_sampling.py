@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-from ignition.graphs.catalog import GraphCatalog
+from ignition.graphs.catalog import GraphCatalog, head_logits, sample_rows
 from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, make_checkpoint
 
@@ -56,5 +58,9 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(ckpt):
 def test_compiled_step_with_sampling_equals_eager(ckpt):
     eager = _run(_graphs(ckpt), resolved=SAMPLED)
     compiled = _graphs(ckpt, decode=(1,))  # two shapes keep the CPU compile short
+    torch._dynamo.reset()
     compiled.compile()
     assert _run(compiled, resolved=SAMPLED) == eager
+    # The sampler region sees [rows, V] only: the 16-token prefill chunk (one row) reuses decode-1's graph.
+    assert len(_debug_get_cache_entry_list(sample_rows.__code__)) == 1
+    assert len(_debug_get_cache_entry_list(head_logits.__code__)) == 2

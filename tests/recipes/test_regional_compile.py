@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
-from ignition.graphs.catalog import GraphCatalog, step_head
+from ignition.graphs.catalog import GraphCatalog, head_logits
 from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, make_checkpoint, prefill
 
@@ -56,7 +56,7 @@ def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
     assert {s.compile_scope for s in graphs.steps} == {"regional"}
     shapes = len(graphs.steps)
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # not shapes * LAYERS
-    assert len(_debug_get_cache_entry_list(step_head.__code__)) == shapes
+    assert len(_debug_get_cache_entry_list(head_logits.__code__)) == shapes
     assert counters["stats"]["unique_graphs"] == 2 * shapes  # one layer graph + one head graph per shape
     compiled, compiled_cache = _run(graphs)
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # running: no recompile
