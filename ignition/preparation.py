@@ -132,6 +132,8 @@ def export(checkpoint: str, out: str, *, recipe_name: str | None = None, decode=
         with clock("compile"):
             graphs.compile()
     if capture:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()  # compile transients are not the graph pool
         before = torch.cuda.memory_reserved() if device.startswith("cuda") else 0
         with clock("capture"):
             graphs.capture()

@@ -3,7 +3,15 @@
 ``python -m qualify.fixed_memory CORE [--capacities 1,4] [--prefill 256] [--kv-pages N] [--json OUT]``
 loads the core the way the runtime does (no preparation resources), allocates the KV pool, prepares,
 compiles and captures the catalog, and reports each owner's bytes from the CUDA caching allocator
-(``allocated`` = live tensors, ``reserved`` = physical segments held by the allocator).
+(``allocated`` = live tensors, ``reserved`` = physical segments held by the allocator):
+
+- ``weights``, ``kv_pool``, ``static_io`` (step input/output buffers and the sampling state): allocation
+  deltas around each stage;
+- ``graph_pool_*``: the segments of the graphs' private pool (memory snapshot, by segment pool id) --
+  intermediates and workspaces the captured graphs use, reserved for as long as the graphs live;
+- ``workspaces``: what stays allocated in the default pool after compile and capture beyond the above
+  (cuBLAS workspaces of the current stream, compiled-graph constants);
+- ``allocator_slack``: reserved minus allocated over every pool, after ``empty_cache`` (capture does it).
 """
 
 from __future__ import annotations
@@ -48,12 +56,17 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     a2, r2 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     free, total = torch.cuda.mem_get_info()
     stats = torch.cuda.memory_stats()
+    pools = pool_split()
+    graph_pool = pools["graph_pools"]
     return {
         "core": core, "decode_capacities": list(decode), "prefill_chunks": list(prefill),
         "compiled": compile, "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
         "weights_bytes": weights, "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
         "static_io_bytes": static_io,
         "graph_pool_and_workspaces_bytes": (a2 - a1 - static_io),
+        "graph_pool_reserved_bytes": graph_pool["reserved"], "graph_pool_allocated_bytes": graph_pool["allocated"],
+        "workspaces_bytes": (a2 - a1 - static_io) - graph_pool["allocated"],
+        "pools": pools,
         "allocated_bytes": a2 - base_alloc, "reserved_bytes": r2 - base_res,
         "allocator_slack_bytes": (r2 - base_res) - (a2 - base_alloc),
         "reserved_growth_during_capture_bytes": r2 - r1,
@@ -62,6 +75,21 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
         "num_alloc_retries": stats.get("num_alloc_retries", 0),
         "graphs": [s.shape.name for s in graphs.steps],
     }
+
+
+def pool_split() -> dict:
+    """Reserved and allocated bytes of the default pool vs the private (graph) pools, from the allocator's
+    segment snapshot (segment pool id ``(0, 0)`` is the default pool)."""
+    import torch
+
+    out = {"default": {"reserved": 0, "allocated": 0, "segments": 0},
+           "graph_pools": {"reserved": 0, "allocated": 0, "segments": 0}}
+    for seg in torch.cuda.memory_snapshot():
+        key = "default" if tuple(seg.get("segment_pool_id", (0, 0))) == (0, 0) else "graph_pools"
+        out[key]["reserved"] += seg["total_size"]
+        out[key]["allocated"] += seg["allocated_size"]
+        out[key]["segments"] += 1
+    return out
 
 
 def main(argv=None) -> int:

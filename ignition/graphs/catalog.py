@@ -321,6 +321,8 @@ class PreparedGraphs:
                 s.graph, s.mode = graph, f"captured({s.mode})"
                 self._note(f"captured {s.shape.name}")
         torch.cuda.synchronize()
+        # Compile and warm-up transients go back to the device; the graphs' private pool stays reserved.
+        torch.cuda.empty_cache()
         self.stage = "captured"
         return self
 

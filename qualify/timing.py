@@ -1,0 +1,59 @@
+"""One timing mechanism for every benchmark: samples of a callable's duration, GPU or CPU.
+
+``time_samples(fn, samples=..., warmup=..., setup=None, device=...)`` returns one duration (seconds) per
+sample.  On CUDA each sample is the elapsed time between two CUDA events recorded on the current stream
+around ``fn()`` -- GPU time of the work ``fn`` enqueues (a graph replay: the complete graph), with the
+host's launch overhead excluded when the stream is busy; events are read back after all samples, so no
+host synchronisation sits between samples beyond what ``setup`` does.  On CPU each sample is
+``perf_counter`` around ``fn()``.  ``setup()`` runs before each sample *outside* the timed region (state
+restoration: KV lengths, sampling state).
+
+``summarize(samples)`` gives the median/min/max/mean in milliseconds and the sample count, the same
+numbers every report prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def time_samples(fn: Callable[[], object], *, samples: int = 50, warmup: int = 5,
+                 setup: Callable[[], object] | None = None, device: str = "cuda") -> list[float]:
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    cuda = str(device).startswith("cuda")
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        fn()
+    if not cuda:
+        out = []
+        for _ in range(samples):
+            if setup is not None:
+                setup()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+    import torch
+
+    torch.cuda.synchronize()
+    events = []
+    for _ in range(samples):
+        if setup is not None:
+            setup()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / 1e3 for s, e in events]
+
+
+def summarize(samples_s: list[float]) -> dict:
+    ms = [s * 1e3 for s in samples_s]
+    return {"n": len(ms), "median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
+            "mean_ms": statistics.fmean(ms)}
