@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from .gpu import detect_gpu_class, gpu_description
+from qualify.archive import git_sha
+
+from .gpu import detect_gpu_class
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_KEY = "flare_sample"
@@ -38,47 +37,11 @@ def pytest_addoption(parser):
     group.addoption("--flare-no-archive", action="store_true", default=False, help="do not archive this run")
 
 
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "nogit"
-    except (OSError, subprocess.SubprocessError):
-        return "nogit"
-
-
-def _git_dirty() -> bool | None:
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10)
-        return bool(out.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def environment_record(config) -> dict:
-    return {
-        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": _git_sha(),
-        "git_dirty": _git_dirty(),
-        "command_line": [sys.executable, "-m", "pytest", *config.invocation_params.args],
-        "cwd": str(config.invocation_params.dir),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "packages": {d: _version(d) for d in ("torch", "transformers", "tokenizers", "jinja2", "triton",
-                                                "safetensors", "huggingface_hub", "protobuf", "pytest",
-                                                "pytest-xdist", "pytest-benchmark", "numpy")},
-        "gpu": gpu_description(),
-    }
+    from qualify.archive import environment
+
+    return environment([sys.executable, "-m", "pytest", *config.invocation_params.args],
+                       str(config.invocation_params.dir))
 
 
 class ResultsArchive:
@@ -87,7 +50,7 @@ class ResultsArchive:
         self.started = time.time()
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         root = Path(config.getoption("--flare-results") or (REPO_ROOT / "results"))
-        self.run_dir = root / f"{stamp}-{detect_gpu_class()}-{_git_sha()}"
+        self.run_dir = root / f"{stamp}-{detect_gpu_class()}-{git_sha()}"
         self.samples: list[dict] = []
         self.outcomes: dict[str, dict] = {}
 

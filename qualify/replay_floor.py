@@ -155,39 +155,40 @@ def weight_traffic(core_or_geometry, batch: int, context: int, bandwidth: float 
     return _finish(out, bandwidth)
 
 
-def measure_read_bandwidth(nbytes: int = 4 << 30, repeats: int = 50) -> float:
-    """Achieved device read bandwidth (bytes/s) of a captured CUDA graph streaming ``nbytes``.
-
-    Needs a CUDA GPU; on a machine without one it raises ``RuntimeError``.  Not yet run on the H200
-    (written on a CPU machine): validate against the GUIDE's 4.23-4.26 TB/s before archiving a floor.
-    """
+def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:
+    """The measured floor of a case: a minimal captured CUDA graph that reads exactly ``nbytes`` (one bf16
+    reduction over a buffer of that size), timed by CUDA events around replay (:mod:`qualify.timing`).
+    Returns ``{"floor_s": median, "samples_s": [...], "bandwidth_bytes_per_s": nbytes / median}``.
+    Needs a CUDA GPU; on a machine without one it raises ``RuntimeError``."""
     import torch
 
+    from qualify.timing import time_samples
+
     if not torch.cuda.is_available():
-        raise RuntimeError("measure_read_bandwidth needs a CUDA GPU (none on this machine): pass a measured "
+        raise RuntimeError("the measured floor needs a CUDA GPU (none on this machine): pass a measured "
                            "--bandwidth in bytes/s instead (the H200 read bandwidth is in ../shared/GUIDE.md §5)")
-    buf = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    buf = torch.ones(max(nbytes // 2, 1), dtype=torch.bfloat16, device="cuda")
     out = torch.empty((), dtype=torch.float32, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
         for _ in range(3):
-            torch.sum(buf, out=out)
-    torch.cuda.synchronize()
+            torch.sum(buf, dtype=torch.float32, out=out)
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        torch.sum(buf, out=out)
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
-    return buf.numel() * buf.element_size() / times[len(times) // 2]
+        torch.sum(buf, dtype=torch.float32, out=out)
+    times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
+    median = sorted(times)[len(times) // 2]
+    del graph, buf
+    torch.cuda.empty_cache()
+    return {"floor_s": median, "samples_s": times, "bandwidth_bytes_per_s": (nbytes // 2) * 2 / median,
+            "nbytes": nbytes}
+
+
+def measure_read_bandwidth(nbytes: int = 4 << 30, samples: int = 50) -> float:
+    """Achieved device read bandwidth (bytes/s) of the floor graph over ``nbytes`` (CUDA only)."""
+    return measured_floor(nbytes, samples)["bandwidth_bytes_per_s"]
 
 
 def main(argv=None) -> int:

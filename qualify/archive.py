@@ -1,0 +1,73 @@
+"""Archived runs: ``results/<UTC stamp>-<gpu class>-<git sha>[-<label>]/`` with ``environment.json`` and
+``samples.jsonl`` -- the one format the pytest results plugin, the benchmarks and ``qualify.report`` share."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "tokenizers", "jinja2", "triton", "safetensors", "huggingface_hub", "protobuf",
+            "pytest", "pytest-xdist", "pytest-benchmark", "numpy")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_sha() -> str:
+    return _git("rev-parse", "--short", "HEAD") or "nogit"
+
+
+def git_dirty() -> bool | None:
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment(command_line: list[str], cwd: str | None = None) -> dict:
+    from conformance.gpu import gpu_description
+
+    return {
+        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": git_sha(), "git_dirty": git_dirty(),
+        "command_line": list(command_line), "cwd": cwd or os.getcwd(),
+        "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "packages": {d: _version(d) for d in PACKAGES}, "gpu": gpu_description(),
+    }
+
+
+def new_run_dir(root: str | Path | None = None, label: str | None = None) -> Path:
+    from conformance.gpu import detect_gpu_class
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{detect_gpu_class()}-{git_sha()}" + (f"-{label}" if label else "")
+    return Path(root or (REPO_ROOT / "results")) / name
+
+
+def write_run(run_dir: Path, samples: list[dict], command_line: list[str], extra: dict | None = None) -> Path:
+    """Write ``environment.json`` (plus ``extra``) and ``samples.jsonl``; returns the folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = environment(command_line)
+    env.update(extra or {})
+    (run_dir / "environment.json").write_text(json.dumps(env, indent=2, default=str) + "\n")
+    with open(run_dir / "samples.jsonl", "w") as f:
+        for s in samples:
+            f.write(json.dumps(s, sort_keys=True, default=str) + "\n")
+    return run_dir

@@ -1,0 +1,296 @@
+"""Complete decode-graph replay time of a core against its measured bandwidth floor.
+
+``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
+[--eager] [--timeline] [--check-compiled --steps 256] [--out DIR] [--no-archive] [--device cuda|cpu]``
+
+For each capacity ``B`` and seed the core is loaded as the runtime loads it (``load_prepared``), its
+decode steps are prepared, tuned, compiled (unless ``--eager``) and captured into one graph pool, every
+row is given ``--context`` tokens of seeded K/V (the KV content does not change the work), and the
+complete graph -- embedding, every layer, final norm, vocabulary projection and in-graph sampling -- is
+replayed ``--samples`` times after warm-up, each timed by CUDA events around the replay
+(:mod:`qualify.timing`).  What advances between replays: the rows' sampling counters and output counts
+(in-graph state); the KV write lands in the same slot each replay and positions do not advance, so every
+replay does the same work.
+
+The floor is measured, not assumed (:func:`qualify.replay_floor.measured_floor`): a minimal captured graph
+that reads exactly the single-token weight-traffic bytes of the case (all weights except the gathered
+embedding rows, plus the KV at the context), timed the same way.  Printed per case: median/min/max of the
+replay, the floor, and the ratio median / floor.  Raw samples of both are archived
+(``results/<stamp>-<class>-<sha>-gpu-replay/samples.jsonl``, the ``qualify.report`` format).
+
+``--timeline`` (CUDA): for B = 1 and 4 (of the given capacities) a kernel timeline of the graph replays
+(kernel names, counts, summed durations vs the graph's elapsed time) and an attributed profile of the
+same compiled step launched without the graph, with a profiler range per region (``embed``,
+``layer.<i>``, ``head``, ``sampler``): kernel count and summed kernel time per layer and per operator
+(kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.
+
+``--check-compiled``: compiled vs uncompiled captured graphs on the same model, weights and KV buffers:
+from the same restored state, ``--steps`` decode steps each (tokens fed back; rows alternate greedy and
+seeded sampling), logits and tokens compared bytewise every step and the final KV pool and sampling state
+compared bytewise.  The uncompiled graph is run twice: if it is not repeatable its measured
+repeatability is the stated bound, otherwise the check requires bytewise equality.
+
+On CPU (``--device cpu``) the same paths run without capture (perf_counter timing, no floor): it is how
+CI exercises the tool; the numbers mean nothing there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+
+
+def _caps(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(text).split(",") if x.strip())
+
+
+class ReplayBench:
+    """One core, its decode steps prepared for ``capacities`` at ``context`` (+ ``extra`` decode steps)."""
+
+    def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
+                 device: str = "cuda", graph: bool | None = None):
+        import torch
+
+        from ignition.preparation import _recipe_model, load_prepared
+        from ignition.recipes.registry import load_recipe
+
+        self.core, self.capacities, self.context, self.device = core, tuple(capacities), context, device
+        self.model, self.loaded = load_prepared(core, device=device)
+        m = self.loaded.manifest
+        self.manifest, self.page = m, m.kv_layout.page_size
+        declared = tuple(m.graph_catalog.decode_capacities)
+        missing = [c for c in self.capacities if c not in declared]
+        if missing:
+            raise ValueError(f"--capacities {missing} are not in the core's catalog {list(declared)}")
+        self.max_context = context + extra + 1
+        self.pages_per_row = math.ceil(self.max_context / self.page)
+        self.model.allocate_kv_cache(max(self.capacities) * self.pages_per_row, self.page, self.max_context)
+        _, module = _recipe_model(load_recipe(m.recipe.name))
+        self.compiled = compile
+        self.graphs = self._prepare(module, compile, graph)
+        self.module = module
+        torch.manual_seed(0)
+
+    def _prepare(self, module, compile: bool, graph: bool | None):
+        graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=())
+        graphs.tune()
+        if compile:
+            graphs.compile()
+        if (self.device.startswith("cuda") if graph is None else graph):
+            graphs.capture()
+        return graphs
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def fill_context(self, seed: int) -> None:
+        """Seeded K/V for every page (the sink page included: it is never attended)."""
+        import torch
+
+        gen = torch.Generator(device=self.model.device).manual_seed(seed)
+        for pool in (self.model.kv_cache.k, self.model.kv_cache.v):
+            pool.copy_(torch.randn(pool.shape, generator=gen, device=pool.device, dtype=torch.float32).to(pool.dtype))
+
+    def inputs(self, capacity: int, tokens, position: int) -> dict:
+        """Decode inputs for ``capacity`` rows at ``position`` (row r owns pages r*P .. r*P+P-1)."""
+        import torch
+
+        dev, page = self.model.device, self.page
+        bt = torch.arange(capacity * self.pages_per_row, dtype=torch.int32, device=dev).view(capacity, -1)
+        pos = torch.full((capacity, 1), position, dtype=torch.long, device=dev)
+        slots = bt[:, position // page].long()[:, None] * page + position % page
+        return {"input_ids": torch.as_tensor(tokens, dtype=torch.long, device=dev).view(capacity, 1),
+                "positions": pos, "slot_mapping": slots, "block_tables": bt,
+                "seq_lens": torch.full((capacity,), position + 1, dtype=torch.long, device=dev),
+                "active_rows": torch.ones(capacity, dtype=torch.bool, device=dev)}
+
+    def seed_tokens(self, capacity: int, seed: int) -> list[int]:
+        import random
+
+        rng = random.Random(seed)
+        return [rng.randrange(self.model.vocab_size) for _ in range(capacity)]
+
+    # -- timing --------------------------------------------------------------------------------------
+
+    def time_case(self, capacity: int, seed: int, samples: int, warmup: int) -> list[float]:
+        from qualify.timing import time_samples
+
+        self.fill_context(seed)
+        step = self.graphs.step("decode", capacity)
+        step.load(**self.inputs(capacity, self.seed_tokens(capacity, seed), self.context))
+        return time_samples(step.execute, samples=samples, warmup=warmup, device=self.device)
+
+
+# -- check-compiled ------------------------------------------------------------------------------------
+
+
+def check_compiled(bench: ReplayBench, capacity: int, steps: int, seed: int = 0) -> dict:
+    """Uncompiled (twice) vs compiled captured graphs from one restored state over ``steps`` decodes."""
+    import torch
+
+    cache = bench.model.kv_cache
+    cuda = bench.device.startswith("cuda")
+    variants = {"uncompiled": bench._prepare(bench.module, False, cuda)}
+    variants["compiled"] = bench.graphs if bench.compiled else bench._prepare(bench.module, True, cuda)
+    bench.fill_context(seed)
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    first = bench.seed_tokens(capacity, seed)
+
+    def run(graphs):
+        cache.k.copy_(k0), cache.v.copy_(v0)
+        state = graphs.sampling
+        for r in range(capacity):
+            params = SAMPLED_ROW if r % 2 else {"temperature": 0.0}
+            state.set_row(r, {**params, "seed": 1000 + seed * 64 + r}, [first[r]])
+        step, tokens, logits, toks = graphs.step("decode", capacity), first, [], []
+        for i in range(steps):
+            lg, tk = step.run(**bench.inputs(capacity, tokens, bench.context + i))
+            logits.append(lg.clone()), toks.append(tk.clone())
+            tokens = tk.clamp(min=0)
+        return logits, toks, (cache.k.clone(), cache.v.clone()), (state.step.clone(), state.output_counts.clone())
+
+    a = run(variants["uncompiled"])
+    a2 = run(variants["uncompiled"])
+    b = run(variants["compiled"])
+
+    def diff(x, y):
+        lg = max(float((p - q).abs().max()) for p, q in zip(x[0], y[0]))
+        return {"logits_bytewise": all(torch.equal(p, q) for p, q in zip(x[0], y[0])), "logits_max_abs_diff": lg,
+                "tokens_equal": all(torch.equal(p, q) for p, q in zip(x[1], y[1])),
+                "first_token_mismatch_step": next((i for i, (p, q) in enumerate(zip(x[1], y[1]))
+                                                   if not torch.equal(p, q)), None),
+                "kv_bytewise": torch.equal(x[2][0], y[2][0]) and torch.equal(x[2][1], y[2][1]),
+                "sampling_state_equal": torch.equal(x[3][0], y[3][0]) and torch.equal(x[3][1], y[3][1])}
+
+    repeat, cmp = diff(a, a2), diff(a, b)
+    deterministic = all(v for k, v in repeat.items() if k.endswith(("bytewise", "equal")))
+    if deterministic:
+        rule = "uncompiled graph repeatable bytewise: compiled must equal it bytewise (logits, tokens, KV, state)"
+        passed = all(v for k, v in cmp.items() if k.endswith(("bytewise", "equal")))
+    else:
+        rule = (f"uncompiled graph not repeatable (max |dlogits| {repeat['logits_max_abs_diff']:.3g} between two "
+                "runs): bound = that repeatability; tokens must still match")
+        passed = cmp["logits_max_abs_diff"] <= repeat["logits_max_abs_diff"] and cmp["tokens_equal"]
+    del variants
+    return {"capacity": capacity, "steps": steps, "seed": seed, "rule": rule, "passed": passed,
+            "repeatability": repeat, "compiled_vs_uncompiled": cmp}
+
+
+# -- the run -------------------------------------------------------------------------------------------
+
+
+def run(args) -> dict:
+    from qualify.replay_floor import measured_floor, weight_traffic
+    from qualify.timing import summarize
+
+    cuda = args.device.startswith("cuda")
+    bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
+                        device=args.device, extra=args.steps if args.check_compiled else 0)
+    name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
+    samples, cases = [], []
+    for cap in bench.capacities:
+        traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
+        floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
+        for seed in _caps(args.seeds):
+            raw = bench.time_case(cap, seed, args.samples, args.warmup)
+            s = summarize(raw)
+            case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
+                    "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch"}
+            rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
+            if floor is not None:
+                rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
+                           floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
+                           ratio=s["median_ms"] / 1e3 / floor["floor_s"])
+            samples.append(rec)
+            cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
+    out = {"core": args.core, "device": args.device, "cases": cases}
+    if args.timeline:
+        if not cuda:
+            raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
+        from qualify.timeline import timeline
+
+        out["timeline"] = []
+        for cap in (c for c in bench.capacities if c in (1, 4)):
+            try:
+                out["timeline"].append(timeline(bench, cap, args.timeline_dir))
+            except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
+                out["timeline"].append({"capacity": cap, "error": repr(exc), "table": f"timeline B={cap}: {exc!r}"})
+    if args.check_compiled:
+        out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
+        for c in out["check_compiled"]:
+            samples.append({"case": {"tool": "gpu_replay.check_compiled", "core": name, "capacity": c["capacity"],
+                                     "steps": c["steps"]}, "seed": c["seed"], "passed": c["passed"],
+                            "result": c})
+    out["samples"] = samples
+    return out
+
+
+def _print(out: dict) -> None:
+    print(f"{'capacity':>8} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'floor ms':>9} {'ratio':>6}")
+    for c in out["cases"]:
+        floor = f"{c['floor_s'] * 1e3:9.4f}" if "floor_s" in c else f"{'-':>9}"
+        ratio = f"{c['ratio']:6.3f}" if "ratio" in c else f"{'-':>6}"
+        print(f"{c['case']['capacity']:>8} {c['seed']:>4} {c['median_ms']:10.4f} {c['min_ms']:8.4f} "
+              f"{c['max_ms']:8.4f} {floor} {ratio}")
+    for t in out.get("timeline", []):
+        print(t["table"])
+    for c in out.get("check_compiled", []):
+        print(f"check-compiled B={c['capacity']} steps={c['steps']}: {'PASS' if c['passed'] else 'FAIL'} -- {c['rule']}; "
+              f"{json.dumps(c['compiled_vs_uncompiled'])}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qualify.gpu_replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--core", required=True)
+    p.add_argument("--capacities", default="1,4")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--samples", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--eager", action="store_true", help="capture the uncompiled prepared steps")
+    p.add_argument("--timeline", action="store_true")
+    p.add_argument("--check-compiled", action="store_true")
+    p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None, help="results root (default <repo>/results)")
+    p.add_argument("--no-archive", action="store_true")
+    p.add_argument("--json", default=None, help="also write the summary JSON here")
+    args = p.parse_args(argv)
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.context < 1 or args.samples < 1:
+        p.error("--context and --samples must be >= 1")
+    from qualify.archive import new_run_dir, write_run
+
+    run_dir = new_run_dir(args.out, "gpu-replay")
+    args.timeline_dir = Path(tempfile.mkdtemp(prefix="flare-timeline-"))
+    try:
+        out = run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"gpu_replay: error: {exc}", file=sys.stderr)
+        return 2
+    _print(out)
+    summary = {k: v for k, v in out.items() if k != "samples"}
+    if not args.no_archive:
+        write_run(run_dir, out["samples"], [sys.executable, "-m", "qualify.gpu_replay", *(argv or sys.argv[1:])],
+                  {"gpu_replay": summary})
+        for f in args.timeline_dir.iterdir():
+            with open(f, "rb") as src, gzip.open(run_dir / (f.name + ".gz"), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        print(f"gpu_replay: archived run -> {run_dir}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    failed = [c for c in out.get("check_compiled", []) if not c["passed"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

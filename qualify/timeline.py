@@ -1,0 +1,143 @@
+"""Kernel timelines of a decode graph with layer and operator attribution (CUDA; used by ``gpu_replay --timeline``).
+
+Two profiles of the same prepared step, each exported as a Chrome/Perfetto trace and read back from it:
+
+1. **replay**: ``REPLAYS`` graph replays -- every kernel the complete graph runs (CUPTI reports the kernels
+   of a graph launch individually): kernel count and summed kernel time per replay, against the graph's
+   elapsed time (CUDA events).
+2. **attributed**: the same compiled step launched without its graph, each region inside a profiler range
+   (``layer.<i>`` around each compiled decoder layer, ``head`` around the vocabulary projection, ``sampler``
+   around in-graph sampling; kernels outside any range are the eager glue: embedding, rotary, attention
+   metadata).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime``
+   event with the same correlation id), so the table gives kernel count and summed time per layer and
+   per operator (kernel name) -- the same kernels the graph replays.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import defaultdict
+from pathlib import Path
+
+REPLAYS = 20
+
+
+def _ranged(fn, name_of):
+    from torch.profiler import record_function
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with record_function(name_of(*args)):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _attributed_fn(step):
+    """The step's callable with a profiler range around each region (regional compile), else one range."""
+    from ignition.graphs.catalog import step_head
+
+    fn = step.fn
+    kw = getattr(fn, "keywords", {}) or {}
+    if "layer_fn" not in kw:
+        return _ranged(fn, lambda *a: "step")
+    head = kw["head_fn"]
+    hk = getattr(head, "keywords", {}) or {}
+    layer_fn = _ranged(kw["layer_fn"], lambda layer, *a: f"layer.{getattr(layer.self_attn, 'layer_idx', '?')}")
+    head_fn = functools.partial(step_head, logits_fn=_ranged(hk["logits_fn"], lambda *a: "head"),
+                                sample_fn=_ranged(hk["sample_fn"], lambda *a: "sampler")) if hk else head
+    return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn)
+
+
+def _trace(path: Path) -> list[dict]:
+    return json.loads(path.read_text()).get("traceEvents", [])
+
+
+def _kernels(events):
+    return [e for e in events if e.get("cat") == "kernel"]
+
+
+def _attribute(events) -> dict:
+    """kernel -> enclosing user range of its launch (by correlation id and CPU timestamps)."""
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
+    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    per_range = defaultdict(lambda: {"kernels": 0, "us": 0.0})
+    per_op = defaultdict(lambda: {"kernels": 0, "us": 0.0})
+    for k in _kernels(events):
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        name = "eager glue (embedding, rotary, metadata)"
+        if launch is not None:
+            inside = [r for r in ranges if r["ts"] <= launch["ts"] <= r["ts"] + r["dur"]]
+            if inside:
+                name = min(inside, key=lambda r: r["dur"])["name"]
+        per_range[name]["kernels"] += 1
+        per_range[name]["us"] += k.get("dur", 0.0)
+        per_op[k["name"]]["kernels"] += 1
+        per_op[k["name"]]["us"] += k.get("dur", 0.0)
+    return {"per_range": dict(per_range), "per_operator": dict(per_op)}
+
+
+def timeline(bench, capacity: int, trace_dir: Path) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from qualify.timing import summarize, time_samples
+
+    step = bench.graphs.step("decode", capacity)
+    bench.fill_context(0)
+    step.load(**bench.inputs(capacity, bench.seed_tokens(capacity, 0), bench.context))
+    elapsed = summarize(time_samples(step.execute, samples=50, warmup=10, device=bench.device))
+    trace_dir = Path(trace_dir)
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=acts) as prof:
+        for _ in range(REPLAYS):
+            step.execute()
+        torch.cuda.synchronize()
+    replay_path = trace_dir / f"replay-b{capacity}.trace.json"
+    prof.export_chrome_trace(str(replay_path))
+    kernels = _kernels(_trace(replay_path))
+
+    graph, fn = step.graph, step.fn
+    step.graph, step.fn = None, _attributed_fn(step)
+    try:
+        for _ in range(3):
+            step.execute()
+        torch.cuda.synchronize()
+        with profile(activities=acts) as prof:
+            step.execute()
+            torch.cuda.synchronize()
+    finally:
+        step.graph, step.fn = graph, fn
+    attributed_path = trace_dir / f"attributed-b{capacity}.trace.json"
+    prof.export_chrome_trace(str(attributed_path))
+    attr = _attribute(_trace(attributed_path))
+
+    replay_kernel_us = sum(k.get("dur", 0.0) for k in kernels) / REPLAYS
+    layers = {k: v for k, v in attr["per_range"].items() if k.startswith("layer.")}
+    result = {
+        "capacity": capacity, "graph_elapsed": elapsed, "replays_profiled": REPLAYS,
+        "replay_kernels_per_step": len(kernels) / REPLAYS, "replay_kernel_us_per_step": replay_kernel_us,
+        "attributed": attr, "layers": len(layers),
+        "per_layer_mean": {"kernels": sum(v["kernels"] for v in layers.values()) / max(len(layers), 1),
+                           "us": sum(v["us"] for v in layers.values()) / max(len(layers), 1)},
+        "traces": [replay_path.name, attributed_path.name],
+    }
+    result["table"] = _table(result)
+    return result
+
+
+def _table(r: dict) -> str:
+    lines = [f"timeline B={r['capacity']}: graph elapsed median {r['graph_elapsed']['median_ms'] * 1e3:.1f} us; "
+             f"replay: {r['replay_kernels_per_step']:.0f} kernels, {r['replay_kernel_us_per_step']:.1f} us summed "
+             f"per step",
+             f"  per layer (mean of {r['layers']}): {r['per_layer_mean']['kernels']:.1f} kernels, "
+             f"{r['per_layer_mean']['us']:.1f} us"]
+    other = {k: v for k, v in r["attributed"]["per_range"].items() if not k.startswith("layer.")}
+    for name, v in sorted(other.items(), key=lambda kv: -kv[1]["us"]):
+        lines.append(f"  {name:<44} {v['kernels']:>5} kernels {v['us']:>9.1f} us")
+    lines.append("  top operators (kernel name, attributed run):")
+    ops = sorted(r["attributed"]["per_operator"].items(), key=lambda kv: -kv[1]["us"])[:15]
+    for name, v in ops:
+        lines.append(f"    {v['us']:>9.1f} us {v['kernels']:>5}x  {name[:110]}")
+    return "\n".join(lines)
