@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 run for issue 4: per geometry, synthesize a Qwen3 checkpoint, export a decode-only core (capacities 1,4),
+# H200 run for issue 4: per geometry, synthesize a Qwen3 checkpoint, export a core of decode capacities 1,4 and one 256-token prefill chunk (a core must declare one),
 # then qualify.gpu_replay: complete-graph replay vs the measured floor, kernel timelines, compiled vs uncompiled
 # bytewise over 256 steps. Logs and archived runs under $OUT. Variables: GEOMETRIES ("8B 0.6B"), CAPS (1,4),
 # CONTEXT (1024), SAMPLES (200), REPLAY_ARGS (extra gpu_replay flags).
@@ -11,7 +11,7 @@ for geo in ${GEOMETRIES:-8B 0.6B}; do
   [ -d /tmp/ckpt-$geo ] || timeout 90 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$geo --out /tmp/ckpt-$geo \
       --hub-cache .hub --quiet > "$OUT/synth-$geo.log" 2>&1
   timeout ${EXPORT_S:-150} /usr/bin/time -f "export_wall_s=%e" python3 -m ignition.cli export --checkpoint /tmp/ckpt-$geo \
-      --out /tmp/core-$geo-replay --hub-cache .hub --capacities "$caps" --prefill-chunks '' --overwrite 2>&1 \
+      --out /tmp/core-$geo-replay --hub-cache .hub --capacities "$caps" --prefill-chunks 256 --overwrite 2>&1 \
       | grep -E "done in|wall|rror" > "$OUT/export-$geo.log"
   timeout ${REPLAY_S:-240} python3 -m qualify.gpu_replay --core /tmp/core-$geo-replay --capacities "$caps" \
       --context ${CONTEXT:-1024} --samples ${SAMPLES:-200} --seeds 0,1 --timeline --check-compiled --steps 256 \
