@@ -173,11 +173,11 @@ def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            torch.sum(buf, dtype=torch.float32, out=out)
+            torch.sum(buf, dim=0, dtype=torch.float32, out=out)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        torch.sum(buf, dtype=torch.float32, out=out)
+        torch.sum(buf, dim=0, dtype=torch.float32, out=out)
     times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
     median = sorted(times)[len(times) // 2]
     del graph, buf

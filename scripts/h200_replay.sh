@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max
 for geo in ${GEOMETRIES:-8B 0.6B}; do
   [ -d /tmp/ckpt-$geo ] || timeout 90 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$geo --out /tmp/ckpt-$geo \
       --hub-cache .hub --quiet > "$OUT/synth-$geo.log" 2>&1
-  timeout ${EXPORT_S:-150} /usr/bin/time -f "export_wall_s=%e" python3 -m ignition.cli export --checkpoint /tmp/ckpt-$geo \
+  [ -f /tmp/core-$geo-replay/core.pb ] || timeout ${EXPORT_S:-150} /usr/bin/time -f "export_wall_s=%e" python3 -m ignition.cli export --checkpoint /tmp/ckpt-$geo \
       --out /tmp/core-$geo-replay --hub-cache .hub --capacities "$caps" --prefill-chunks 256 --overwrite 2>&1 \
       | grep -E "done in|wall|rror" > "$OUT/export-$geo.log"
   timeout ${REPLAY_S:-240} python3 -m qualify.gpu_replay --core /tmp/core-$geo-replay --capacities "$caps" \
