@@ -20,12 +20,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an exported core folder (default: the embedded tiny core, exported once and cached)")
     r.add_argument("--host", default="127.0.0.1")
     r.add_argument("--port", type=int, default=8000)
-    r.add_argument("--kv-tokens", type=int, default=None, help="KV pool size in tokens")
+    r.add_argument("--kv-tokens", type=int, default=None,
+                   help="KV pool size in tokens (default: from free GPU memory on CUDA, see --gpu-memory-fraction; "
+                        "largest decode capacity x min(context, 4096) on CPU)")
+    r.add_argument("--gpu-memory-fraction", type=float, default=0.90,
+                   help="fraction of total GPU memory the server may use (weights, graphs, KV pool) when sizing "
+                        "the KV pool without --kv-tokens (default 0.90)")
+    r.add_argument("--embedding-table-storage", choices=("device", "ram", "disk"), default="device",
+                   help="where the token-embedding table lives: device (default), ram (host memory, pinned on CUDA) "
+                        "or disk (memory-mapped from the core); ram/disk gather each step's rows on the host")
     r.add_argument("--max-context", type=int, default=None, help="per-request context in tokens")
     r.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request may wait for KV pages before a 503 with Retry-After")
     r.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV pages across requests")
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    r.add_argument("--eager", action="store_true",
+                   help="CUDA: capture the uncompiled prepared steps (default: torch.compile them, then capture)")
     return p
 
 
@@ -41,7 +51,9 @@ def engine_config(args):
     from helios.runtime.engine import EngineConfig
 
     return EngineConfig(kv_tokens=args.kv_tokens, max_context=args.max_context, device=args.device,
-                        queue_timeout_s=args.queue_timeout, prefix_cache=not args.no_prefix_cache)
+                        queue_timeout_s=args.queue_timeout, prefix_cache=not args.no_prefix_cache,
+                        gpu_memory_fraction=args.gpu_memory_fraction,
+                        embedding_table_storage=args.embedding_table_storage, compile=not args.eager)
 
 
 def _serve(args) -> int:

@@ -188,8 +188,10 @@ def prepared_tensors(model):
         yield name, tensor.detach().to("cpu")
 
 
-def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
-    """A core -> (the prepared model, the loaded core); nothing from preparation is needed."""
+def load_prepared(core_path: str, device: str = "cpu", verify: bool = True, host_embedding: bool = False):
+    """A core -> (the prepared model, the loaded core); nothing from preparation is needed.  With
+    ``host_embedding`` the model takes ``input_embeds`` and its embedding table is neither allocated on
+    ``device`` nor read (unless a tied ``lm_head`` needs it): the caller gathers rows from the core."""
     import torch
     from transformers import Qwen3Config
 
@@ -203,6 +205,11 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
     from ignition.core import core_pb2 as pb
 
     g = m.geometry
+    extra = {}
+    if host_embedding:
+        if not hasattr(model_cls, "embedding_weight_name"):
+            raise ExportError(f"recipe {recipe.name} cannot take its embedding rows from the host")
+        extra["host_embedding"] = True
     config = Qwen3Config(
         vocab_size=g.vocab_size, hidden_size=g.hidden_size, num_hidden_layers=g.num_layers,
         num_attention_heads=g.num_attention_heads, num_key_value_heads=g.num_kv_heads, head_dim=g.head_dim,
@@ -210,7 +217,7 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
         rope_theta=g.rope_theta, rms_norm_eps=g.rms_norm_eps, tie_word_embeddings=g.tie_word_embeddings,
         architectures=[g.architecture])
     if m.weights.format == pb.WEIGHT_FORMAT_BF16:
-        model = model_cls(config, device=device)
+        model = model_cls(config, device=device, **extra)
     elif m.weights.format == pb.WEIGHT_FORMAT_FP8_BLOCK:
         from ignition.components.projections import FP8_BLOCK_SIZE, Quantization
 
@@ -220,7 +227,7 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
                               f"(supported: {list(FP8_BLOCK_SIZE)})")
         quant = Quantization("fp8", block)
         formats = model_cls.weight_formats(config, _CoreDtypes(m, model_cls.packed_modules_mapping), quant)
-        model = model_cls(config, formats, quant=quant, device=device)
+        model = model_cls(config, formats, quant=quant, device=device, **extra)
     else:
         raise ExportError(f"{core_path}: weight format {pb.WeightFormat.Name(m.weights.format)} cannot be loaded "
                           "by this version (supported: WEIGHT_FORMAT_BF16, WEIGHT_FORMAT_FP8_BLOCK)")
@@ -231,8 +238,9 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True):
         raise ExportError(f"{core_path}: tensors differ from the prepared model: missing "
                           f"{sorted(expected - names)[:5]}, unexpected {sorted(names - expected)[:5]}")
     with torch.no_grad():
-        for name, tensor in core.iter_tensors():
-            state[name].copy_(tensor)
+        for name in core.tensor_names():
+            if not state[name].is_meta:  # meta: a table kept off the device (host_embedding), not read
+                state[name].copy_(core.get_tensor(name))
     return model, core
 
 

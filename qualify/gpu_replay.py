@@ -162,7 +162,10 @@ def check_compiled(bench: ReplayBench, capacity: int, steps: int, seed: int = 0)
 
     def diff(x, y):
         lg = max(float((p - q).abs().max()) for p, q in zip(x[0], y[0]))
+        first = next((i for i, (p, q) in enumerate(zip(x[0], y[0])) if not torch.equal(p, q)), None)
         return {"logits_bytewise": all(torch.equal(p, q) for p, q in zip(x[0], y[0])), "logits_max_abs_diff": lg,
+                "first_logits_mismatch_step": first,
+                "first_mismatch_max_abs_diff": None if first is None else float((x[0][first] - y[0][first]).abs().max()),
                 "tokens_equal": all(torch.equal(p, q) for p, q in zip(x[1], y[1])),
                 "first_token_mismatch_step": next((i for i, (p, q) in enumerate(zip(x[1], y[1]))
                                                    if not torch.equal(p, q)), None),

@@ -8,8 +8,8 @@ Two profiles of the same prepared step, each exported as a Chrome/Perfetto trace
 2. **attributed**: the same compiled step launched without its graph, each region inside a profiler range
    (``layer.<i>`` around each compiled decoder layer, ``head`` around the vocabulary projection, ``sampler``
    around in-graph sampling; kernels outside any range are the eager glue: embedding, rotary, attention
-   metadata).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime``
-   event with the same correlation id), so the table gives kernel count and summed time per layer and
+   metadata).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime`` or
+   ``cuda_driver`` event with the same correlation id), so the table gives kernel count and summed time per layer and
    per operator (kernel name) -- the same kernels the graph replays.
 """
 
@@ -61,7 +61,9 @@ def _kernels(events):
 def _attribute(events) -> dict:
     """kernel -> enclosing user range of its launch (by correlation id and CPU timestamps)."""
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
-    launches = {e["args"].get("correlation"): e for e in events if e.get("cat") == "cuda_runtime" and "args" in e}
+    # Triton and cuBLAS(Lt) launch through the driver API (cuLaunchKernel*), eager PyTorch through the runtime
+    launches = {e["args"].get("correlation"): e for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "args" in e}
     per_range = defaultdict(lambda: {"kernels": 0, "us": 0.0})
     per_op = defaultdict(lambda: {"kernels": 0, "us": 0.0})
     for k in _kernels(events):

@@ -40,17 +40,29 @@ class EngineStartError(RuntimeError):
 
 @dataclass
 class EngineConfig:
-    kv_tokens: int | None = None  # KV pool size in tokens (None: a default sized for the device)
+    kv_tokens: int | None = None  # KV pool size in tokens (None: from free memory on CUDA, a default on CPU)
     max_context: int | None = None  # per-request context (None: min(model positions, kv_tokens))
     device: str | None = None
     queue_timeout_s: float = 30.0  # a request not admitted within this gets 503 + Retry-After
     prefix_cache: bool = True
+    gpu_memory_fraction: float = 0.90  # of total device memory, for sizing the KV pool (kv_sizing.py)
+    embedding_table_storage: str = "device"  # device | ram | disk (embeddings.py)
+    compile: bool = True  # CUDA: torch.compile the prepared steps before capture (``flare run --eager``: no)
 
     def __post_init__(self):
+        from .embeddings import STORAGES
+        from .kv_sizing import validate_fraction
+
         if self.kv_tokens is not None and self.kv_tokens < 1:
-            raise ValueError(f"kv_tokens must be positive, got {self.kv_tokens}")
+            raise ValueError(f"--kv-tokens must be positive, got {self.kv_tokens}")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"--max-context must be positive, got {self.max_context}")
         if self.queue_timeout_s <= 0:
-            raise ValueError("queue_timeout_s must be positive")
+            raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
+        validate_fraction(self.gpu_memory_fraction)
+        if self.embedding_table_storage not in STORAGES:
+            raise ValueError(f"--embedding-table-storage {self.embedding_table_storage!r}: expected one of "
+                             f"{', '.join(STORAGES)}")
 
 
 def cache_root() -> Path:
@@ -128,16 +140,46 @@ def _restore_row(state, i: int, saved: dict) -> None:
 
 
 class StepDriver:
-    """Builds step inputs from rows (pages + length) and runs the catalog's prepared steps."""
+    """Builds step inputs from rows (pages + length) and runs the catalog's prepared steps.  ``embeddings``
+    (a :class:`~helios.runtime.embeddings.HostEmbeddings`): each step's embedding rows are gathered on the
+    host and passed as ``input_embeds``; ``timer`` (:class:`~helios.runtime.replay_timing.ReplayTimer`)
+    brackets each replay for GPU time."""
 
-    def __init__(self, model, graphs, page_size: int, on_replay=None):
+    def __init__(self, model, graphs, page_size: int, on_replay=None, embeddings=None, timer=None):
+        from .replay_timing import ReplayTimer
+
         self.model, self.graphs, self.page_size = model, graphs, page_size
+        self.embeddings = embeddings
+        self.timer = timer or ReplayTimer(cuda=False)
+        self.replays = 0  # steps run so far (the index of the next replay)
         self.width = graphs.steps[0].max_pages
         self.sink = model.kv_cache.sink_page
         self.decode_caps = sorted(s.shape.rows for s in graphs.steps if s.shape.kind == "decode")
         self.prefill_chunks = sorted(s.shape.tokens for s in graphs.steps if s.shape.kind == "prefill")
         self.slots = max(self.decode_caps)
         self.on_replay = on_replay or (lambda kind, capacity: None)
+
+    @staticmethod
+    def capacity(shape) -> int:
+        """A step's capacity label: rows for decode, tokens for prefill."""
+        return shape.rows if shape.kind == "decode" else shape.tokens
+
+    def replay_keys(self) -> list[tuple[str, int]]:
+        return [(s.shape.kind, self.capacity(s.shape)) for s in self.graphs.steps]
+
+    def _run(self, step, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Load ``inputs`` (embedding rows gathered here when the table is on the host), replay, count."""
+        kind, capacity = step.shape.kind, self.capacity(step.shape)
+        if self.embeddings is not None:
+            inputs["input_embeds"] = self.embeddings.gather(inputs["input_ids"])
+        self.timer.poll()
+        b, _ = step.load(**inputs)
+        if self.embeddings is not None:
+            self.embeddings.enqueued()
+        self.timer.record(step.execute, kind, capacity)
+        self.replays += 1
+        self.on_replay(kind, capacity)
+        return step.logits[:b], step.tokens[:b]
 
     def _table(self, pages: list[int]) -> torch.Tensor:
         return torch.tensor(pages + [self.sink] * (self.width - len(pages)), dtype=torch.int32)
@@ -156,10 +198,9 @@ class StepDriver:
         pos = torch.arange(start, start + len(tokens))[None]
         valid = torch.ones_like(pos, dtype=torch.bool)
         step = self.graphs.step("prefill", 1, chunk)
-        _, out = step.run(input_ids=torch.tensor([tokens]), positions=pos,
-                          slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size), block_tables=bt,
-                          seq_lens=torch.tensor([start + len(tokens)]), active_rows=torch.tensor([True]))
-        self.on_replay("prefill", step.shape.tokens)
+        _, out = self._run(step, dict(
+            input_ids=torch.tensor([tokens]), positions=pos, slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size),
+            block_tables=bt, seq_lens=torch.tensor([start + len(tokens)]), active_rows=torch.tensor([True])))
         token = int(out[0]) if resolved is not None else None
         if resolved is not None and slot != 0:
             _copy_row(state, 0, slot)
@@ -174,10 +215,10 @@ class StepDriver:
         bt = torch.stack([self._table(p) for p, _, _ in rows])
         pos = torch.tensor([[p] for _, p, _ in rows])
         valid = torch.ones_like(pos, dtype=torch.bool)
-        _, out = step.run(input_ids=torch.tensor([[t] for _, _, t in rows]), positions=pos,
-                          slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size), block_tables=bt,
-                          seq_lens=pos[:, 0] + 1, active_rows=torch.ones(n, dtype=torch.bool))
-        self.on_replay("decode", step.shape.rows)
+        _, out = self._run(step, dict(
+            input_ids=torch.tensor([[t] for _, _, t in rows]), positions=pos,
+            slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size), block_tables=bt, seq_lens=pos[:, 0] + 1,
+            active_rows=torch.ones(n, dtype=torch.bool)))
         return [int(t) for t in out.tolist()]
 
     def clear(self, slot: int) -> None:
@@ -204,7 +245,9 @@ class LoadedEngine:
     tool_call_format: str | None = None  # the recipe's (helios/frontend/tool_calls.py); None: replies stay text
 
 
-def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=None) -> LoadedEngine:
+def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=None, on_gpu_ns=None) -> LoadedEngine:
+    """``on_replay(kind, capacity)`` after each step; ``on_gpu_ns(kind, capacity, ns)`` with each step's GPU
+    time once its CUDA events completed (CUDA only; never called on CPU)."""
     from helios.frontend.frontend import Frontend
     from helios.frontend.tokens import PromptTokenizer
     from ignition.core import CoreFormatError
@@ -214,8 +257,10 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     if not path.is_dir():
         raise EngineStartError(f"{core_path}: no such core folder (export one with `ignition export`)")
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = device.startswith("cuda")
+    storage = config.embedding_table_storage
     try:
-        model, core = load_prepared(str(path), device=device)
+        model, core = load_prepared(str(path), device=device, host_embedding=storage != "device")
     except (CoreFormatError, ExportError, OSError, KeyError, ValueError) as e:
         raise EngineStartError(f"{core_path}: cannot serve this core: {e}") from e
     m = core.manifest
@@ -225,16 +270,30 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
         raise EngineStartError(f"{core_path}: the core's graph catalog needs decode and prefill steps "
                                f"(decode {decode}, prefill {prefill})")
     positions = m.geometry.max_position_embeddings
-    kv_tokens = config.kv_tokens or max(decode) * min(positions, 4096)
-    max_context = min(config.max_context or positions, positions, kv_tokens)
+    context = min(config.max_context or positions, positions)
+    if config.kv_tokens:
+        kv_tokens, why = config.kv_tokens, "--kv-tokens"
+    elif cuda:
+        kv_tokens, why = _kv_tokens_from_memory(m.geometry, config, device, page_size, decode, prefill, context)
+    else:
+        kv_tokens = max(decode) * min(positions, 4096)
+        why = "CPU default: largest decode capacity x min(context, 4096)"
+    max_context = min(context, kv_tokens)
     num_pages = math.ceil(kv_tokens / page_size)
     model.allocate_kv_cache(num_pages, page_size, max_context)
+    embeddings, embedding_line = None, "token embeddings on the device"
+    if storage != "device":
+        from .embeddings import host_embeddings
+
+        embeddings, embedding_line = host_embeddings(core, model, storage, max(max(decode), max(prefill)), device)
     from ignition.graphs.catalog import GraphCatalog
 
     catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
     graphs = catalog.prepare(model)
     graphs.tune()
-    if device.startswith("cuda"):
+    if cuda:
+        if config.compile:
+            graphs.compile()
         graphs.capture()
     tokenizer = PromptTokenizer.from_file(core.tokenizer_path)
     frontend = Frontend(core.template_text(), tokenizer, core.special_token_variables, core.frontend_spec(),
@@ -242,11 +301,33 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     name = m.source.repo_id or path.name
     desc = [f"core {path} (recipe {m.recipe.name}, model {name})",
             f"device {device}; steps {[s.shape.name for s in graphs.steps]} ({graphs.stage})",
-            f"KV pool {num_pages} pages x {page_size} tokens; max context {max_context}"]
-    driver = StepDriver(model, graphs, page_size, on_replay)
+            f"KV pool {num_pages} pages x {page_size} tokens ({why}); max context {max_context}",
+            embedding_line]
+    from .replay_timing import ReplayTimer
+
+    driver = StepDriver(model, graphs, page_size, on_replay, embeddings, ReplayTimer(cuda, on_gpu_ns))
     return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
                         set(core.eos_token_ids), desc, int(m.geometry.vocab_size),
                         _tool_call_format(m.recipe.name))
+
+
+def _kv_tokens_from_memory(geometry, config: EngineConfig, device: str, page_size: int, decode, prefill,
+                           context: int) -> tuple[int, str]:
+    """KV tokens from free device memory after the weights are loaded (``kv_sizing.py``)."""
+    from .kv_sizing import Geometry, graph_reserve_bytes, kv_plan_from_memory
+
+    g = Geometry.from_manifest(geometry)
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()  # load transients are free memory
+    free, total = torch.cuda.mem_get_info(device)
+    steps = [(c, 1) for c in decode] + [(1, t) for t in prefill]
+    try:
+        plan = kv_plan_from_memory(free=free, total=total, fraction=config.gpu_memory_fraction,
+                                   reserve=graph_reserve_bytes(g, steps, context),
+                                   bytes_per_page=g.bytes_per_page(page_size), page_size=page_size, min_tokens=context)
+    except ValueError as e:
+        raise EngineStartError(str(e)) from None
+    return plan.tokens, f"{plan.pages} pages from free memory: {plan.reason}"
 
 
 def _tool_call_format(recipe_name: str) -> str | None:

@@ -68,6 +68,8 @@ class Scheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        # on_iteration(prefilled, decode_rows, wall_s): one busy loop iteration (measurement tools)
+        self.on_iteration = None
 
     # -- thread-safe API ---------------------------------------------------------------------------
     def pages_for(self, prompt_len: int, max_tokens: int) -> int:
@@ -103,13 +105,18 @@ class Scheduler:
                         self.cond.wait()
                     if self._stop:
                         break
+                    t0 = time.perf_counter()
                     self._reap()
                     self._admit()
-                if self.prefilling:
+                prefilled = bool(self.prefilling)
+                if prefilled:
                     self._prefill_chunk()
-                if self.running:
+                rows = len(self.running)
+                if rows:
                     self._decode()
                 self._gauges()
+                if self.on_iteration is not None:
+                    self.on_iteration(prefilled, rows, time.perf_counter() - t0)
         except BaseException as e:  # a broken engine fails every request instead of hanging them
             log.exception("engine loop failed")
             self.error = e

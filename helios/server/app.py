@@ -449,6 +449,7 @@ def build_server(core: str | None, config) -> tuple[FastAPI, Any]:
 
     metrics = Metrics()
     path = core if core is not None else str(default_core())
-    engine = load_engine(path, config, on_replay=metrics.replay)
+    engine = load_engine(path, config, on_replay=metrics.replay, on_gpu_ns=metrics.replay_gpu_ns)
+    metrics.steps(engine.driver.replay_keys())
     scheduler = Scheduler(engine, config.queue_timeout_s, metrics, prefix_cache=config.prefix_cache)
     return create_app(engine, scheduler, metrics), engine

@@ -19,6 +19,17 @@ class Metrics:
                                      registry=r)
         self.graph_replays = Counter("flare_graph_replays", "prepared step executions by kind and capacity",
                                      ["kind", "capacity"], registry=r)
+        self.graph_gpu_ns = Counter(
+            "flare_graph_gpu_nanoseconds",
+            "GPU time of prepared step replays by kind and capacity, in nanoseconds: CUDA events recorded around "
+            "each graph replay, read back without blocking the step loop. On CPU there is no GPU timing: it "
+            "stays 0 (not estimated from host time)", ["kind", "capacity"], registry=r)
+        self.speculative_rounds = Counter(
+            "flare_speculative_rounds", "speculative decoding rounds by batch and width (no speculation yet: "
+            "registered without samples)", ["batch", "width"], registry=r)
+        self.speculative_gpu_ns = Counter(
+            "flare_speculative_gpu_nanoseconds", "GPU time of speculative rounds by batch and width, in "
+            "nanoseconds (no speculation yet: registered without samples)", ["batch", "width"], registry=r)
         self.queue_depth = Gauge("flare_queue_depth", "requests waiting for admission", registry=r)
         self.running = Gauge("flare_running_requests", "admitted requests (prefilling or decoding)", registry=r)
         self.kv_pages_used = Gauge("flare_kv_pages_used", "KV pages held by requests", registry=r)
@@ -28,8 +39,17 @@ class Metrics:
         self.itl = Histogram("flare_inter_token_latency_seconds", "time between a request's tokens",
                              buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1.0, 2.5), registry=r)
 
+    def steps(self, shapes) -> None:
+        """Every ``(kind, capacity)`` the engine can replay appears at 0 from the start."""
+        for kind, capacity in shapes:
+            self.graph_replays.labels(kind, str(capacity))
+            self.graph_gpu_ns.labels(kind, str(capacity))
+
     def replay(self, kind: str, capacity: int) -> None:
         self.graph_replays.labels(kind, str(capacity)).inc()
+
+    def replay_gpu_ns(self, kind: str, capacity: int, ns: int) -> None:
+        self.graph_gpu_ns.labels(kind, str(capacity)).inc(ns)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

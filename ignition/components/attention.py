@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ignition.components.custom_ops import opaque_op
+
 
 @dataclass
 class PagedKVCache:
@@ -65,8 +67,10 @@ class PagedKVCache:
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter ``[N, kv_heads, head_dim]`` into flat slots ``[N]`` (every slot valid; sink for padding)."""
-        self.k[layer].view(-1, *self.k.shape[-2:]).index_copy_(0, slots, k_new)
-        self.v[layer].view(-1, *self.v.shape[-2:]).index_copy_(0, slots, v_new)
+        # index_put_ (not index_copy_): Inductor re-inplaces it as a scatter into the pool; a functionalized
+        # index_copy_ copied the whole layer pool twice per step on the GPU (seen in gpu_replay --timeline).
+        self.k[layer].view(-1, *self.k.shape[-2:]).index_put_((slots,), k_new)
+        self.v[layer].view(-1, *self.v.shape[-2:]).index_put_((slots,), v_new)
 
     def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's context in logical order: ``[B, max_pages * page_size, kv_heads, head_dim]``."""
@@ -125,16 +129,45 @@ class PyTorchPagedAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  batch: AttentionBatch) -> torch.Tensor:
-        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (rotated, normed) -> ``[B, T, H * D]``."""
+        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (rotated, normed) -> ``[B, T, H * D]``.  The KV write is
+        traced (a scatter Inductor keeps in place); the attention itself is the opaque ``flare::paged_attention``
+        (its softmax is a reduction: compiled and uncompiled steps must run the same one)."""
         b, t = q.shape[:2]
-        kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
+        kvh, d = self.num_kv_heads, self.head_dim
         batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
-        k_ctx, v_ctx = batch.cache.gather(layer, batch.block_tables)  # [B, S, KV, D]
-        s = k_ctx.shape[1]
-        # queries of one KV group side by side: [B, KV, G*T, D]; head h = kv * G + g as in repeat_kv
-        qg = q.view(b, t, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
-        scores = torch.matmul(qg, k_ctx.permute(0, 2, 3, 1)) * self.scaling  # [B, KV, G*T, S]
-        scores = scores.view(b, kvh, g, t, s).masked_fill(~batch.visible, torch.finfo(scores.dtype).min)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(b, kvh, g * t, s)
-        out = torch.matmul(probs, v_ctx.transpose(1, 2))  # [B, KV, G*T, D]
-        return out.view(b, kvh, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, kvh * g * d)
+        return paged_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables, batch.visible,
+                               self.scaling)
+
+
+def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                              block_tables: torch.Tensor, visible: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Eager-path numerics: gather each row's pages, GQA matmuls, fp32 softmax rounded to the input dtype.
+    ``q [B, T, H, D]``, pools ``[pages + 1, page, KV, D]``, ``visible [B, 1, 1, T, S]`` -> ``[B, T, H * D]``."""
+    b, t, h, d = q.shape
+    kvh = k_pool.shape[-2]
+    g = h // kvh
+    p = block_tables.shape[1]
+    idx = block_tables.long()
+    k_ctx = k_pool[idx].view(b, p * k_pool.shape[1], kvh, d)  # [B, S, KV, D]
+    v_ctx = v_pool[idx].view(b, p * v_pool.shape[1], kvh, d)
+    s = k_ctx.shape[1]
+    # queries of one KV group side by side: [B, KV, G*T, D]; head h = kv * G + g as in repeat_kv
+    qg = q.view(b, t, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * t, d)
+    scores = torch.matmul(qg, k_ctx.permute(0, 2, 3, 1)) * scaling  # [B, KV, G*T, S]
+    scores = scores.view(b, kvh, g, t, s).masked_fill(~visible, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype).view(b, kvh, g * t, s)
+    out = torch.matmul(probs, v_ctx.transpose(1, 2))  # [B, KV, G*T, D]
+    return out.view(b, kvh, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, kvh * g * d)
+
+
+def _paged_attention_fake(q, k_pool, v_pool, block_tables, visible, scaling):
+    b, t, h, d = q.shape
+    return q.new_empty((b, t, h * d))
+
+
+@opaque_op("paged_attention", mutates_args=(), fake=_paged_attention_fake)
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                    visible: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Opaque to Inductor: reads ``q``, one layer's pools, the block tables and the visibility mask; returns a
+    new contiguous ``[B, T, H * D]``."""
+    return paged_attention_reference(q, k_pool, v_pool, block_tables, visible, scaling).contiguous()

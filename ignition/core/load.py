@@ -27,7 +27,7 @@ from ignition.recipes.base import FrontendSpec, SamplingDefaults
 from . import core_pb2 as pb
 from .errors import CoreFormatError
 from .manifest import MANIFEST_NAME, check_structure, read_manifest
-from .schema import dtype_name, frontend_from_proto, sampling_from_proto
+from .schema import dtype_name, frontend_from_proto, proto_to_torch_dtype, sampling_from_proto
 from .shards import progress_bar, read_header
 from .versions import migrate
 
@@ -90,6 +90,22 @@ class LoadedCore:
         if entry is None:
             raise KeyError(f"core {self.path} has no tensor {name!r}")
         return self._handle(entry.file, device).get_tensor(name)
+
+    def map_tensor(self, name: str):
+        """A CPU tensor over a private (copy-on-write) memory map of the shard: pages are read from disk
+        only when touched (rows gathered from an embedding table), nothing is loaded up front."""
+        import numpy as np
+        import torch
+
+        entry = self.tensor_entries.get(name)
+        if entry is None:
+            raise KeyError(f"core {self.path} has no tensor {name!r}")
+        path = self.files[entry.file]
+        header = read_header(path)
+        start = path.stat().st_size - max(t.end for t in header.values())  # data follow the header
+        t = header[name]
+        raw = np.memmap(path, dtype=np.uint8, mode="c", offset=start + t.begin, shape=(t.end - t.begin,))
+        return torch.from_numpy(raw).view(proto_to_torch_dtype(entry.dtype)).view(tuple(entry.shape))
 
     def iter_tensors(self, device: str = "cpu") -> Iterator[tuple[str, Any]]:
         """(name, tensor) in write order, one shard handle at a time."""

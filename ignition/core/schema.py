@@ -32,18 +32,29 @@ def dtype_name(value: int) -> str:
     return DTYPES[value][0] if value in DTYPES else f"<unknown dtype {value}>"
 
 
-def torch_dtype_to_proto(dtype) -> int:
+def _torch_dtypes() -> dict:
     import torch
 
-    table = {
+    return {
         torch.bfloat16: pb.DTYPE_BF16, torch.float16: pb.DTYPE_F16, torch.float32: pb.DTYPE_F32,
         torch.float64: pb.DTYPE_F64, torch.float8_e4m3fn: pb.DTYPE_F8_E4M3, torch.float8_e5m2: pb.DTYPE_F8_E5M2,
         torch.int8: pb.DTYPE_I8, torch.int16: pb.DTYPE_I16, torch.int32: pb.DTYPE_I32, torch.int64: pb.DTYPE_I64,
         torch.uint8: pb.DTYPE_U8, torch.bool: pb.DTYPE_BOOL,
     }
+
+
+def torch_dtype_to_proto(dtype) -> int:
+    table = _torch_dtypes()
     if dtype not in table:
         raise ValueError(f"tensor dtype {dtype} has no core DType (supported: {sorted(str(d) for d in table)})")
     return table[dtype]
+
+
+def proto_to_torch_dtype(value: int):
+    for dtype, v in _torch_dtypes().items():
+        if v == value:
+            return dtype
+    raise ValueError(f"core DType {dtype_name(value)} has no torch dtype")
 
 
 # -- frontend -----------------------------------------------------------------------------------------

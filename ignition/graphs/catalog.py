@@ -34,6 +34,10 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
 inactive, padding tokens carry ``slot_mapping = -1`` -- then replays the graph (CUDA) or calls the
 eager/compiled forward (CPU), and returns views of the static outputs for the live rows.  Nothing in
 a step advances by itself: all state it changes is the KV pages its inputs name.
+
+A model with ``takes_input_embeds`` (its embedding table kept off the device: ``flare run
+--embedding-table-storage ram|disk``) gets one more static input, ``input_embeds [rows, tokens, hidden]``,
+filled by the caller with the rows of the step's tokens; every other model's steps are unchanged.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ log = logging.getLogger(__name__)
 DECODE = "decode"
 PREFILL = "prefill"
 INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "active_rows")
+#: An extra static input of models prepared with ``takes_input_embeds`` (embedding rows gathered outside the
+#: step, e.g. from a host-side table): ``[rows, tokens, hidden]`` in the model's dtype, after ``INPUTS``.
+EMBEDS = "input_embeds"
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,11 @@ class PreparedStep:
         }
         self.pad = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "block_tables": model.kv_cache.sink_page,
                     "seq_lens": 0, "active_rows": False}
+        self.names = INPUTS
+        if getattr(model, "takes_input_embeds", False):
+            self.names = INPUTS + (EMBEDS,)
+            self.inputs[EMBEDS] = torch.zeros(b, t, model.config.hidden_size, dtype=model.dtype, device=dev)
+            self.pad[EMBEDS] = 0
         self.logits = torch.zeros(b, model.vocab_size, dtype=torch.float32, device=dev)
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.fn: Callable = self.forward
@@ -193,7 +205,7 @@ class PreparedStep:
         return (head_fn or step_head)(self.model, self.sampling, hidden, batch, inputs[INPUTS.index("active_rows")])
 
     def _body(self):
-        logits, tokens = self.fn(*(self.inputs[k] for k in INPUTS))
+        logits, tokens = self.fn(*(self.inputs[k] for k in self.names))
         self.logits.copy_(logits)
         self.tokens.copy_(tokens)
 
@@ -207,7 +219,7 @@ class PreparedStep:
 
     def load(self, **inputs: torch.Tensor) -> tuple[int, int]:
         """Copy a batch of ``b <= rows`` rows and ``t <= tokens`` tokens into the static inputs; pad the rest."""
-        missing = [k for k in INPUTS if k not in inputs]
+        missing = [k for k in self.names if k not in inputs]
         if missing:
             raise TypeError(f"{self.shape.name}: missing inputs {missing}")
         b, t = inputs["input_ids"].shape
@@ -215,10 +227,10 @@ class PreparedStep:
         if b > self.shape.rows or t > self.shape.tokens or p > self.max_pages:
             raise ValueError(f"{self.shape.name} (max pages {self.max_pages}) cannot hold a batch of {b} rows x "
                              f"{t} tokens x {p} pages")
-        for k in INPUTS:
+        for k in self.names:
             buf, x = self.inputs[k], inputs[k]
             buf.fill_(self.pad[k])
-            region = buf[:b, :t] if k in ("input_ids", "positions", "slot_mapping") else (
+            region = buf[:b, :t] if k in ("input_ids", "positions", "slot_mapping", EMBEDS) else (
                 buf[:b, :p] if k == "block_tables" else buf[:b])
             region.copy_(x, non_blocking=True)
         return b, t

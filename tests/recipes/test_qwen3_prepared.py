@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from transformers.models.qwen3 import modeling_qwen3
 
+from ignition.components.norms import RMSNorm
+
 from ignition.graphs.catalog import GraphCatalog
 from ignition.recipes.qwen3.model import PagedQwen3Attention, PreparedQwen3
 from tiny_qwen3 import Row, canonical_greedy, logit_bound, make_checkpoint, prefill, prepared_greedy
@@ -185,12 +187,15 @@ def test_composition_is_instance_local(ckpt):
     for layer in model.hf.model.layers:
         assert type(layer) is modeling_qwen3.Qwen3DecoderLayer  # canonical layer forward and residuals
         assert isinstance(layer.self_attn, PagedQwen3Attention)
-        assert isinstance(layer.self_attn.q_norm, modeling_qwen3.Qwen3RMSNorm)
+        norms = (layer.self_attn.q_norm, layer.self_attn.k_norm, layer.input_layernorm, layer.post_attention_layernorm)
+        assert all(isinstance(n, RMSNorm) for n in norms)  # the opaque flare::rms_norm, canonical weights
         assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
         assert layer.self_attn.qkv_proj.packed and layer.mlp.gate_up_proj.packed
     assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    assert isinstance(model.hf.model.norm, RMSNorm)
     fresh = modeling_qwen3.Qwen3ForCausalLM(model.config)
     assert type(fresh.model.layers[0].self_attn) is modeling_qwen3.Qwen3Attention
+    assert type(fresh.model.layers[0].input_layernorm) is modeling_qwen3.Qwen3RMSNorm
 
 
 def test_catalog_stages_and_capacities(ckpt):

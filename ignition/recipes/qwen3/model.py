@@ -3,9 +3,8 @@
 Composition (what is reused, what is replaced, and why):
 
 * The canonical ``Qwen3ForCausalLM`` is built on the meta device.  Its embedding, every
-  ``Qwen3DecoderLayer`` (and thus its residual structure and ``input_layernorm`` /
-  ``post_attention_layernorm``), the final ``Qwen3RMSNorm``, the activation, ``q_norm`` / ``k_norm`` and
-  ``apply_rotary_pos_emb`` / ``rotary_emb`` are reused as they are.
+  ``Qwen3DecoderLayer`` (and thus its residual structure), the activation and ``apply_rotary_pos_emb`` /
+  ``rotary_emb`` are reused as they are.
 * Per instance (no class or module-global patch), ``layer.self_attn`` becomes ``PagedQwen3Attention``
   and ``layer.mlp`` becomes ``PackedQwen3MLP``: the smallest modules that own the dataflow we must
   change -- Q/K/V and gate/up fused into one projection each (packed once at load), the KV state in
@@ -16,9 +15,12 @@ Composition (what is reused, what is replaced, and why):
   each canonical decoder layer's own ``forward`` -- its signature forwards ``**kwargs`` to
   ``self_attn``, so the step's ``AttentionBatch`` reaches our attention as ``paged_batch=`` without a
   cache argument (the ``past_key_values``/``cache`` rename between transformers versions never matters).
-* Residual + RMSNorm: the decoder layer's canonical ``residual + h`` (rounded to bf16) followed by the
-  norm (fp32 statistics, bf16 rounding) is kept.  Inductor fuses the pair into one kernel; the graph
-  catalog compiles with ``emulate_precision_casts`` so that fusion keeps the bf16 rounding points.
+* RMSNorm (every instance: layer norms, ``q_norm``/``k_norm``, the final norm) becomes
+  ``ignition.components.norms.RMSNorm`` -- same weight, canonical semantics -- calling the opaque
+  ``flare::rms_norm``, and the attention reduction is the opaque ``flare::paged_attention``: reductions
+  Inductor cannot re-derive, so a compiled step equals the uncompiled one bytewise on the GPU too (Inductor
+  reorders fp32 sums it traces).  The canonical ``residual + h`` (rounded to bf16) stays traced; the graph
+  catalog compiles with ``emulate_precision_casts`` so elementwise fusions keep the bf16 rounding points.
 
 Only the modules that survive replacement are materialized (``to_empty``), then the checkpoint is
 streamed into them (``ignition.checkpoints.loading``).
@@ -38,6 +40,7 @@ from transformers.models.qwen3 import modeling_qwen3
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
+from ignition.components.norms import RMSNorm
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
     quantization_from_config,
@@ -67,8 +70,8 @@ class PagedQwen3Attention(nn.Module):
         self.head_dim = canonical.head_dim
         self.scaling = canonical.scaling
         self.qkv_proj = qkv_proj
-        self.q_norm = canonical.q_norm  # canonical Qwen3RMSNorm instances, reused
-        self.k_norm = canonical.k_norm
+        self.q_norm = RMSNorm.from_canonical(canonical.q_norm)  # same weights, the opaque flare::rms_norm
+        self.k_norm = RMSNorm.from_canonical(canonical.k_norm)
         self.o_proj = o_proj
         self.backend = backend
 
@@ -133,9 +136,14 @@ class PreparedQwen3(nn.Module):
     """
 
     packed_modules_mapping = PACKED_MODULES_MAPPING
+    embedding_weight_name = "model.embed_tokens.weight"  # the token-embedding table's name in a core
 
     def __init__(self, config: Qwen3Config, formats: dict[str, str] | None = None, *,
-                 quant: Quantization = Quantization(), device="cpu", dtype=torch.bfloat16, attention_backend=None):
+                 quant: Quantization = Quantization(), device="cpu", dtype=torch.bfloat16, attention_backend=None,
+                 host_embedding: bool = False):
+        """``host_embedding``: the token-embedding lookup happens outside the step (the step takes
+        ``input_embeds [B, T, H]`` after ``active_rows``); the table is not allocated on ``device`` unless a
+        tied ``lm_head`` needs it for the vocabulary projection."""
         super().__init__()
         validate_config(config)
         self.config, self.quant, self.dtype = config, quant, dtype
@@ -160,11 +168,20 @@ class PreparedQwen3(nn.Module):
                                            **kw)
                 down = make_projection(fmt(f"{p}.mlp.down_proj"), inter, h, **kw)
                 layer.mlp = PackedQwen3MLP(layer.mlp, gate_up, down)
+                layer.input_layernorm = RMSNorm.from_canonical(layer.input_layernorm)
+                layer.post_attention_layernorm = RMSNorm.from_canonical(layer.post_attention_layernorm)
+            hf.model.norm = RMSNorm.from_canonical(hf.model.norm)
             if config.tie_word_embeddings:
                 hf.lm_head = nn.Identity()  # bound to the embedding after materialization
             else:
                 hf.lm_head = make_projection(fmt("lm_head"), h, config.vocab_size, **kw)
+        # the step takes input_embeds; an untied table stays unallocated (meta) here
+        self.takes_input_embeds = host_embedding
+        embed = hf.model.embed_tokens
+        if host_embedding and not config.tie_word_embeddings:
+            hf.model.embed_tokens = None
         hf.to_empty(device=device)  # allocates only the surviving modules, once
+        hf.model.embed_tokens = embed
         with torch.device(device):  # non-persistent inv_freq is computed at init: rebuild it for real
             hf.model.rotary_emb = type(hf.model.rotary_emb)(config=config)
         if config.tie_word_embeddings:
@@ -213,7 +230,7 @@ class PreparedQwen3(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.hf.model.embed_tokens.weight.device
+        return self.hf.model.norm.weight.device
 
     @property
     def vocab_size(self) -> int:
@@ -222,22 +239,26 @@ class PreparedQwen3(nn.Module):
     # -- the prepared step -------------------------------------------------------------------------
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor):
-        batch, hidden = self.body(input_ids, positions, slot_mapping, block_tables, seq_lens, active_rows)
+                block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor,
+                input_embeds: torch.Tensor | None = None):
+        batch, hidden = self.body(input_ids, positions, slot_mapping, block_tables, seq_lens, active_rows,
+                                  input_embeds)
         logits = self.head(hidden, batch)
         return logits, self.sampler(logits, batch.active)
 
     def body(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
              block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor,
+             input_embeds: torch.Tensor | None = None,
              layer_fn: Callable | None = None) -> tuple[AttentionBatch, torch.Tensor]:
-        """Embedding, rotary and every decoder layer -> ``(batch, hidden [B, T, H])``.  With ``layer_fn``
+        """Embedding (or the given ``input_embeds``: rows gathered outside the step), rotary and every
+        decoder layer -> ``(batch, hidden [B, T, H])``.  With ``layer_fn``
         (regional compilation: a compiled :meth:`run_layer`) each layer runs as
         ``layer_fn(layer, hidden, position_embeddings, layer_batch)`` on a one-layer view of the KV pool."""
         if self.kv_cache is None:
             raise RuntimeError("allocate_kv_cache() before running a step")
         batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows)
         m = self.hf.model
-        hidden = m.embed_tokens(input_ids)
+        hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
         position_embeddings = m.rotary_emb(hidden, positions)
         for i, layer in enumerate(m.layers):
             if layer_fn is None:

@@ -1,0 +1,130 @@
+"""Host overhead per decode step of the serving loop: ``python -m qualify.serve_overhead [CORE] --requests N
+--max-tokens N [--json OUT]``.
+
+Drives ``flare run``'s engine scheduler directly (no HTTP): ``N`` concurrent greedy requests with distinct
+prompts, each generating exactly ``--max-tokens`` tokens (end-of-sequence tokens are ignored for this
+measurement so that every request runs its full length).  For every loop iteration that ran a decode
+step and no prefill chunk, it records the wall time of the iteration (admission, input building, the
+step, reading the tokens back, detokenizing, posting the deltas) and, on CUDA, the step's GPU time from
+the CUDA events the engine records around each graph replay (``helios.runtime.replay_timing``; the same
+numbers as ``flare_graph_gpu_nanoseconds_total``).  Host overhead = wall - GPU.  On CPU there is no GPU
+time: only wall is reported and ``gpu_timing`` says "unavailable".
+
+Prints one JSON object (also written to ``--json OUT``): per-step records and, per decode batch size,
+the medians of wall, GPU and host overhead and the overhead as a fraction of the GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    return [[(r * 7919 + i * 31 + 11) % (vocab - 16) + 8 for i in range(length)] for r in range(n)]
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def measure(core: str | None, requests: int, max_tokens: int, prompt_tokens: int = 32, device: str | None = None,
+            kv_tokens: int | None = None, max_context: int | None = None, embedding_table_storage: str = "device") -> dict:
+    from helios.runtime.engine import EngineConfig, default_core, load_engine
+    from helios.runtime.scheduler import Request, Scheduler
+
+    gpu_ns: list[int] = []  # by replay index (CUDA: every replay is timed)
+    engine = load_engine(core or default_core(), EngineConfig(
+        kv_tokens=kv_tokens, max_context=max_context, device=device, queue_timeout_s=3600.0, prefix_cache=False,
+        embedding_table_storage=embedding_table_storage), on_gpu_ns=lambda kind, cap, ns: gpu_ns.append(ns))
+    driver = engine.driver
+    cuda = driver.timer.cuda
+    engine.eos_token_ids = set()  # every request runs max_tokens (measurement only)
+    scheduler = Scheduler(engine, queue_timeout_s=3600.0, metrics=None, prefix_cache=False)
+    iterations: list[tuple[bool, int, float, int, int]] = []
+    last = [0]
+
+    def on_iteration(prefilled: bool, rows: int, wall_s: float) -> None:
+        iterations.append((prefilled, rows, wall_s, last[0], driver.replays))
+        last[0] = driver.replays
+
+    scheduler.on_iteration = on_iteration
+    greedy = {"temperature": 0.0}
+
+    async def run_all() -> None:
+        loop = asyncio.get_running_loop()
+        reqs = [Request(p, greedy, max_tokens, [], loop, asyncio.Queue())
+                for p in _prompts(requests, prompt_tokens, engine.vocab_size)]
+        for r in reqs:
+            scheduler.submit(r)
+
+        async def finish(r):
+            while (event := await r.queue.get())[0] not in ("done", "error"):
+                pass
+            if event[0] == "error":
+                raise RuntimeError(f"request failed: {event}")
+
+        await asyncio.gather(*(finish(r) for r in reqs))
+
+    scheduler.start()
+    try:
+        asyncio.run(run_all())
+    finally:
+        scheduler.stop()
+    driver.timer.drain()
+    steps = []
+    for prefilled, rows, wall, first, end in iterations:
+        if prefilled or not rows:
+            continue
+        gpu = sum(gpu_ns[first:end]) / 1e6 if cuda and end <= len(gpu_ns) else None
+        steps.append({"rows": rows, "wall_ms": wall * 1e3, "gpu_ms": gpu,
+                      "host_ms": None if gpu is None else wall * 1e3 - gpu})
+    by_batch = {}
+    for rows in sorted({s["rows"] for s in steps}):
+        sel = [s for s in steps if s["rows"] == rows]
+        wall = _median([s["wall_ms"] for s in sel])
+        gpu = _median([s["gpu_ms"] for s in sel if s["gpu_ms"] is not None])
+        host = _median([s["host_ms"] for s in sel if s["host_ms"] is not None])
+        by_batch[str(rows)] = {"steps": len(sel), "wall_ms_median": wall, "gpu_ms_median": gpu,
+                               "host_ms_median": host, "host_over_gpu": None if gpu in (None, 0) else host / gpu}
+    return {"core": str(engine.core_path), "device": str(driver.model.device), "requests": requests,
+            "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
+            "gpu_timing": "cuda events around each graph replay" if cuda else "unavailable (no GPU on this device)",
+            "decode_steps": len(steps), "by_batch": by_batch, "steps": steps}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m qualify.serve_overhead", description=__doc__.split("\n\n")[0])
+    p.add_argument("core", nargs="?", default=None, help="an exported core (default: the embedded tiny core)")
+    p.add_argument("--requests", type=int, default=8, help="concurrent greedy requests")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--kv-tokens", type=int, default=None)
+    p.add_argument("--max-context", type=int, default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--embedding-table-storage", choices=("device", "ram", "disk"), default="device")
+    p.add_argument("--json", default=None, help="also write the JSON here")
+    a = p.parse_args(argv)
+    for flag, value in (("--requests", a.requests), ("--max-tokens", a.max_tokens), ("--prompt-tokens", a.prompt_tokens)):
+        if value < 1:
+            p.error(f"{flag} must be positive, got {value}")
+    out = measure(a.core, a.requests, a.max_tokens, a.prompt_tokens, a.device, a.kv_tokens, a.max_context,
+                  a.embedding_table_storage)
+    text = json.dumps(out, indent=1)
+    if a.json:
+        Path(a.json).write_text(text + "\n")
+    print(text)
+    for rows, b in out["by_batch"].items():
+        gpu = "unavailable" if b["gpu_ms_median"] is None else f"{b['gpu_ms_median']:.3f} ms"
+        host = "" if b["host_ms_median"] is None else f", host overhead {b['host_ms_median']:.3f} ms " \
+                                                      f"({100 * (b['host_over_gpu'] or 0):.1f}% of GPU)"
+        print(f"batch {rows}: {b['steps']} steps, wall {b['wall_ms_median']:.3f} ms, GPU {gpu}{host}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
