@@ -154,7 +154,10 @@ def check_compiled(bench: ReplayBench, capacity: int, steps: int, seed: int = 0)
             lg, tk = step.run(**bench.inputs(capacity, tokens, bench.context + i))
             logits.append(lg.clone()), toks.append(tk.clone())
             tokens = tk.clamp(min=0)
-        return logits, toks, (cache.k.clone(), cache.v.clone()), (state.step.clone(), state.output_counts.clone())
+        # the case's rows only: rows beyond ``capacity`` of the catalog's shared sampling state belong to other
+        # capacities (advanced by earlier timing of the compiled catalog, never by this case)
+        return logits, toks, (cache.k.clone(), cache.v.clone()), (state.step[:capacity].clone(),
+                                                                   state.output_counts[:capacity].clone())
 
     a = run(variants["uncompiled"])
     a2 = run(variants["uncompiled"])

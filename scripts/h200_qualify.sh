@@ -32,3 +32,5 @@ replay 0.6B
 timeout ${TESTS_S:-170} python3 -m pytest conformance/test_graphs.py tests/recipes/test_qwen3_captured.py \
     tests/components/test_components_gpu.py -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs 2>&1 | log > "$OUT/gpu_tests.log"
 tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; tail -n 4 "$OUT/gpu_tests.log"; cat "$OUT/build.log"
+# one archive of everything (the device returns only a few files): logs, JSON, packed runs
+tar czf /tmp/all.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/all.tgz "$OUT/h200-qualify.tgz"
