@@ -281,6 +281,12 @@ class PreparedQwen3(nn.Module):
         return layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=layer_batch,
                      kv_layer=0)
 
+    def head_all(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """Every position: final norm -> vocabulary projection, fp32 logits ``[B, T, V]`` (speculative
+        verification); zero for inactive rows, meaningless at padding positions."""
+        m = self.hf.model
+        return self.hf.lm_head(m.norm(hidden)).float().masked_fill(~batch.active[:, None, None], 0.0)
+
     def head(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Each row's last valid token -> final norm -> vocabulary projection: fp32 logits ``[B, V]``,
         zero for inactive rows."""

@@ -29,6 +29,7 @@ RECIPE = Recipe(
 MODEL = "ignition.recipes.qwen3.model:PreparedQwen3"
 DECODE_CAPACITIES = (1, 2, 4, 8, 16, 32, 64)  # rows per decode graph
 PREFILL_CHUNKS = (256, 1024, 4096)  # tokens per prefill graph
+SPECULATIVE_WIDTHS = (1, 2, 4, 8)  # verification round widths W (pending token + W-1 proposals), beside DECODE_CAPACITIES
 
 
 def graph_catalog():

@@ -1,0 +1,200 @@
+"""Speculative rounds vs plain decode: the invariants of issue 7, over recipes x capacities x widths.
+
+Cases come from the registry (recipes with a prepared model; for qwen3 a seeded tiny checkpoint whose
+greedy continuations depend on their context -- :func:`conformance.speculative.probe_checkpoint`).  On this machine's device (eager prepared steps on CPU; captured graphs on a GPU):
+
+- **width one = decode**: 256 steps of the width-one round against 256 plain decode steps from the same
+  restored state -- logits, emitted tokens, final KV pool and sampling state bytewise equal (rows mix greedy
+  and seeded sampling; one row inactive when the capacity allows);
+- **transitions** W=1 -> W -> 1 -> ... with ragged and wrong proposals, an inactive row, proposals crossing
+  KV page boundaries (page size 8): the greedy emitted sequence equals plain decode, and after every round
+  the written-but-rejected positions are poisoned -- no later step may see them;
+- **self-drafting** (proposals = the target's own greedy continuation): every proposal accepted;
+- **planted defects** the same checks catch: a commit that keeps a rejected token's K/V visible, and an
+  acceptance that lets every proposal through.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from .registry import all_recipes
+from .speculative import Case, probe_checkpoint
+
+CAPACITIES = (1, 4)  # of the recipe's decode capacities: CPU time; the GPU matrix takes them all
+PARITY_STEPS = 256
+SPEC_TOKENS = 40
+
+
+def _cases():
+    out = []
+    for r in all_recipes():
+        module = importlib.import_module(f"ignition.recipes.{r.name}.recipe")
+        if hasattr(module, "MODEL") and hasattr(module, "SPECULATIVE_WIDTHS"):
+            out += [(r.name, c) for c in CAPACITIES]
+    return out
+
+
+CASES = _cases()
+
+
+def _widths(recipe: str) -> tuple[int, ...]:
+    return importlib.import_module(f"ignition.recipes.{recipe}.recipe").SPECULATIVE_WIDTHS
+_BUILT: dict = {}
+
+
+def _probe_dir():
+    import tempfile
+    from pathlib import Path
+
+    if "probe" not in _BUILT:
+        _BUILT["probe"] = Path(tempfile.mkdtemp(prefix="flare-spec-probe-")) / "checkpoint"
+    return _BUILT["probe"]
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(recipe: str, capacity: int) -> Case:
+    key = (recipe, capacity)
+    if key not in _BUILT:
+        module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
+        path, name = module.MODEL.split(":")
+        cls = getattr(importlib.import_module(path), name)
+        inactive = frozenset({1}) if capacity > 1 else frozenset()
+        sampled = frozenset({2, 3}) if capacity > 2 else frozenset()
+        _BUILT[key] = Case(cls, probe_checkpoint(_probe_dir()), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
+                           inactive=inactive, sampled_rows=sampled, device=_device(), compile=_device() == "cuda")
+    return _BUILT[key]
+
+
+def _ids(cases):
+    return [f"{r}-b{c}-{_device()}" for r, c in cases]
+
+
+@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
+def test_width_one_round_is_decode_bytewise(recipe, capacity, flare_samples):
+    case = _case(recipe, capacity)
+    reference = case.decode(PARITY_STEPS)
+    kv_ref = (case.model.kv_cache.k.clone(), case.model.kv_cache.v.clone())
+    state = case.graphs.sampling
+    state_ref = (state.step[:capacity].clone(), state.output_counts[:capacity].clone())
+    pending = case.restore()
+    mismatches = 0
+    for i in range(PARITY_STEPS):
+        logits, emitted, n, rejected = case.round(1, pending, [[] for _ in range(capacity)])
+        assert not rejected
+        ref_logits, ref_tokens = reference[i]
+        mismatches += not torch.equal(logits[:, 0], ref_logits)
+        assert torch.equal(emitted[:, 0], ref_tokens.cpu()), f"step {i}: width-one tokens differ from decode"
+        pending = [int(t) if t >= 0 else p for t, p in zip(emitted[:, 0], pending)]
+    kv_equal = torch.equal(case.model.kv_cache.k, kv_ref[0]) and torch.equal(case.model.kv_cache.v, kv_ref[1])
+    state_equal = torch.equal(state.step[:capacity], state_ref[0]) and \
+        torch.equal(state.output_counts[:capacity], state_ref[1])
+    flare_samples(case={"recipe": recipe, "capacity": capacity, "width": 1, "check": "width_one_vs_decode",
+                        "device": _device()}, steps=PARITY_STEPS, logits_mismatched_steps=mismatches,
+                  kv_bytewise=kv_equal, sampling_state_equal=state_equal)
+    assert mismatches == 0 and kv_equal and state_equal
+
+
+def _greedy_reference(case: Case, tokens: int) -> list[list[int]]:
+    """Each row's plain greedy continuation (all rows greedy for the transition cases)."""
+    sampled, case.sampled = case.sampled, frozenset()
+    try:
+        out = case.decode(tokens)
+    finally:
+        case.sampled = sampled
+    return [[int(step[1][r]) for step in out] for r in range(case.capacity)]
+
+
+def _speculate(case: Case, schedule, draft, commit=None, poison=True, tokens: int = SPEC_TOKENS):
+    """Rounds until every active row has ``tokens`` tokens; ``draft(r, produced, width)`` -> proposals."""
+    sampled, case.sampled = case.sampled, frozenset()
+    pending = case.restore()
+    case.sampled = sampled
+    produced = [[] for _ in range(case.capacity)]
+    accepted_all, k = True, 0
+    while any(len(produced[r]) < tokens for r in range(case.capacity) if r not in case.rows.inactive):
+        width = schedule[k % len(schedule)]
+        k += 1
+        proposals = [[] if r in case.rows.inactive else draft(r, produced[r], width) for r in range(case.capacity)]
+        _, emitted, n_emitted, rejected = case.round(width, pending, proposals, commit=commit)
+        for r in range(case.capacity):
+            if r in case.rows.inactive:
+                assert int(n_emitted[r]) == 0 and (emitted[r] == -1).all()
+                continue
+            got = [int(t) for t in emitted[r, :int(n_emitted[r])]]
+            accepted_all &= int(n_emitted[r]) == len(proposals[r]) + 1
+            produced[r] += got
+            pending[r] = got[-1]
+        if poison:
+            case.poison(rejected)
+    return [p[:tokens] for p in produced], accepted_all
+
+
+def _noisy_oracle(reference, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+
+    def draft(r, produced, width):
+        n = int(torch.randint(0, width, (1,), generator=gen))  # ragged: 0 .. width-1 proposals
+        props = list(reference[r][len(produced):len(produced) + n])
+        if props and int(torch.randint(0, 3, (1,), generator=gen)) == 0:
+            i = int(torch.randint(0, len(props), (1,), generator=gen))
+            props[i] = (props[i] + 1 + i) % 50 + 4  # a wrong proposal: rejected there
+        return props
+
+    return draft
+
+
+@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
+def test_transitions_equal_plain_greedy_decode_with_rejected_slots_poisoned(recipe, capacity, flare_samples):
+    case = _case(recipe, capacity)
+    reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
+    schedule = (1, 4, 1, 2, 8, 4, 1)
+    produced, _ = _speculate(case, schedule, _noisy_oracle(reference, seed=capacity))
+    for r in range(capacity):
+        if r not in case.rows.inactive:
+            assert produced[r] == reference[r][:SPEC_TOKENS], f"row {r}: speculative output differs from decode"
+    flare_samples(case={"recipe": recipe, "capacity": capacity, "check": "transitions_greedy",
+                        "schedule": list(schedule), "device": _device()}, tokens=SPEC_TOKENS, equal=True)
+
+
+@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
+def test_self_drafting_accepts_every_proposal(recipe, capacity):
+    case = _case(recipe, capacity)
+    reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
+
+    def self_draft(r, produced, width):
+        return list(reference[r][len(produced):len(produced) + width - 1])
+
+    produced, accepted_all = _speculate(case, (4, 8, 2), self_draft)
+    assert accepted_all
+    assert all(produced[r] == reference[r][:SPEC_TOKENS] for r in range(capacity) if r not in case.rows.inactive)
+
+
+@pytest.mark.parametrize("recipe,capacity", CASES[:1], ids=_ids(CASES[:1]))
+def test_planted_defect_commit_keeping_rejected_kv_is_caught(recipe, capacity):
+    case = _case(recipe, capacity)
+    reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
+    keep_rejected = lambda n_proposals, n_emitted: n_proposals + 1  # noqa: E731 -- every written position stays
+
+    def wrong(r, produced, width):  # every proposal wrong: each round leaves width - 1 rejected positions
+        return [(t + 5) % 50 + 4 for t in reference[r][len(produced):len(produced) + width - 1]]
+
+    produced, _ = _speculate(case, (8,), wrong, commit=keep_rejected, poison=False, tokens=12)
+    assert any(produced[r] != reference[r][:12] for r in range(capacity) if r not in case.rows.inactive)
+
+
+@pytest.mark.parametrize("recipe,capacity", CASES[:1], ids=_ids(CASES[:1]))
+def test_planted_defect_accept_everything_is_caught(recipe, capacity, monkeypatch):
+    from ignition.components import speculative
+
+    case = _case(recipe, capacity)
+    reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
+    monkeypatch.setattr(speculative, "_greedy_match", lambda proposals, greedy: torch.ones_like(proposals, dtype=torch.bool))
+    produced, _ = _speculate(case, (4, 8), _noisy_oracle(reference, seed=11))
+    assert any(produced[r] != reference[r][:SPEC_TOKENS] for r in range(capacity) if r not in case.rows.inactive)
