@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request may wait for KV pages before a 503 with Retry-After")
     r.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV pages across requests")
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    r.add_argument("--speculative", choices=("ngram",), default=None,
+                   help="speculative decoding: 'ngram' proposes continuations found in the request's own tokens "
+                        "(prompt lookup), verified by captured round graphs; greedy output is unchanged")
+    r.add_argument("--speculative-width", type=int, default=4,
+                   help="verification width W: the pending token + up to W-1 proposals (2..8, default 4)")
     r.add_argument("--eager", action="store_true",
                    help="CUDA: capture the uncompiled prepared steps (default: torch.compile them, then capture)")
     return p
@@ -53,7 +58,8 @@ def engine_config(args):
     return EngineConfig(kv_tokens=args.kv_tokens, max_context=args.max_context, device=args.device,
                         queue_timeout_s=args.queue_timeout, prefix_cache=not args.no_prefix_cache,
                         gpu_memory_fraction=args.gpu_memory_fraction,
-                        embedding_table_storage=args.embedding_table_storage, compile=not args.eager)
+                        embedding_table_storage=args.embedding_table_storage, compile=not args.eager,
+                        speculative=args.speculative, speculative_width=args.speculative_width)
 
 
 def _serve(args) -> int:

@@ -50,6 +50,8 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.90  # of total device memory, for sizing the KV pool (kv_sizing.py)
     embedding_table_storage: str = "device"  # device | ram | disk (embeddings.py)
     compile: bool = True  # CUDA: torch.compile the prepared steps before capture (``flare run --eager``: no)
+    speculative: str | None = None  # "ngram": prompt-lookup proposals verified by round graphs (rounds.py)
+    speculative_width: int = 4  # verification width W: the pending token + up to W - 1 proposals
 
     def __post_init__(self):
         from .embeddings import STORAGES
@@ -62,6 +64,11 @@ class EngineConfig:
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
         validate_fraction(self.gpu_memory_fraction)
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"--speculative {self.speculative}: only 'ngram' (prompt lookup) is served yet; "
+                             "self-drafting and draft cores are not wired into flare run")
+        if not 2 <= self.speculative_width <= 8:
+            raise ValueError(f"--speculative-width must be 2..8, got {self.speculative_width}")
         if self.embedding_table_storage not in STORAGES:
             raise ValueError(f"--embedding-table-storage {self.embedding_table_storage!r}: expected one of "
                              f"{', '.join(STORAGES)}")
@@ -162,8 +169,10 @@ class StepDriver:
         self.on_replay = on_replay or (lambda kind, capacity: None)
 
     @staticmethod
-    def capacity(shape) -> int:
-        """A step's capacity label: rows for decode, tokens for prefill."""
+    def capacity(shape):
+        """A step's capacity label: rows for decode, tokens for prefill, ``"BxW"`` for a verification round."""
+        if shape.kind == "round":
+            return f"{shape.rows}x{shape.tokens}"
         return shape.rows if shape.kind == "decode" else shape.tokens
 
     def replay_keys(self) -> list[tuple[str, int]]:
@@ -223,6 +232,30 @@ class StepDriver:
             active_rows=torch.ones(n, dtype=torch.bool)))
         return [int(t) for t in out.tolist()]
 
+    def verify(self, rows: list[tuple[list[int], int, int, list[int]]], width: int) -> list[list[int]]:
+        """One verification round: ``rows[i] = (pages, position, pending token, proposals)`` for slots
+        ``0..n-1``; returns each row's emitted tokens (accepted proposals, then the target's own token)."""
+        n = len(rows)
+        step = self.graphs.step("round", n, width)
+        bt = torch.stack([self._table(p) for p, _, _, _ in rows])
+        ids = torch.zeros(n, width, dtype=torch.long)
+        pos = torch.zeros(n, width, dtype=torch.long)
+        valid = torch.zeros(n, width, dtype=torch.bool)
+        drafts = torch.zeros(n, width - 1, dtype=torch.long)
+        for i, (_, p, t, props) in enumerate(rows):
+            k = len(props)
+            ids[i, :k + 1] = torch.tensor([t, *props])
+            pos[i, :k + 1] = torch.arange(p, p + k + 1)
+            valid[i, :k + 1] = True
+            if k:
+                drafts[i, :k] = torch.tensor(props)
+        n_props = torch.tensor([len(r[3]) for r in rows])
+        step.load_drafts(drafts, n_props)
+        self._run(step, dict(input_ids=ids, positions=pos, slot_mapping=slot_mapping_for(bt, pos, valid, self.page_size),
+                             block_tables=bt, seq_lens=pos[:, 0] + 1 + n_props, active_rows=torch.ones(n, dtype=torch.bool)))
+        emitted, counts = step.emitted[:n].tolist(), step.n_emitted[:n].tolist()
+        return [e[:c] for e, c in zip(emitted, counts)]
+
     def clear(self, slot: int) -> None:
         self.graphs.sampling.clear_row(slot)
 
@@ -245,6 +278,8 @@ class LoadedEngine:
     description: list[str]
     vocab_size: int = 0  # token IDs a prompt may hold (0 .. vocab_size-1)
     tool_call_format: str | None = None  # the recipe's (helios/frontend/tool_calls.py); None: replies stay text
+    draft: object = None  # the proposer of speculative rounds (None: plain decode)
+    speculative_width: int = 0
 
 
 def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=None, on_gpu_ns=None) -> LoadedEngine:
@@ -299,6 +334,13 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
 
     catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
     graphs = catalog.prepare(model)
+    draft = None
+    if config.speculative:
+        from ignition.components.drafts import PromptLookupDraft
+        from ignition.graphs.rounds import prepare_rounds
+
+        prepare_rounds(graphs, decode, (config.speculative_width,))
+        draft = PromptLookupDraft(n=3, k=config.speculative_width - 1, min_n=1)
     graphs.tune()
     if cuda:
         if config.compile:
@@ -312,12 +354,14 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
             f"device {device}; steps {[s.shape.name for s in graphs.steps]} ({graphs.stage})",
             f"KV pool {num_pages} pages x {page_size} tokens ({why}); max context {max_context}",
             embedding_line]
+    if draft is not None:
+        desc.append(f"speculative: n-gram prompt lookup (n 3..1), verification width {config.speculative_width}")
     from .replay_timing import ReplayTimer
 
     driver = StepDriver(model, graphs, page_size, on_replay, embeddings, ReplayTimer(cuda, on_gpu_ns))
     return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
                         set(core.eos_token_ids), desc, int(m.geometry.vocab_size),
-                        _tool_call_format(m.recipe.name))
+                        _tool_call_format(m.recipe.name), draft, config.speculative_width if draft else 0)
 
 
 def _kv_tokens_from_memory(geometry, config: EngineConfig, device: str, page_size: int, decode, prefill,

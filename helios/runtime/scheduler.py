@@ -200,12 +200,37 @@ class Scheduler:
             if r.finish_reason is not None:
                 self._retire(slot)
 
+    def _proposals(self) -> list[list[int]]:
+        """Prompt-lookup proposals per running row, at most ``W - 1`` and never past ``max_tokens``."""
+        import torch
+
+        draft, rows = self.engine.draft, self.running
+        hist = [r.prompt_ids + r.generated for r in rows]
+        width = max(len(h) for h in hist)
+        history = torch.tensor([h + [0] * (width - len(h)) for h in hist])
+        limit = torch.tensor([max(r.max_tokens - len(r.generated) - 1, 0) for r in rows])
+        active = torch.ones(len(rows), dtype=torch.bool)
+        tokens, _, n = draft.propose(history, torch.tensor([len(h) for h in hist]), None, active=active, limit=limit)
+        return [tokens[i, :int(n[i])].tolist() for i in range(len(rows))]
+
     def _decode(self) -> None:
         plen = lambda r: len(r.prompt_ids)  # noqa: E731
-        rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
-        tokens = self.driver.decode(rows)
-        for r, t in zip(self.running, tokens):
-            self._accept(r, t)
+        proposals = self._proposals() if self.engine.draft is not None else []
+        if any(proposals):
+            rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1], p)
+                    for r, p in zip(self.running, proposals)]
+            emitted = self.driver.verify(rows, self.engine.speculative_width)
+            if self.metrics is not None:
+                self.metrics.speculative(proposals, emitted)
+            for r, toks in zip(self.running, emitted):
+                for t in toks:
+                    if r.finish_reason is None:
+                        self._accept(r, t)
+        else:
+            rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
+            tokens = self.driver.decode(rows)
+            for r, t in zip(self.running, tokens):
+                self._accept(r, t)
         for slot in sorted((i for i, r in enumerate(self.running) if r.finish_reason is not None), reverse=True):
             self._retire(slot)
 

@@ -25,11 +25,16 @@ class Metrics:
             "each graph replay, read back without blocking the step loop. On CPU there is no GPU timing: it "
             "stays 0 (not estimated from host time)", ["kind", "capacity"], registry=r)
         self.speculative_rounds = Counter(
-            "flare_speculative_rounds", "speculative decoding rounds by batch and width (no speculation yet: "
-            "registered without samples)", ["batch", "width"], registry=r)
+            "flare_speculative_rounds", "speculative verification round replays by graph batch and width",
+            ["batch", "width"], registry=r)
         self.speculative_gpu_ns = Counter(
-            "flare_speculative_gpu_nanoseconds", "GPU time of speculative rounds by batch and width, in "
-            "nanoseconds (no speculation yet: registered without samples)", ["batch", "width"], registry=r)
+            "flare_speculative_gpu_nanoseconds", "GPU time of speculative verification rounds by graph batch and "
+            "width, in nanoseconds (CUDA events; 0 on CPU, not estimated)", ["batch", "width"], registry=r)
+        self.draft_tokens = Counter("flare_speculative_draft_tokens", "proposed (drafted) tokens", registry=r)
+        self.accepted_tokens = Counter("flare_speculative_accepted_tokens", "accepted proposals", registry=r)
+        self.accepted_by_position = Counter("flare_speculative_accepted_tokens_by_position",
+                                            "accepted proposals by their position in the round (0 = first)",
+                                            ["position"], registry=r)
         self.queue_depth = Gauge("flare_queue_depth", "requests waiting for admission", registry=r)
         self.running = Gauge("flare_running_requests", "admitted requests (prefilling or decoding)", registry=r)
         self.kv_pages_used = Gauge("flare_kv_pages_used", "KV pages held by requests", registry=r)
@@ -44,12 +49,28 @@ class Metrics:
         for kind, capacity in shapes:
             self.graph_replays.labels(kind, str(capacity))
             self.graph_gpu_ns.labels(kind, str(capacity))
+            if kind == "round":
+                self.speculative_rounds.labels(*str(capacity).split("x"))
+                self.speculative_gpu_ns.labels(*str(capacity).split("x"))
 
-    def replay(self, kind: str, capacity: int) -> None:
+    def replay(self, kind: str, capacity) -> None:
         self.graph_replays.labels(kind, str(capacity)).inc()
+        if kind == "round":
+            self.speculative_rounds.labels(*str(capacity).split("x")).inc()
 
-    def replay_gpu_ns(self, kind: str, capacity: int, ns: int) -> None:
+    def replay_gpu_ns(self, kind: str, capacity, ns: int) -> None:
         self.graph_gpu_ns.labels(kind, str(capacity)).inc(ns)
+        if kind == "round":
+            self.speculative_gpu_ns.labels(*str(capacity).split("x")).inc(ns)
+
+    def speculative(self, proposals: list[list[int]], emitted: list[list[int]]) -> None:
+        """One round's drafted and accepted tokens (accepted = emitted minus the target's own last token)."""
+        for props, out in zip(proposals, emitted):
+            self.draft_tokens.inc(len(props))
+            accepted = max(len(out) - 1, 0)
+            self.accepted_tokens.inc(accepted)
+            for i in range(accepted):
+                self.accepted_by_position.labels(str(i)).inc()
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -74,24 +74,29 @@ class RoundStep(PreparedStep):
         self.emitted.copy_(emitted)
         self.n_emitted.copy_(n_emitted)
 
+    def load_drafts(self, draft_tokens: torch.Tensor | None = None, n_proposals: torch.Tensor | None = None,
+                    draft_probs: torch.Tensor | None = None) -> None:
+        """Copy the draft inputs of ``b <= rows`` rows into the static draft buffers (the rest: no proposal)."""
+        w1 = self.width - 1
+        if draft_probs is not None and "draft_probs" not in self.draft:
+            raise ValueError(f"{self.shape.name} was prepared without draft probabilities")
+        for name, x in (("draft_tokens", draft_tokens), ("n_proposals", n_proposals), ("draft_probs", draft_probs)):
+            if name not in self.draft:
+                continue
+            buf = self.draft[name]
+            buf.zero_()
+            if x is None:
+                continue
+            if name == "n_proposals" and x.numel() and int(x.max()) > w1:
+                raise ValueError(f"{self.shape.name}: n_proposals must be <= {w1}")
+            (buf[:x.shape[0]] if name == "n_proposals" else buf[:x.shape[0], :x.shape[1]]).copy_(x)
+
     def run(self, draft_tokens: torch.Tensor | None = None, n_proposals: torch.Tensor | None = None,
             draft_probs: torch.Tensor | None = None, **inputs: torch.Tensor):
         """Load a round of ``b <= rows`` rows (``input_ids [b, t]``: pending token then the proposals,
         ``t <= width``), execute, return views ``(logits [b, W, V], emitted [b, W], n_emitted [b])``."""
         b, _ = self.load(**inputs)
-        w1 = self.width - 1
-        for name, x, pad in (("draft_tokens", draft_tokens, 0), ("n_proposals", n_proposals, 0),
-                             ("draft_probs", draft_probs, 0.0)):
-            if name not in self.draft:
-                if x is not None and name == "draft_probs":
-                    raise ValueError(f"{self.shape.name} was prepared without draft probabilities")
-                continue
-            buf = self.draft[name]
-            buf.fill_(pad)
-            if x is not None:
-                if name == "n_proposals" and (int(x.max()) if x.numel() else 0) > w1:
-                    raise ValueError(f"{self.shape.name}: n_proposals must be <= {w1}")
-                (buf[:b] if name == "n_proposals" else buf[:b, :x.shape[1]]).copy_(x)
+        self.load_drafts(draft_tokens, n_proposals, draft_probs)
         self.execute()
         return self.logits[:b], self.emitted[:b], self.n_emitted[:b]
 

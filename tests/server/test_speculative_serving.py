@@ -1,0 +1,67 @@
+"""``flare run --speculative ngram``: greedy output identical to plain decoding, rounds and acceptance counted.
+
+Driven at the scheduler (the HTTP layer adds nothing to the numerics; the protocol tests cover it) on the
+embedded default core, with prompts that repeat themselves so that prompt lookup proposes often.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.runtime.engine import EngineConfig, default_core, load_engine
+from helios.server.metrics import Metrics
+from qualify.served_equivalence import GREEDY
+
+
+def _prompts():
+    return [[11, 12, 13, 14] * 6, [40 + (i % 5) for i in range(23)], [7, 8] * 9 + [9], [100 + i for i in range(17)]]
+
+
+def _serve(config: EngineConfig, metrics=None, max_tokens=24):
+    import asyncio
+
+    from helios.runtime.scheduler import Request, Scheduler
+
+    engine = load_engine(default_core(), config, on_replay=metrics.replay if metrics else None)
+    engine.eos_token_ids = set()
+    scheduler = Scheduler(engine, queue_timeout_s=60.0, metrics=metrics, prefix_cache=False)
+
+    async def run_all():
+        loop = asyncio.get_running_loop()
+        reqs = [Request(p, GREEDY, max_tokens, [], loop, asyncio.Queue()) for p in _prompts()]
+        for r in reqs:
+            scheduler.submit(r)
+        for r in reqs:
+            while (await r.queue.get())[0] not in ("done", "error"):
+                pass
+        return [r.generated for r in reqs]
+
+    scheduler.start()
+    try:
+        return asyncio.run(run_all()), engine
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("width", [2, 4, 8])
+def test_ngram_speculation_keeps_greedy_output_and_counts_rounds(width):
+    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
+    metrics = Metrics()
+    spec, engine = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative="ngram",
+                                       speculative_width=width), metrics)
+    assert spec == plain
+    assert all(len(g) == 24 for g in spec)
+    text = metrics.text().decode()
+    rounds = sum(float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("flare_speculative_rounds_total{"))
+    accepted = metrics.accepted_tokens._value.get()
+    drafted = metrics.draft_tokens._value.get()
+    assert rounds > 0 and drafted > 0 and 0 < accepted <= drafted
+    assert f'width="{width}"' in text
+
+
+def test_unsupported_speculative_sources_fail_at_start():
+    with pytest.raises(ValueError, match="only 'ngram'"):
+        EngineConfig(speculative="self")
+    with pytest.raises(ValueError, match="--speculative-width"):
+        EngineConfig(speculative="ngram", speculative_width=9)
