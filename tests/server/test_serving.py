@@ -71,13 +71,15 @@ def _conversation(tag: str) -> list[dict]:
     return [{"role": "system", "content": system}, {"role": "user", "content": "Which lamp is brightest?"}]
 
 
-def test_multi_turn_second_turn_reports_cached_prompt_tokens(oai):
+def test_multi_turn_second_turn_reports_cached_prompt_tokens(oai, flare_samples):
     turn1 = _conversation(uuid.uuid4().hex)
     r1 = oai.chat.completions.create(model=MODEL, messages=turn1, max_tokens=8, seed=21)
     assert r1.usage.prompt_tokens_details.cached_tokens == 0  # a prefix no request has used
     turn2 = turn1 + [{"role": "assistant", "content": "The harbour lamp."}, {"role": "user", "content": "Why?"}]
     r2 = oai.chat.completions.create(model=MODEL, messages=turn2, max_tokens=8, seed=22)
     cached = r2.usage.prompt_tokens_details.cached_tokens
+    flare_samples(case={"check": "multi_turn_cached_tokens"}, turn1_prompt_tokens=r1.usage.prompt_tokens,
+                  turn2_prompt_tokens=r2.usage.prompt_tokens, turn2_cached_tokens=cached)
     # the first turn's full KV pages up to its last message endpoint (page size 16)
     assert 0 < cached <= r1.usage.prompt_tokens and cached % 16 == 0 and r1.usage.prompt_tokens - cached < 32
 
