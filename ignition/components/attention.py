@@ -67,10 +67,11 @@ class PagedKVCache:
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter ``[N, kv_heads, head_dim]`` into flat slots ``[N]`` (every slot valid; sink for padding)."""
-        # index_put_ (not index_copy_): Inductor re-inplaces it as a scatter into the pool; a functionalized
-        # index_copy_ copied the whole layer pool twice per step on the GPU (seen in gpu_replay --timeline).
-        self.k[layer].view(-1, *self.k.shape[-2:]).index_put_((slots,), k_new)
-        self.v[layer].view(-1, *self.v.shape[-2:]).index_put_((slots,), v_new)
+        # An opaque op that declares the pools it mutates: torch.compile calls it in place on the graph input.
+        # Traced, the scatter into a view of a graph input was functionalized into a copy of the whole layer
+        # pool and a copy back, twice per layer and step (gpu_replay --timeline on the H200; the CPU output
+        # code shows the same pool-sized buffer).
+        kv_write_(self.k[layer], self.v[layer], k_new, v_new, slots)
 
     def gather(self, layer: int, block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's context in logical order: ``[B, max_pages * page_size, kv_heads, head_dim]``."""
@@ -79,6 +80,15 @@ class PagedKVCache:
         k = self.k[layer][idx].view(b, p * self.page_size, *self.k.shape[-2:])
         v = self.v[layer][idx].view(b, p * self.page_size, *self.v.shape[-2:])
         return k, v
+
+
+@opaque_op("kv_write_", mutates_args=("k_pool", "v_pool"))
+def kv_write_(k_pool: torch.Tensor, v_pool: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+              slots: torch.Tensor) -> None:
+    """Scatter ``k_new, v_new [N, kv_heads, head_dim]`` into one layer's pools ``[pages + 1, page, kv_heads,
+    head_dim]`` at flat ``slots [N]`` (the sink slot for padding: duplicates there are harmless)."""
+    k_pool.view(-1, *k_pool.shape[-2:]).index_put_((slots,), k_new)
+    v_pool.view(-1, *v_pool.shape[-2:]).index_put_((slots,), v_new)
 
 
 def slot_mapping_for(block_tables: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
