@@ -134,6 +134,12 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from ignition.bench import main
+
+    return main(args, args.argv)
+
+
 DEBUG_SERVE_BANNER = """\
 ================================================================================
  ignition debug-serve: FAULT DIAGNOSIS ONLY.
@@ -218,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true")
     e.set_defaults(func=_cmd_export)
 
+    b = sub.add_parser("bench", help="time prepared graph rounds (or exact prefill chunks) of a core on real "
+                       "tokenized contexts; score = mean of per-case medians, lower is better")
+    from ignition.bench import add_arguments as bench_arguments
+
+    bench_arguments(b)
+    b.set_defaults(func=_cmd_bench)
+
     d = sub.add_parser("debug-serve", help="prepare a checkpoint in process and serve it (fault diagnosis only)")
     d.add_argument("checkpoint", help="checkpoint folder with weights")
     d.add_argument("--eager", action="store_true", help="skip torch.compile while preparing (the served steps are built from the core as `flare run` "
@@ -263,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     return args.func(args)
 
 

@@ -56,13 +56,16 @@ class ReplayBench:
     """One core, its decode steps prepared for ``capacities`` at ``context`` (+ ``extra`` decode steps)."""
 
     def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
-                 device: str = "cuda", graph: bool | None = None):
+                 device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None):
+        """``prefill``: prefill chunk sizes (tokens) to prepare beside the decode steps (each must be declared
+        by the core's catalog); ``rows``: KV rows to allocate (default the largest capacity, at least 1)."""
         import torch
 
         from ignition.preparation import _recipe_model, load_prepared
         from ignition.recipes.registry import load_recipe
 
         self.core, self.capacities, self.context, self.device = core, tuple(capacities), context, device
+        self.prefill = tuple(prefill)
         self.model, self.loaded = load_prepared(core, device=device)
         m = self.loaded.manifest
         self.manifest, self.page = m, m.kv_layout.page_size
@@ -70,9 +73,15 @@ class ReplayBench:
         missing = [c for c in self.capacities if c not in declared]
         if missing:
             raise ValueError(f"--capacities {missing} are not in the core's catalog {list(declared)}")
+        chunks = tuple(m.graph_catalog.prefill_chunk_sizes)
+        missing = [c for c in self.prefill if c not in chunks]
+        if missing:
+            raise ValueError(f"--prefill-chunk-size {missing} not declared by the core's catalog "
+                             f"(prefill chunks {list(chunks)})")
         self.max_context = context + extra + 1
         self.pages_per_row = math.ceil(self.max_context / self.page)
-        self.model.allocate_kv_cache(max(self.capacities) * self.pages_per_row, self.page, self.max_context)
+        self.rows = rows or max(self.capacities, default=1)
+        self.model.allocate_kv_cache(self.rows * self.pages_per_row, self.page, self.max_context)
         _, module = _recipe_model(load_recipe(m.recipe.name))
         self.compiled = compile
         self.graphs = self._prepare(module, compile, graph)
@@ -80,7 +89,7 @@ class ReplayBench:
         torch.manual_seed(0)
 
     def _prepare(self, module, compile: bool, graph: bool | None):
-        graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=())
+        graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill)
         graphs.tune()
         if compile:
             graphs.compile()
@@ -110,6 +119,30 @@ class ReplayBench:
                 "positions": pos, "slot_mapping": slots, "block_tables": bt,
                 "seq_lens": torch.full((capacity,), position + 1, dtype=torch.long, device=dev),
                 "active_rows": torch.ones(capacity, dtype=torch.bool, device=dev)}
+
+    def prefill_inputs(self, row: int, tokens, start: int) -> dict:
+        """One prefill chunk of ``tokens`` for ``row`` (its pages as in :meth:`inputs`) at positions ``start..``."""
+        import torch
+
+        from ignition.components.attention import slot_mapping_for
+
+        dev, n = self.model.device, len(tokens)
+        bt = torch.arange(row * self.pages_per_row, (row + 1) * self.pages_per_row, dtype=torch.int32).view(1, -1)
+        pos = torch.arange(start, start + n, dtype=torch.long).view(1, n)
+        slots = slot_mapping_for(bt, pos, torch.ones_like(pos, dtype=torch.bool), self.page)
+        return {"input_ids": torch.as_tensor(list(tokens), dtype=torch.long).view(1, n).to(dev),
+                "positions": pos.to(dev), "slot_mapping": slots.to(dev), "block_tables": bt.to(dev),
+                "seq_lens": torch.tensor([start + n], dtype=torch.long, device=dev),
+                "active_rows": torch.ones(1, dtype=torch.bool, device=dev)}
+
+    def prefill_row(self, row: int, tokens, chunk: int | None = None) -> None:
+        """Write ``row``'s KV for ``tokens`` (positions 0..) by running the prepared ``chunk``-token prefill
+        step over them (the last chunk padded).  Advances the sampling state of slot 0, as every prefill does."""
+        chunk = chunk or max(self.prefill)
+        step = self.graphs.step("prefill", 1, chunk)
+        tokens = list(tokens)
+        for start in range(0, len(tokens), chunk):
+            step.run(**self.prefill_inputs(row, tokens[start:start + chunk], start))
 
     def seed_tokens(self, capacity: int, seed: int) -> list[int]:
         import random
