@@ -1,7 +1,12 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline] [--check-compiled --steps 256] [--out DIR] [--no-archive] [--device cuda|cpu]``
+[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--out DIR] [--no-archive]
+[--device cuda|cpu]``
+
+``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
+``W`` -- the pending token plus ``W - 1`` proposals per row -- timed the same way, with the ratio to decode
+at the same ``B`` (graph rounds per second = 1 / the round median).
 
 For each capacity ``B`` and seed the core is loaded as the runtime loads it (``load_prepared``), its
 decode steps are prepared, tuned, compiled (unless ``--eager``) and captured into one graph pool, every
@@ -56,7 +61,8 @@ class ReplayBench:
     """One core, its decode steps prepared for ``capacities`` at ``context`` (+ ``extra`` decode steps)."""
 
     def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
-                 device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None):
+                 device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None,
+                 widths=()):
         """``prefill``: prefill chunk sizes (tokens) to prepare beside the decode steps (each must be declared
         by the core's catalog); ``rows``: KV rows to allocate (default the largest capacity, at least 1)."""
         import torch
@@ -66,6 +72,7 @@ class ReplayBench:
 
         self.core, self.capacities, self.context, self.device = core, tuple(capacities), context, device
         self.prefill = tuple(prefill)
+        self.widths = tuple(widths)  # speculative round widths prepared beside each decode capacity
         self.model, self.loaded = load_prepared(core, device=device)
         m = self.loaded.manifest
         self.manifest, self.page = m, m.kv_layout.page_size
@@ -78,7 +85,7 @@ class ReplayBench:
         if missing:
             raise ValueError(f"--prefill-chunk-size {missing} not declared by the core's catalog "
                              f"(prefill chunks {list(chunks)})")
-        self.max_context = context + extra + 1
+        self.max_context = context + extra + max(self.widths, default=1)
         self.pages_per_row = math.ceil(self.max_context / self.page)
         self.rows = rows or max(self.capacities, default=1)
         self.model.allocate_kv_cache(self.rows * self.pages_per_row, self.page, self.max_context)
@@ -90,6 +97,10 @@ class ReplayBench:
 
     def _prepare(self, module, compile: bool, graph: bool | None):
         graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill)
+        if self.widths:
+            from ignition.graphs.rounds import prepare_rounds
+
+            prepare_rounds(graphs, self.capacities, self.widths)
         graphs.tune()
         if compile:
             graphs.compile()
@@ -143,6 +154,27 @@ class ReplayBench:
         tokens = list(tokens)
         for start in range(0, len(tokens), chunk):
             step.run(**self.prefill_inputs(row, tokens[start:start + chunk], start))
+
+    def time_round(self, capacity: int, width: int, seed: int, samples: int, warmup: int) -> list[float]:
+        """A verification round of ``capacity`` rows at ``width``: the pending token plus ``width - 1``
+        proposals per row at ``context``.  The round's work does not depend on what is accepted (static
+        shapes): each replay rewrites the same slots; the rows' sampling counters advance."""
+        import torch
+
+        from qualify.timing import time_samples
+
+        self.fill_context(seed)
+        step = self.graphs.step("round", capacity, width)
+        dev, page = self.model.device, self.page
+        bt = torch.arange(capacity * self.pages_per_row, dtype=torch.int32, device=dev).view(capacity, -1)
+        pos = self.context + torch.arange(width, device=dev)[None].expand(capacity, width)
+        slots = torch.gather(bt.long(), 1, pos // page) * page + pos % page
+        tokens = torch.tensor(self.seed_tokens(capacity * width, seed), device=dev).view(capacity, width)
+        step.load(input_ids=tokens, positions=pos, slot_mapping=slots, block_tables=bt,
+                  seq_lens=torch.full((capacity,), self.context + width, dtype=torch.long, device=dev),
+                  active_rows=torch.ones(capacity, dtype=torch.bool, device=dev))
+        step.load_drafts(tokens[:, 1:], torch.full((capacity,), width - 1, dtype=torch.long, device=dev))
+        return time_samples(step.execute, samples=samples, warmup=warmup, device=self.device)
 
     def seed_tokens(self, capacity: int, seed: int) -> list[int]:
         import random
@@ -231,7 +263,8 @@ def run(args) -> dict:
 
     cuda = args.device.startswith("cuda")
     bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
-                        device=args.device, extra=args.steps if args.check_compiled else 0)
+                        device=args.device, extra=args.steps if args.check_compiled else 0,
+                        widths=_caps(args.widths))
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
@@ -249,6 +282,19 @@ def run(args) -> dict:
                            ratio=s["median_ms"] / 1e3 / floor["floor_s"])
             samples.append(rec)
             cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
+    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases}
+    for cap in bench.capacities:
+        for width in bench.widths:
+            for seed in _caps(args.seeds):
+                raw = bench.time_round(cap, width, seed, args.samples, args.warmup)
+                s = summarize(raw)
+                case = {"tool": "gpu_replay.round", "core": name, "capacity": cap, "width": width,
+                        "context": args.context, "compiled": bench.compiled,
+                        "graph": "captured" if cuda else "eager-launch"}
+                rec = {"case": case, "seed": seed, "replay_s": raw, **s,
+                       "vs_decode": s["median_ms"] / decode_median[cap]}
+                samples.append(rec)
+                cases.append({k: v for k, v in rec.items() if k != "replay_s"})
     out = {"core": args.core, "device": args.device, "cases": cases}
     if args.timeline:
         if not cuda:
@@ -273,11 +319,17 @@ def run(args) -> dict:
 
 def _print(out: dict) -> None:
     print(f"{'capacity':>8} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'floor ms':>9} {'ratio':>6}")
-    for c in out["cases"]:
+    for c in (c for c in out["cases"] if c["case"]["tool"] == "gpu_replay"):
         floor = f"{c['floor_s'] * 1e3:9.4f}" if "floor_s" in c else f"{'-':>9}"
         ratio = f"{c['ratio']:6.3f}" if "ratio" in c else f"{'-':>6}"
         print(f"{c['case']['capacity']:>8} {c['seed']:>4} {c['median_ms']:10.4f} {c['min_ms']:8.4f} "
               f"{c['max_ms']:8.4f} {floor} {ratio}")
+    rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]
+    if rounds:
+        print(f"{'capacity':>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'vs decode':>9}")
+        for c in rounds:
+            print(f"{c['case']['capacity']:>8} {c['case']['width']:>5} {c['seed']:>4} {c['median_ms']:10.4f} "
+                  f"{c['min_ms']:8.4f} {c['max_ms']:8.4f} {c['vs_decode']:9.3f}")
     for t in out.get("timeline", []):
         print(t["table"])
     for c in out.get("check_compiled", []):
@@ -297,6 +349,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--check-compiled", action="store_true")
     p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
+                                                "(each also against decode at the same batch)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="results root (default <repo>/results)")
     p.add_argument("--no-archive", action="store_true")

@@ -20,7 +20,7 @@ def core():
 
 def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_path, capsys):
     rc = gpu_replay.main(["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
-                          "--seeds", "0,1", "--check-compiled", "--steps", "4", "--device", "cpu",
+                          "--seeds", "0,1", "--check-compiled", "--steps", "4", "--device", "cpu", "--widths", "1,2",
                           "--out", str(tmp_path)])
     assert rc == 0
     (run,) = tmp_path.iterdir()
@@ -28,6 +28,9 @@ def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_pa
     timed = [s for s in samples if s["case"]["tool"] == "gpu_replay"]
     assert [s["seed"] for s in timed] == [0, 1]
     assert all(len(s["replay_s"]) == 4 and all(t > 0 for t in s["replay_s"]) for s in timed)
+    rounds = [s for s in samples if s["case"]["tool"] == "gpu_replay.round"]
+    assert sorted((s["case"]["width"], s["seed"]) for s in rounds) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert all(len(s["replay_s"]) == 4 and s["vs_decode"] > 0 for s in rounds)
     (check,) = [s for s in samples if s["case"]["tool"] == "gpu_replay.check_compiled"]
     assert check["passed"] and check["result"]["compiled_vs_uncompiled"]["kv_bytewise"]
     assert "PASS" in capsys.readouterr().out
