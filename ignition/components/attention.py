@@ -19,6 +19,12 @@ masked, softmax in fp32 rounded to the activation dtype, ``@ v``.  GQA shares ea
 query-head group by reshaping the queries (no K/V repetition).  It attends over the full block-table
 width every step (the price of static shapes on this reference path); kernels that stop at
 ``seq_len`` belong to the Triton/FlashInfer backends.
+
+``TritonPagedAttention`` (attention backend "triton", selected only when asked for) writes K/V the same way;
+decode steps (T == 1) go to ``flare::paged_decode_attention`` -- a flash-decoding Triton kernel on CUDA that
+reads only the first ``seq_lens[b]`` keys of each row (fp32 scores, softmax and P @ V; output rounded once),
+a PyTorch implementation of the same numerics on CPU -- and prefill/verify steps (T > 1) go to
+``flare::paged_attention``, the reference above (its declared prefill path, not a fallback chosen at run time).
 """
 
 from __future__ import annotations
@@ -109,6 +115,10 @@ class AttentionBatch:
     visible: torch.Tensor  # [B, 1, 1, T, S] bool: key j visible to query t
     valid: torch.Tensor  # [B, T] bool: real (written, attended) tokens
     active: torch.Tensor  # [B] bool
+    # [B] int64: context length after this step, clamped to [0, S], 0 for inactive rows.  In decode (T == 1) the
+    # query sits at position seq_len - 1, so this is the number of keys it sees (``visible.sum(-1)``).  None for
+    # batches built without it; :class:`TritonPagedAttention` then counts ``visible``.
+    seq_lens: torch.Tensor | None = None
 
     @classmethod
     def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -122,7 +132,14 @@ class AttentionBatch:
         key = torch.arange(s, device=positions.device)
         visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
         visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
-        return cls(cache, slots, block_tables, visible, valid, active)
+        lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
+        return cls(cache, slots, block_tables, visible, valid, active, lens)
+
+    def decode_lens(self) -> torch.Tensor:
+        """``[B]`` int64: keys visible to each row's (single) decode query; static-shape, no host sync."""
+        if self.seq_lens is not None:
+            return self.seq_lens
+        return self.visible[:, 0, 0, -1, :].sum(dim=-1)
 
 
 class PyTorchPagedAttention:
@@ -181,3 +198,85 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     """Opaque to Inductor: reads ``q``, one layer's pools, the block tables and the visibility mask; returns a
     new contiguous ``[B, T, H * D]``."""
     return paged_attention_reference(q, k_pool, v_pool, block_tables, visible, scaling).contiguous()
+
+
+# ---------------------------------------------------------------- decode attention that stops at seq_len
+
+def paged_decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                     scaling: float) -> torch.Tensor:
+    """The numerics of the Triton decode kernel in PyTorch: ``q [B, 1, H, D]``, pools ``[pages + 1, page, KV, D]``,
+    ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]`` in q's dtype.  Row b attends keys
+    ``0 .. min(seq_lens[b], P * page) - 1``; scores, softmax and ``P @ V`` in fp32 (probabilities are not rounded
+    to q's dtype, unlike :func:`paged_attention_reference`), the output rounded once; a row with no keys
+    (seq_lens 0: inactive) is zeros.  It gathers the full block-table width (static shapes) and masks the keys
+    past seq_len (scores -inf, values 0: whatever the pool holds there never reaches the output)."""
+    b, t, h, d = q.shape
+    if t != 1:
+        raise ValueError(f"paged_decode_attention: one query token per row, got T={t}")
+    kvh = k_pool.shape[-2]
+    g = h // kvh
+    p = block_tables.shape[1]
+    idx = block_tables.long()
+    s = p * k_pool.shape[1]
+    key = torch.arange(s, device=q.device)
+    keep = key[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, S]
+    k_ctx = k_pool[idx].view(b, s, kvh, d).float()
+    v_ctx = torch.where(keep[:, :, None, None], v_pool[idx].view(b, s, kvh, d).float(), 0.0)
+    qg = q.view(b, kvh, g, d).float()  # head h = kv * G + g
+    scores = torch.matmul(qg, k_ctx.permute(0, 2, 3, 1)) * scaling  # [B, KV, G, S]
+    scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True)
+    e = torch.exp(scores - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))  # empty rows: all 0
+    denom = e.sum(dim=-1, keepdim=True)
+    out = torch.matmul(e, v_ctx.transpose(1, 2))  # [B, KV, G, D]
+    out = torch.where(denom > 0, out / torch.where(denom > 0, denom, torch.ones_like(denom)), 0.0)
+    return out.reshape(b, 1, h * d).to(q.dtype)
+
+
+def _paged_decode_attention_fake(q, k_pool, v_pool, block_tables, seq_lens, scaling):
+    b, t, h, d = q.shape
+    return q.new_empty((b, t, h * d))
+
+
+@opaque_op("paged_decode_attention", mutates_args=(), fake=_paged_decode_attention_fake)
+def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Decode attention (one query token per row) over each row's first ``seq_lens[b]`` keys: reads ``q [B, 1, H,
+    D]``, one layer's pools, the block tables and ``seq_lens [B]``; returns a new contiguous ``[B, 1, H * D]``
+    (zeros for rows with seq_lens 0).  CUDA: the Triton flash-decoding kernel (work proportional to seq_lens, not
+    to the block-table width; its fp32 split workspaces are allocated per call from the caching allocator, so
+    the call is capturable); elsewhere :func:`paged_decode_attention_reference` (same numerics)."""
+    return paged_decode_attention_reference(q, k_pool, v_pool, block_tables, seq_lens, scaling).contiguous()
+
+
+@paged_decode_attention.register_kernel("cuda")
+def _paged_decode_attention_cuda(q, k_pool, v_pool, block_tables, seq_lens, scaling):
+    from ignition.components.triton_kernels import paged_decode_attention_triton  # imports triton: CUDA only
+
+    return paged_decode_attention_triton(q, k_pool, v_pool, block_tables, seq_lens, scaling)
+
+
+class TritonPagedAttention(PyTorchPagedAttention):
+    """Attention backend "triton": the KV write of :class:`PyTorchPagedAttention`; decode steps (T == 1) through
+    ``flare::paged_decode_attention`` (reads each row's ``seq_lens`` keys only: decode cost follows the context,
+    not the graph's maximum context); prefill, chunked-prefill and verify steps (T > 1) through
+    ``flare::paged_attention`` -- the declared prefill path of this backend (no Triton prefill kernel yet), chosen
+    from the static shape T, never at run time from data.
+
+    Numerics differ from "pytorch" in decode: fp32 scores and probabilities (the reference rounds scores and
+    probabilities to bf16) and the kernel's own split/reduction order.  Not yet run on a GPU: the registry
+    ranks it below "pytorch", so it serves only when asked for by name."""
+
+    name = "triton"
+    features = frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"})
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 batch: AttentionBatch) -> torch.Tensor:
+        b, t = q.shape[:2]
+        if t != 1:  # prefill / verify: the reference op (declared prefill path, see the class doc)
+            return super().__call__(layer, q, k, v, batch)
+        kvh, d = self.num_kv_heads, self.head_dim
+        batch.cache.write(layer, k.reshape(b, kvh, d), v.reshape(b, kvh, d), batch.slots)
+        return paged_decode_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
+                                      batch.decode_lens(), self.scaling)

@@ -47,9 +47,12 @@ def test_import_probes_nothing():
 
 def test_declarations():
     attention = {b.name: b for b in REGISTRY.of_kind("attention")}
-    assert list(attention) == ["b12x", "flashinfer", "triton", "torch"]  # priority order
+    assert list(attention) == ["b12x", "flashinfer", "torch", "triton"]  # priority order
     assert attention["torch"].gpu_classes == set(backends.GPU_CLASSES)
     assert attention["torch"].load().__name__ == "PyTorchPagedAttention"
+    # "triton" has not run on a GPU yet: below "torch" (which qualifies wherever it does), so explicit only
+    assert attention["triton"].priority < attention["torch"].priority
+    assert attention["triton"].load().__name__ == "TritonPagedAttention"
     assert attention["triton"].gpu_classes == {"sm90", "sm100", "sm120", "sm121"}
     assert attention["flashinfer"].gpu_classes == {"sm90", "sm100"}
     assert attention["b12x"].gpu_classes == {"sm120", "sm121"}
@@ -71,7 +74,7 @@ def test_cpu_selects_torch_and_logs_why(registry, caplog, no_module):
     [record] = [r for r in caplog.records if r.name == LOGGER]
     msg = record.getMessage()
     assert record.levelno == logging.INFO and "'torch' selected on cpu" in msg and "dtype bfloat16" in msg
-    assert "skipped b12x (GPU class cpu not supported" in msg and "triton (GPU class cpu not supported" in msg
+    assert "skipped b12x (GPU class cpu not supported" in msg and "flashinfer (GPU class cpu not supported" in msg
 
 
 def test_sampling_selects_the_in_graph_sampler(registry, caplog):
@@ -102,8 +105,10 @@ def test_no_silent_fallback_on_gpu(registry, no_module, fake_module):
     with pytest.raises(BackendUnavailable, match="module 'b12x' not importable") as err:
         registry.select("attention", "sm120", prefer="b12x")
     assert all("triton" not in m and "torch" not in m for m in err.value.missing)
-    # Without a preference the choice is the best qualifying backend, and the skip is stated.
-    assert registry.select("attention", "sm120").name == "triton"
+    # Without a preference the choice is the best qualifying backend, and the skip is stated ("triton" ranks
+    # below "torch": it serves only when asked for by name).
+    assert registry.select("attention", "sm120").name == "torch"
+    assert registry.select("attention", "sm120", prefer="triton").name == "triton"
 
 
 def test_gpu_class_routing(registry, fake_module, no_module):
@@ -121,7 +126,8 @@ def test_gpu_class_routing(registry, fake_module, no_module):
         registry.select("attention", "sm120", {"features": {"softcap"}})  # none on SM120 has it
     no_module("b12x")  # probes are cached per registry: ask a fresh one
     fresh = BackendRegistry(dict(REGISTRY.backends))
-    assert fresh.select("attention", "sm120", {"features": {"paged_decode"}}).name == "triton"
+    assert fresh.select("attention", "sm120", {"features": {"paged_decode"}}).name == "torch"
+    assert fresh.select("attention", "sm120", {"features": {"paged_decode"}}, prefer="triton").name == "triton"
     with pytest.raises(BackendUnavailable, match="features not supported: mla") as err:
         registry.select("attention", "sm90", {"features": {"mla"}})
     assert err.value.backend == "<any>" and len(err.value.missing) == 4
