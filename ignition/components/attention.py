@@ -187,12 +187,13 @@ def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: tor
     return out.view(b, kvh, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, kvh * g * d)
 
 
-def _paged_attention_fake(q, k_pool, v_pool, block_tables, visible, scaling):
+def _attention_output_fake(q, *_):
+    """Fake (meta) output of the attention ops: ``[B, T, H * D]`` like ``q [B, T, H, D]``."""
     b, t, h, d = q.shape
     return q.new_empty((b, t, h * d))
 
 
-@opaque_op("paged_attention", mutates_args=(), fake=_paged_attention_fake)
+@opaque_op("paged_attention", mutates_args=(), fake=_attention_output_fake)
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                     visible: torch.Tensor, scaling: float) -> torch.Tensor:
     """Opaque to Inductor: reads ``q``, one layer's pools, the block tables and the visibility mask; returns a
@@ -234,12 +235,7 @@ def paged_decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_po
     return out.reshape(b, 1, h * d).to(q.dtype)
 
 
-def _paged_decode_attention_fake(q, k_pool, v_pool, block_tables, seq_lens, scaling):
-    b, t, h, d = q.shape
-    return q.new_empty((b, t, h * d))
-
-
-@opaque_op("paged_decode_attention", mutates_args=(), fake=_paged_decode_attention_fake)
+@opaque_op("paged_decode_attention", mutates_args=(), fake=_attention_output_fake)
 def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scaling: float) -> torch.Tensor:
     """Decode attention (one query token per row) over each row's first ``seq_lens[b]`` keys: reads ``q [B, 1, H,
