@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(prompt lookup), verified by captured round graphs; greedy output is unchanged")
     r.add_argument("--speculative-width", type=int, default=4,
                    help="verification width W: the pending token + up to W-1 proposals (2..8, default 4)")
+    r.add_argument("--attention", default=None,
+                   help="attention backend by name (torch, triton, ...; default: the recipe's); refused at start, "
+                        "with the reason, where it cannot run")
     r.add_argument("--eager", action="store_true",
                    help="CUDA: capture the uncompiled prepared steps (default: torch.compile them, then capture)")
     return p
@@ -59,7 +62,8 @@ def engine_config(args):
                         queue_timeout_s=args.queue_timeout, prefix_cache=not args.no_prefix_cache,
                         gpu_memory_fraction=args.gpu_memory_fraction,
                         embedding_table_storage=args.embedding_table_storage, compile=not args.eager,
-                        speculative=args.speculative, speculative_width=args.speculative_width)
+                        speculative=args.speculative, speculative_width=args.speculative_width,
+                        attention=args.attention)
 
 
 def _serve(args) -> int:

@@ -188,10 +188,13 @@ def prepared_tensors(model):
         yield name, tensor.detach().to("cpu")
 
 
-def load_prepared(core_path: str, device: str = "cpu", verify: bool = True, host_embedding: bool = False):
+def load_prepared(core_path: str, device: str = "cpu", verify: bool = True, host_embedding: bool = False,
+                  attention_backend: str | None = None):
     """A core -> (the prepared model, the loaded core); nothing from preparation is needed.  With
     ``host_embedding`` the model takes ``input_embeds`` and its embedding table is neither allocated on
-    ``device`` nor read (unless a tied ``lm_head`` needs it): the caller gathers rows from the core."""
+    ``device`` nor read (unless a tied ``lm_head`` needs it): the caller gathers rows from the core.
+    ``attention_backend``: a registered attention backend by name (``ignition.components.backends``; default the
+    recipe's own), refused with the reason where it cannot run."""
     import torch
     from transformers import Qwen3Config
 
@@ -205,7 +208,7 @@ def load_prepared(core_path: str, device: str = "cpu", verify: bool = True, host
     from ignition.core import core_pb2 as pb
 
     g = m.geometry
-    extra = {}
+    extra = {"attention_backend": attention_backend} if attention_backend else {}
     if host_embedding:
         if not hasattr(model_cls, "embedding_weight_name"):
             raise ExportError(f"recipe {recipe.name} cannot take its embedding rows from the host")

@@ -62,7 +62,7 @@ class ReplayBench:
 
     def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
                  device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None,
-                 widths=()):
+                 widths=(), attention: str | None = None):
         """``prefill``: prefill chunk sizes (tokens) to prepare beside the decode steps (each must be declared
         by the core's catalog); ``rows``: KV rows to allocate (default the largest capacity, at least 1)."""
         import torch
@@ -73,7 +73,7 @@ class ReplayBench:
         self.core, self.capacities, self.context, self.device = core, tuple(capacities), context, device
         self.prefill = tuple(prefill)
         self.widths = tuple(widths)  # speculative round widths prepared beside each decode capacity
-        self.model, self.loaded = load_prepared(core, device=device)
+        self.model, self.loaded = load_prepared(core, device=device, attention_backend=attention)
         m = self.loaded.manifest
         self.manifest, self.page = m, m.kv_layout.page_size
         declared = tuple(m.graph_catalog.decode_capacities)
@@ -264,7 +264,7 @@ def run(args) -> dict:
     cuda = args.device.startswith("cuda")
     bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
                         device=args.device, extra=args.steps if args.check_compiled else 0,
-                        widths=_caps(args.widths))
+                        widths=_caps(args.widths), attention=args.attention)
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
@@ -274,6 +274,7 @@ def run(args) -> dict:
             raw = bench.time_case(cap, seed, args.samples, args.warmup)
             s = summarize(raw)
             case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
+                    "attention": args.attention or "recipe default",
                     "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch"}
             rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
             if floor is not None:
@@ -349,6 +350,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--check-compiled", action="store_true")
     p.add_argument("--steps", type=int, default=256)
+    p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
+                                                      "e.g. triton; default: the recipe's")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
                                                 "(each also against decode at the same batch)")
     p.add_argument("--device", default=None)
@@ -361,13 +364,14 @@ def main(argv=None) -> int:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.context < 1 or args.samples < 1:
         p.error("--context and --samples must be >= 1")
+    from ignition.components.backends import BackendUnavailable
     from qualify.archive import new_run_dir, write_run
 
     run_dir = new_run_dir(args.out, "gpu-replay")
     args.timeline_dir = Path(tempfile.mkdtemp(prefix="flare-timeline-"))
     try:
         out = run(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, BackendUnavailable) as exc:
         print(f"gpu_replay: error: {exc}", file=sys.stderr)
         return 2
     _print(out)

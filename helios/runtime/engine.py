@@ -52,6 +52,7 @@ class EngineConfig:
     compile: bool = True  # CUDA: torch.compile the prepared steps before capture (``flare run --eager``: no)
     speculative: str | None = None  # "ngram": prompt-lookup proposals verified by round graphs (rounds.py)
     speculative_width: int = 4  # verification width W: the pending token + up to W - 1 proposals
+    attention: str | None = None  # attention backend by name (ignition.components.backends); None: the recipe's
 
     def __post_init__(self):
         from .embeddings import STORAGES
@@ -288,6 +289,7 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     from helios.frontend.frontend import Frontend
     from helios.frontend.tokens import PromptTokenizer
     from ignition.core import CoreFormatError
+    from ignition.components.backends import BackendUnavailable
     from ignition.preparation import ExportError, load_prepared
 
     path = Path(core_path)
@@ -297,7 +299,10 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     cuda = device.startswith("cuda")
     storage = config.embedding_table_storage
     try:
-        model, core = load_prepared(str(path), device=device, host_embedding=storage != "device")
+        model, core = load_prepared(str(path), device=device, host_embedding=storage != "device",
+                                    attention_backend=config.attention)
+    except BackendUnavailable as e:
+        raise EngineStartError(f"--attention {config.attention}: {e}") from e
     except (CoreFormatError, ExportError, OSError, KeyError, ValueError) as e:
         raise EngineStartError(f"{core_path}: cannot serve this core: {e}") from e
     m = core.manifest

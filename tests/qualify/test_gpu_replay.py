@@ -54,3 +54,10 @@ def test_check_compiled_catches_a_planted_logit_defect(core, monkeypatch):
     assert not result["passed"]
     assert not result["compiled_vs_uncompiled"]["logits_bytewise"]
     assert result["repeatability"]["logits_bytewise"]
+
+
+def test_an_attention_backend_that_cannot_run_here_is_refused_by_name(core, capsys):
+    rc = gpu_replay.main(["--core", core, "--capacities", "1", "--context", "20", "--samples", "2", "--device", "cpu",
+                          "--attention", "triton", "--no-archive"])
+    assert rc == 2
+    assert "attention backend 'triton' unavailable on cpu" in capsys.readouterr().err

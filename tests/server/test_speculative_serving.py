@@ -65,3 +65,10 @@ def test_unsupported_speculative_sources_fail_at_start():
         EngineConfig(speculative="self")
     with pytest.raises(ValueError, match="--speculative-width"):
         EngineConfig(speculative="ngram", speculative_width=9)
+
+
+def test_an_attention_backend_that_cannot_run_here_fails_at_start():
+    from helios.runtime.engine import EngineStartError
+
+    with pytest.raises(EngineStartError, match="--attention triton: attention backend 'triton' unavailable on cpu"):
+        load_engine(default_core(), EngineConfig(kv_tokens=1024, max_context=256, device="cpu", attention="triton"))

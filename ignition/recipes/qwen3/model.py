@@ -126,6 +126,12 @@ def validate_config(config: Qwen3Config) -> None:
         raise CheckpointError("config.json num_attention_heads must be a multiple of num_key_value_heads")
 
 
+def _gpu_class(device) -> str:
+    from conformance.gpu import detect_gpu_class
+
+    return "cpu" if torch.device(device).type != "cuda" else detect_gpu_class()
+
+
 class PreparedQwen3(nn.Module):
     """A Qwen3 causal LM prepared for paged, static-shape steps.
 
@@ -149,6 +155,12 @@ class PreparedQwen3(nn.Module):
         self.config, self.quant, self.dtype = config, quant, dtype
         formats = formats or {}
         fmt = lambda name: formats.get(name, BF16)  # noqa: E731
+        attention_cls = PyTorchPagedAttention
+        if isinstance(attention_backend, str):  # a registered backend by name: refused with the reason if unusable
+            from ignition.components.backends import select
+
+            attention_cls = select("attention", gpu_class=_gpu_class(device), prefer=attention_backend).load()
+            attention_backend = None
         with torch.device("meta"):
             hf = Qwen3ForCausalLM(config).to(dtype)
             hd = hf.model.layers[0].self_attn.head_dim if config.num_hidden_layers else config.head_dim
@@ -158,7 +170,7 @@ class PreparedQwen3(nn.Module):
             for i, layer in enumerate(hf.model.layers):
                 p = f"model.layers.{i}"
                 attn = layer.self_attn
-                backend = attention_backend or PyTorchPagedAttention(
+                backend = attention_backend or attention_cls(
                     config.num_attention_heads, config.num_key_value_heads, hd, attn.scaling)
                 qkv = PackedProjection(h, (n_h, kv, kv), [fmt(f"{p}.self_attn.{n}_proj") for n in "qkv"],
                                        bias=bias, **kw)
