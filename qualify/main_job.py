@@ -1,7 +1,12 @@
 """``flare qualify``: the main job.
 
-For now it runs the CPU conformance subset (every recipe whose assets are present, plus the
-embedded default that needs none), archives the run under ``results/`` and prints a summary.
+1. The conformance matrix this machine supports (every recipe whose assets are present, plus the embedded
+   default that needs none; on a GPU the ``gpu`` cases of its class too), archived under ``results/``.
+2. With a CUDA GPU: ``qualify.gpu_replay`` on the embedded default core (decode capacities 1 and 4 against
+   the measured floor, compiled vs uncompiled over 256 steps), archived; then the comparison with the GPU
+   class's accepted baseline (``results/baselines/<class>.json``) by ``qualify.report``, whose Markdown/PNG
+   location is printed -- or, without a baseline, how to accept this run as one.  On a machine without CUDA
+   these stages are skipped and the summary says so.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ def run(recipe: str | None = None, results: str | None = None, workers: str | No
     before = {p.name for p in root.iterdir()}
     if hub_cache:
         os.environ["FLARE_TEST_HUB_CACHE"] = hub_cache
-    args = [str(REPO_ROOT / "conformance"), "-m", "not gpu and not benchmark", "-q", "-p", "no:cacheprovider",
+    import torch
+
+    cuda = torch.cuda.is_available()
+    marker = "not benchmark" if cuda else "not gpu and not benchmark"
+    args = [str(REPO_ROOT / "conformance"), "-m", marker, "-q", "-p", "no:cacheprovider",
             "--flare-results", str(root), "--rootdir", str(REPO_ROOT)]
     if recipe:
         args += ["-k", recipe]
@@ -39,7 +48,39 @@ def run(recipe: str | None = None, results: str | None = None, workers: str | No
         print("flare qualify: no run was archived", file=sys.stderr)
         return int(code) or 1
     print_summary(new[-1], time.time() - started)
-    return int(code)
+    if not cuda:
+        print("\nGPU stages (gpu_replay on the default core, baseline comparison): skipped -- no CUDA device here")
+        return int(code)
+    return max(int(code), gpu_stages(root))
+
+
+def gpu_stages(root: Path) -> int:
+    """gpu_replay on the embedded default core, archived; the comparison with the class baseline."""
+    from helios.runtime.engine import default_core
+    from qualify import gpu_replay
+    from qualify.report import ReportError, class_baseline, compare, write_report
+
+    before = {p.name for p in root.iterdir()}
+    rc = gpu_replay.main(["--core", str(default_core()), "--capacities", "1,4", "--context", "256", "--samples", "100",
+                          "--seeds", "0,1", "--check-compiled", "--steps", "256", "--out", str(root)])
+    runs = sorted(p for p in root.iterdir() if p.name not in before and p.name.endswith("-gpu-replay"))
+    if not runs:
+        print("flare qualify: gpu_replay archived nothing", file=sys.stderr)
+        return rc or 1
+    env = json.loads((runs[-1] / "environment.json").read_text())
+    cls = env["gpu"]["gpu_class"]
+    baseline = class_baseline(cls)
+    if baseline is None:
+        print(f"\nno accepted baseline for {cls}: to accept this run, write results/baselines/{cls}.json as "
+              f'{{"run": "{runs[-1].name}"}}')
+        return rc
+    try:
+        paths = write_report(compare(baseline, runs[-1]), runs[-1] / "report")
+    except ReportError as e:
+        print(f"flare qualify: baseline comparison failed: {e}", file=sys.stderr)
+        return rc or 1
+    print(f"\nbaseline comparison ({cls}: {baseline} -> {runs[-1].name}): {paths['markdown']}")
+    return rc
 
 
 def print_summary(run_dir: Path, elapsed: float) -> None:
