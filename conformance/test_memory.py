@@ -1,0 +1,128 @@
+"""GPU memory invariants of a captured catalog (issue 4 §3/§4), per recipe x GPU class:
+
+- **allocation stability**: 10,000 replays alternating every decode capacity, with inactive rows, make no
+  allocation at all (the caching allocator's ``allocation.all.allocated`` counter and reserved bytes unchanged);
+- **poisoned scratch**: between replays every segment of the graphs' private pool (their intermediates and
+  workspaces: inputs, outputs, KV pool and sampling state live outside it) is filled with NaN bytes (0xFF); the
+  outputs of the next replays are bytewise those of an unpoisoned run -- every graph writes its scratch before
+  reading it.
+
+The catalog is the recipe's tiny checkpoint (qwen3: the embedded default), compiled and captured like a served
+core.  CUDA only.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from .registry import graph_cases
+
+CASES = [c for c in graph_cases() if c.capacity == 1]  # one case per recipe x class: the catalog takes them all
+REPLAYS = 10_000
+PAGE = 16
+
+
+def _catalog(recipe: str):
+    import torch
+
+    from ignition.checkpoints import embedded_default_checkpoint
+
+    module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
+    if not hasattr(module, "MODEL") or recipe != "qwen3":
+        pytest.skip(f"recipe {recipe} has no prepared model with a tiny checkpoint yet")
+    path, name = module.MODEL.split(":")
+    cls = getattr(importlib.import_module(path), name)
+    model = cls.from_pretrained(embedded_default_checkpoint(), device="cuda")
+    caps = module.DECODE_CAPACITIES
+    model.allocate_kv_cache(num_pages=max(caps) * 8 + 8, page_size=PAGE, max_context=8 * PAGE)
+    graphs = module.graph_catalog().prepare(model, decode=caps, prefill=(module.PREFILL_CHUNKS[0],))
+    graphs.compile().capture()
+    torch.cuda.synchronize()
+    return graphs, caps
+
+
+def _inputs(capacity: int, step: int, width: int):
+    """Host tensors for a decode step of ``capacity`` rows, every third row inactive (row r owns pages 8r..)."""
+    import torch
+
+    act = torch.tensor([r % 3 != 1 for r in range(capacity)])
+    pos = torch.full((capacity, 1), 20 + step % 40)
+    bt = torch.stack([torch.arange(8 * r, 8 * r + width, dtype=torch.int32) for r in range(capacity)])
+    slots = torch.where(act[:, None], bt[:, :1].long() * PAGE + pos, -1)
+    ids = torch.tensor([[(r * 31 + step) % 4000 + 5] for r in range(capacity)])
+    return {"input_ids": ids, "positions": pos, "slot_mapping": slots, "block_tables": bt,
+            "seq_lens": torch.where(act, pos[:, 0] + 1, 0), "active_rows": act}
+
+
+def _graph_pool_segments(pool):
+    import torch
+
+    return [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", (0, 0))) == tuple(pool)]
+
+
+def _poison_pool(pool) -> int:
+    """Fill every segment of the private pool with 0xFF bytes (NaN in bf16/fp32); returns the bytes poisoned."""
+    import torch
+
+    total = 0
+    for seg in _graph_pool_segments(pool):
+        storage = torch._C._construct_storage_from_data_pointer(seg["address"], torch.device("cuda"), seg["total_size"])
+        raw = torch.empty(0, dtype=torch.uint8, device="cuda")
+        raw.set_(storage, 0, (seg["total_size"],), (1,))
+        raw.fill_(0xFF)
+        total += seg["total_size"]
+    torch.cuda.synchronize()
+    return total
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.recipe}-{c.gpu_class}" for c in CASES])
+def test_replays_allocate_nothing_and_ignore_poisoned_scratch(case, flare_samples):
+    import torch
+
+    graphs, caps = _catalog(case.recipe)
+    width = graphs.steps[0].max_pages
+    schedule = [(caps[i % len(caps)], i) for i in range(REPLAYS)]
+    staged = {(c, i % 40): _inputs(c, i % 40, width) for c, i in schedule[:len(caps) * 40]}
+
+    def replay(c, i):
+        step = graphs.step("decode", c)
+        step.load(**staged[(c, i % 40)])
+        step.execute()
+        return step
+
+    replay(*schedule[0])
+    torch.cuda.synchronize()
+    stats0, reserved0 = torch.cuda.memory_stats(), torch.cuda.memory_reserved()
+    for c, i in schedule:
+        replay(c, i)
+    torch.cuda.synchronize()
+    stats1, reserved1 = torch.cuda.memory_stats(), torch.cuda.memory_reserved()
+    new_allocs = stats1["allocation.all.allocated"] - stats0["allocation.all.allocated"]
+
+    # poisoned scratch: the same short sequence twice from the same KV state, the second with the pool poisoned
+    # before every replay; logits and tokens must not move
+    kv = (graphs.model.kv_cache.k.clone(), graphs.model.kv_cache.v.clone())
+    probe = schedule[:4 * len(caps)]
+
+    def run(poison: bool):
+        graphs.model.kv_cache.k.copy_(kv[0]), graphs.model.kv_cache.v.copy_(kv[1])
+        out, poisoned = [], 0
+        for c, i in probe:
+            if poison:
+                poisoned = max(poisoned, _poison_pool(graphs.pool))
+            step = replay(c, i)
+            out.append((step.logits[:c].clone(), step.tokens[:c].clone()))
+        return out, poisoned
+
+    clean, _ = run(False)
+    dirty, poisoned = run(True)
+    same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(clean, dirty))
+    flare_samples(case={"recipe": case.recipe, "gpu_class": case.gpu_class, "check": "memory_stability"},
+                  replays=REPLAYS, new_allocations=new_allocs, reserved_growth_bytes=reserved1 - reserved0,
+                  poisoned_pool_bytes=poisoned, poisoned_outputs_equal=same)
+    assert new_allocs == 0 and reserved1 == reserved0
+    assert poisoned > 0, "the graphs' private pool has no segment to poison"
+    assert same
