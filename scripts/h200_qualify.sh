@@ -29,7 +29,7 @@ timeout 120 python3 -m qualify.serve_overhead /tmp/core-0.6B --requests 4 --max-
     2>&1 | log | tail -n 5 > "$OUT/overhead-0.6B.log"
 python3 -c "import json; d=json.load(open('$OUT/overhead-0.6B.json')); print(json.dumps(d['by_batch'], indent=1))" 2>&1 | head -30
 replay 0.6B
-timeout ${TESTS_S:-170} python3 -m pytest conformance/test_graphs.py tests/recipes/test_qwen3_captured.py \
+timeout ${TESTS_S:-300} python3 -m pytest conformance/test_graphs.py tests/recipes/test_qwen3_captured.py \
     tests/components/test_components_gpu.py conformance/test_speculative.py conformance/test_memory.py -p no:cacheprovider --flare-results $R/tests -q -rs 2>&1 | log > "$OUT/gpu_tests.log"
 tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; tail -n 4 "$OUT/gpu_tests.log"; cat "$OUT/build.log"
 # one archive of everything (the device returns only a few files): logs, JSON, packed runs
