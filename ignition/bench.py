@@ -262,11 +262,28 @@ def run(args) -> dict:
             samples.append(rec)
             cases.append({k: v for k, v in rec.items() if k != "round_s"})
     total, medians = score(samples)
-    return {"core": args.core, "device": args.device, "mode": "prefill" if args.prefill else "decode",
+    throughput = _prefill_throughput(bench, cases, ctx, cuda) if args.prefill else None
+    return {"core": args.core, "prefill_throughput": throughput, "device": args.device, "mode": "prefill" if args.prefill else "decode",
             "context": ctx, "context_source": args.context_source, "context_stream_tokens": len(stream),
             "cases": cases, "case_medians_ms": medians, "score_ms": total,
             "score_rule": "equal-weight arithmetic mean of per-case medians (seeds pooled), ms; lower is better",
             "samples": samples}
+
+
+def _prefill_throughput(bench, cases: list[dict], ctx: int, cuda: bool) -> dict:
+    """Achieved TFLOP/s of the chunk (``qualify.flops``) and, on CUDA, its share of the measured bf16 matmul
+    throughput (an 8192^3 captured matmul timed in the same run)."""
+    from qualify.flops import measured_matmul_tflops, prefill_flops
+
+    chunk = cases[0]["case"]["chunk"]
+    flops = prefill_flops(bench.manifest.geometry, chunk, ctx)
+    median_s = sorted(c["median_ms"] for c in cases)[len(cases) // 2] / 1e3
+    out = {"flops": flops, "achieved_tflops": flops["total_flops"] / median_s / 1e12}
+    if cuda:
+        ref = measured_matmul_tflops()
+        out.update(matmul_reference_tflops=ref["tflops"], matmul_reference=ref,
+                   fraction_of_matmul=out["achieved_tflops"] / ref["tflops"])
+    return out
 
 
 def _print(out: dict) -> None:
@@ -281,6 +298,13 @@ def _print(out: dict) -> None:
     for key, med in out["case_medians_ms"].items():
         print(f"case median {json.loads(key)[what]:>6}: {med:.4f} ms")
     print(f"score: {out['score_ms']:.4f} ms ({out['score_rule']})")
+    t = out.get("prefill_throughput")
+    if t:
+        line = f"prefill: {t['flops']['total_flops'] / 1e9:.1f} GFLOP per chunk, {t['achieved_tflops']:.2f} TFLOP/s"
+        if "fraction_of_matmul" in t:
+            line += (f" = {100 * t['fraction_of_matmul']:.1f}% of the measured bf16 matmul throughput "
+                     f"({t['matmul_reference_tflops']:.0f} TFLOP/s, 8192^3)")
+        print(line)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

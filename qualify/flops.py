@@ -1,0 +1,58 @@
+"""FLOPs of a prefill chunk and the measured bf16 matmul throughput it is compared with (issue 4 §6).
+
+``prefill_flops(geometry, tokens, context)`` counts the multiply-adds x 2 of one chunk of ``tokens`` tokens at
+positions ``context .. context + tokens - 1`` of a Qwen3-layout model:
+
+- every decoder layer's projections (fused Q/K/V, O, fused gate/up, down): ``2 x tokens x parameters``;
+- attention: ``QK^T`` and ``PV`` over the keys each query actually sees (causal, ``context + i + 1`` keys for
+  query ``i``): ``2 x 2 x heads x head_dim x sum_i (context + i + 1)`` per layer;
+- the vocabulary projection of the last token only (the step samples one token): ``2 x hidden x vocab``.
+
+Norms, rotary, activations and sampling are not counted (bandwidth-bound, a rounding error in FLOPs).
+
+``measured_matmul_tflops(n=8192)`` times a captured ``n x n x n`` bf16 matmul (cuBLAS) by CUDA events: the
+reference the prefill targets are stated against ("% of the measured bf16 matmul throughput").  CUDA only.
+"""
+
+from __future__ import annotations
+
+
+def prefill_flops(g, tokens: int, context: int = 0) -> dict:
+    """``g``: a core manifest's ``geometry`` (or any object with its field names)."""
+    h, layers, heads, kv, d = g.hidden_size, g.num_layers, g.num_attention_heads, g.num_kv_heads, g.head_dim
+    inter, vocab = g.intermediate_size, g.vocab_size
+    layer_params = h * (heads + 2 * kv) * d + heads * d * h + 2 * h * inter + inter * h
+    projections = 2 * tokens * layer_params * layers
+    keys = tokens * context + tokens * (tokens + 1) // 2
+    attention = 4 * heads * d * keys * layers
+    head = 2 * h * vocab
+    return {"tokens": tokens, "context": context, "projection_flops": projections, "attention_flops": attention,
+            "head_flops": head, "total_flops": projections + attention + head,
+            "rule": "2 x tokens x layer parameters + 4 x heads x head_dim x visible keys per layer + last-token "
+                    "vocabulary projection"}
+
+
+def measured_matmul_tflops(n: int = 8192, samples: int = 30, warmup: int = 5) -> dict:
+    import torch
+
+    from qualify.timing import summarize, time_samples
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the matmul throughput reference needs a CUDA GPU")
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.matmul(a, b, out=out)
+    times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
+    s = summarize(times)
+    del graph, a, b, out
+    torch.cuda.empty_cache()
+    return {"n": n, "samples_s": times, "median_ms": s["median_ms"],
+            "tflops": 2 * n ** 3 / (s["median_ms"] / 1e3) / 1e12}
