@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One H200 run for issues 3-5: per geometry a decode core (capacities 1,4 + one 256-token prefill chunk), then
-#   8B:   qualify.gpu_replay (replay vs measured floor, timelines, compiled vs uncompiled over 256 steps)
+# One H200 run for issues 3-7: per geometry a core (decode capacities 1,4; prefill chunks 256, 1024, 4096), then
+#   8B:   qualify.gpu_replay (replay vs measured floor, timelines, compiled vs uncompiled, round widths), ignition bench --prefill
 #   0.6B: qualify.served_equivalence (served == eager, cache hit == miss), qualify.serve_overhead, gpu_replay
 #   then the GPU conformance tests. Each archived run is packed into one .tgz under $OUT (the device returns
 #   few files). Every stage is time-boxed; later stages may be cut when the device time runs out.
@@ -13,7 +13,7 @@ core() {  # geometry
   [ -d /tmp/ckpt-$1 ] || timeout 90 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$1 --out /tmp/ckpt-$1 \
       --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
   [ -f /tmp/core-$1/core.pb ] || timeout 150 /usr/bin/time -f "export $1 wall_s=%e" python3 -m ignition.cli export \
-      --checkpoint /tmp/ckpt-$1 --out /tmp/core-$1 --hub-cache .hub --capacities 1,4 --prefill-chunks 256 2>&1 \
+      --checkpoint /tmp/ckpt-$1 --out /tmp/core-$1 --hub-cache .hub --capacities 1,4 --prefill-chunks 256,1024,4096 2>&1 \
       | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"
 }
 replay() {  # geometry
@@ -22,6 +22,11 @@ replay() {  # geometry
   tar czf "$OUT/replay-$1.tgz" -C $R/replay-$1 . 2>/dev/null; tail -n 70 "$OUT/replay-$1.log"
 }
 core 8B; replay 8B
+for chunk in 1024 4096; do  # prefill targets: % of the measured bf16 matmul throughput (same run)
+  timeout 120 python3 -m ignition.cli bench /tmp/core-8B --prefill --prefill-chunk-size $chunk --samples 30 \
+      --out $R/bench-8B 2>&1 | log | tail -n 4 >> "$OUT/prefill-8B.log"
+done
+tar czf "$OUT/bench-8B.tgz" -C $R/bench-8B . 2>/dev/null; cat "$OUT/prefill-8B.log"
 core 0.6B
 timeout 150 python3 -m qualify.served_equivalence /tmp/core-0.6B --max-tokens 64 --prompt-tokens 100 \
     --json "$OUT/served-0.6B.json" 2>&1 | log | grep -v "^ *[0-9]*,\?$" | tail -n 20 > "$OUT/served-0.6B.log"; cat "$OUT/served-0.6B.log"
