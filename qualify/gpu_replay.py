@@ -1,7 +1,7 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--out DIR] [--no-archive]
+[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--out DIR] [--no-archive]
 [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
@@ -62,7 +62,7 @@ class ReplayBench:
 
     def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
                  device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None,
-                 widths=(), attention: str | None = None):
+                 widths=(), attention: str | None = None, greedy_variant: bool = False):
         """``prefill``: prefill chunk sizes (tokens) to prepare beside the decode steps (each must be declared
         by the core's catalog); ``rows``: KV rows to allocate (default the largest capacity, at least 1)."""
         import torch
@@ -73,6 +73,7 @@ class ReplayBench:
         self.core, self.capacities, self.context, self.device = core, tuple(capacities), context, device
         self.prefill = tuple(prefill)
         self.widths = tuple(widths)  # speculative round widths prepared beside each decode capacity
+        self.greedy_variant = greedy_variant  # also the greedy-only decode steps (catalog.DECODE_GREEDY)
         self.model, self.loaded = load_prepared(core, device=device, attention_backend=attention)
         m = self.loaded.manifest
         self.manifest, self.page = m, m.kv_layout.page_size
@@ -96,7 +97,8 @@ class ReplayBench:
         torch.manual_seed(0)
 
     def _prepare(self, module, compile: bool, graph: bool | None):
-        graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill)
+        graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill,
+                                                greedy_variant=self.greedy_variant)
         if self.widths:
             from ignition.graphs.rounds import prepare_rounds
 
@@ -184,11 +186,11 @@ class ReplayBench:
 
     # -- timing --------------------------------------------------------------------------------------
 
-    def time_case(self, capacity: int, seed: int, samples: int, warmup: int) -> list[float]:
+    def time_case(self, capacity: int, seed: int, samples: int, warmup: int, kind: str = "decode") -> list[float]:
         from qualify.timing import time_samples
 
         self.fill_context(seed)
-        step = self.graphs.step("decode", capacity)
+        step = self.graphs.step(kind, capacity)
         step.load(**self.inputs(capacity, self.seed_tokens(capacity, seed), self.context))
         return time_samples(step.execute, samples=samples, warmup=warmup, device=self.device)
 
@@ -264,16 +266,17 @@ def run(args) -> dict:
     cuda = args.device.startswith("cuda")
     bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
                         device=args.device, extra=args.steps if args.check_compiled else 0,
-                        widths=_caps(args.widths), attention=args.attention)
+                        widths=_caps(args.widths), attention=args.attention, greedy_variant=args.greedy_variant)
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
         traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
         floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
-        for seed in _caps(args.seeds):
-            raw = bench.time_case(cap, seed, args.samples, args.warmup)
+        for seed, kind in ((sd, k) for k in (("decode", "decode_greedy") if args.greedy_variant else ("decode",))
+                           for sd in _caps(args.seeds)):
+            raw = bench.time_case(cap, seed, args.samples, args.warmup, kind)
             s = summarize(raw)
-            case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
+            case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context, "variant": kind,
                     "attention": args.attention or "recipe default",
                     "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch"}
             rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
@@ -283,7 +286,7 @@ def run(args) -> dict:
                            ratio=s["median_ms"] / 1e3 / floor["floor_s"])
             samples.append(rec)
             cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
-    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases}
+    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases if c["case"]["variant"] == "decode"}
     for cap in bench.capacities:
         for width in bench.widths:
             for seed in _caps(args.seeds):
@@ -319,12 +322,13 @@ def run(args) -> dict:
 
 
 def _print(out: dict) -> None:
-    print(f"{'capacity':>8} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'floor ms':>9} {'ratio':>6}")
+    print(f"{'capacity':>8} {'variant':>13} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'floor ms':>9} "
+          f"{'ratio':>6}")
     for c in (c for c in out["cases"] if c["case"]["tool"] == "gpu_replay"):
         floor = f"{c['floor_s'] * 1e3:9.4f}" if "floor_s" in c else f"{'-':>9}"
         ratio = f"{c['ratio']:6.3f}" if "ratio" in c else f"{'-':>6}"
-        print(f"{c['case']['capacity']:>8} {c['seed']:>4} {c['median_ms']:10.4f} {c['min_ms']:8.4f} "
-              f"{c['max_ms']:8.4f} {floor} {ratio}")
+        print(f"{c['case']['capacity']:>8} {c['case']['variant']:>13} {c['seed']:>4} {c['median_ms']:10.4f} "
+              f"{c['min_ms']:8.4f} {c['max_ms']:8.4f} {floor} {ratio}")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]
     if rounds:
         print(f"{'capacity':>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'vs decode':>9}")
@@ -352,6 +356,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
                                                       "e.g. triton; default: the recipe's")
+    p.add_argument("--greedy-variant", action="store_true",
+                   help="also time the greedy-only decode variant (argmax instead of the in-graph sampler)")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
                                                 "(each also against decode at the same batch)")
     p.add_argument("--device", default=None)

@@ -18,7 +18,7 @@ core() {  # geometry
 }
 replay() {  # geometry
   timeout ${REPLAY_S:-200} python3 -m qualify.gpu_replay --core /tmp/core-$1 --capacities 1,4 --context 1024 \
-      --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --out $R/replay-$1 2>&1 | log > "$OUT/replay-$1.log"
+      --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant --out $R/replay-$1 2>&1 | log > "$OUT/replay-$1.log"
   tar czf "$OUT/replay-$1.tgz" -C $R/replay-$1 . 2>/dev/null; tail -n 70 "$OUT/replay-$1.log"
 }
 core 8B; replay 8B

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ignition.components.attention import slot_mapping_for
+from ignition.graphs.catalog import DECODE_GREEDY
 
 log = logging.getLogger("flare.helios")
 
@@ -174,7 +175,7 @@ class StepDriver:
         """A step's capacity label: rows for decode, tokens for prefill, ``"BxW"`` for a verification round."""
         if shape.kind == "round":
             return f"{shape.rows}x{shape.tokens}"
-        return shape.rows if shape.kind == "decode" else shape.tokens
+        return shape.rows if shape.kind in ("decode", DECODE_GREEDY) else shape.tokens
 
     def replay_keys(self) -> list[tuple[str, int]]:
         return [(s.shape.kind, self.capacity(s.shape)) for s in self.graphs.steps]
@@ -220,10 +221,12 @@ class StepDriver:
             _restore_row(state, 0, saved)
         return token
 
-    def decode(self, rows: list[tuple[list[int], int, int]]) -> list[int]:
-        """``rows[i] = (pages, position, token)`` for slots ``0..n-1``; returns each row's next token."""
+    def decode(self, rows: list[tuple[list[int], int, int]], greedy: bool = False) -> list[int]:
+        """``rows[i] = (pages, position, token)`` for slots ``0..n-1``; returns each row's next token.
+        ``greedy``: every row is plain greedy (``catalog.plain_greedy``): the greedy-only variant serves it."""
         n = len(rows)
-        step = self.graphs.step("decode", n)
+        kinds = {s.shape.kind for s in self.graphs.steps}
+        step = self.graphs.step(DECODE_GREEDY if greedy and DECODE_GREEDY in kinds else "decode", n)
         bt = torch.stack([self._table(p) for p, _, _ in rows])
         pos = torch.tensor([[p] for _, p, _ in rows])
         valid = torch.ones_like(pos, dtype=torch.bool)
@@ -338,7 +341,7 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     from ignition.graphs.catalog import GraphCatalog
 
     catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
-    graphs = catalog.prepare(model)
+    graphs = catalog.prepare(model, greedy_variant=True)
     draft = None
     if config.speculative:
         from ignition.components.drafts import PromptLookupDraft

@@ -22,6 +22,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ignition.graphs.catalog import plain_greedy
+
 log = logging.getLogger("flare.helios")
 _ids = itertools.count()
 
@@ -228,7 +230,7 @@ class Scheduler:
                         self._accept(r, t)
         else:
             rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
-            tokens = self.driver.decode(rows)
+            tokens = self.driver.decode(rows, greedy=all(plain_greedy(r.resolved) for r in self.running))
             for r, t in zip(self.running, tokens):
                 self._accept(r, t)
         for slot in sorted((i for i, r in enumerate(self.running) if r.finish_reason is not None), reverse=True):

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 DECODE = "decode"
 PREFILL = "prefill"
+#: The greedy-only decode variant: the same body and head, then argmax (the model's greedy hook) instead of the
+#: in-graph sampler -- no penalties, filters or sort over the vocabulary.  A scheduler may replay it only when
+#: every active row is greedy with neutral penalties (:func:`plain_greedy`): such rows never read the
+#: sampling state, so the variant leaves it untouched.
+DECODE_GREEDY = "decode_greedy"
 INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "active_rows")
 #: An extra static input of models prepared with ``takes_input_embeds`` (embedding rows gathered outside the
 #: step, e.g. from a host-side table): ``[rows, tokens, hidden]`` in the model's dtype, after ``INPUTS``.
@@ -95,10 +100,12 @@ class GraphCatalog:
 
     def prepare(self, model, decode: Iterable[int] | None = None, prefill: Iterable[int] | None = None,
                 max_pages_per_row: int | None = None, sampling: bool = True,
-                max_top_k: int | None = None) -> "PreparedGraphs":
+                max_top_k: int | None = None, greedy_variant: bool = False) -> "PreparedGraphs":
         """Static buffers and eager step callables for each selected shape.  With ``sampling`` (default)
         every step samples in-graph from one shared :class:`SamplingTensors` (rows of the largest shape;
-        smaller shapes use views of its first rows); without it the model's greedy hook decides."""
+        smaller shapes use views of its first rows); without it the model's greedy hook decides.
+        ``greedy_variant``: also a :data:`DECODE_GREEDY` step per decode capacity (its layers compile to the
+        decode step's graphs: same shapes)."""
         cache = model.kv_cache
         if cache is None:
             raise RuntimeError("the model needs its KV cache allocated before the catalog is prepared")
@@ -112,9 +119,25 @@ class GraphCatalog:
                                           device=model.device, max_top_k=max_top_k)
             state.temperature.zero_()  # greedy until the scheduler admits a request's parameters (set_row)
         steps = [PreparedStep(s, model, pages, state) for s in shapes]
+        if greedy_variant and sampling:
+            steps += [PreparedStep(StepShape(DECODE_GREEDY, s.rows, 1), model, pages, None)
+                      for s in shapes if s.kind == DECODE]
         graphs = PreparedGraphs(self, model, steps)
         graphs.sampling = state
         return graphs
+
+
+def plain_greedy(resolved: dict) -> bool:
+    """Whether a request's resolved sampling parameters make it a row the greedy variant may serve: greedy
+    (temperature below the sampler's threshold) with neutral presence/frequency/repetition penalties."""
+    from ignition.components.sampling import GREEDY_EPS
+
+    def value(name, neutral):
+        v = resolved.get(name)
+        return neutral if v is None else v
+
+    return (value("temperature", 1.0) < GREEDY_EPS and value("presence_penalty", 0.0) == 0.0
+            and value("frequency_penalty", 0.0) == 0.0 and value("repetition_penalty", 1.0) == 1.0)
 
 
 def _inductor_options() -> dict:

@@ -27,7 +27,8 @@ def test_graph_replays_and_gpu_nanoseconds_by_capacity(server, oai):
     oai.chat.completions.create(model="flare/embedded-default", messages=[{"role": "user", "content": "Hi"}],
                                 max_tokens=4)
     fams = _families(server)
-    keys = {("decode", str(c)) for c in DEFAULT_CORE_DECODE} | {("prefill", str(c)) for c in DEFAULT_CORE_PREFILL}
+    keys = {(k, str(c)) for k in ("decode", "decode_greedy") for c in DEFAULT_CORE_DECODE} | \
+        {("prefill", str(c)) for c in DEFAULT_CORE_PREFILL}
     replays = _samples(fams["flare_graph_replays"], "flare_graph_replays_total")
     gpu = _samples(fams["flare_graph_gpu_nanoseconds"], "flare_graph_gpu_nanoseconds_total")
     assert set(replays) == set(gpu) == keys  # every step of the catalog, registered from the start

@@ -1,4 +1,5 @@
-"""``flare run --speculative ngram``: greedy output identical to plain decoding, rounds and acceptance counted.
+"""``flare run --speculative ngram``: greedy output identical to plain decoding, rounds and acceptance counted;
+the greedy-only decode variant: the same output as the sampling graph, used only for plain greedy batches.
 
 Driven at the scheduler (the HTTP layer adds nothing to the numerics; the protocol tests cover it) on the
 embedded default core, with prompts that repeat themselves so that prompt lookup proposes often.
@@ -17,7 +18,7 @@ def _prompts():
     return [[11, 12, 13, 14] * 6, [40 + (i % 5) for i in range(23)], [7, 8] * 9 + [9], [100 + i for i in range(17)]]
 
 
-def _serve(config: EngineConfig, metrics=None, max_tokens=24):
+def _serve(config: EngineConfig, metrics=None, max_tokens=24, params=GREEDY):
     import asyncio
 
     from helios.runtime.scheduler import Request, Scheduler
@@ -28,7 +29,7 @@ def _serve(config: EngineConfig, metrics=None, max_tokens=24):
 
     async def run_all():
         loop = asyncio.get_running_loop()
-        reqs = [Request(p, GREEDY, max_tokens, [], loop, asyncio.Queue()) for p in _prompts()]
+        reqs = [Request(p, params, max_tokens, [], loop, asyncio.Queue()) for p in _prompts()]
         for r in reqs:
             scheduler.submit(r)
         for r in reqs:
@@ -72,3 +73,30 @@ def test_an_attention_backend_that_cannot_run_here_fails_at_start():
 
     with pytest.raises(EngineStartError, match="--attention triton: attention backend 'triton' unavailable on cpu"):
         load_engine(default_core(), EngineConfig(kv_tokens=1024, max_context=256, device="cpu", attention="triton"))
+
+
+def _replays(metrics, kind):
+    text = metrics.text().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("flare_graph_replays_total{") and f'kind="{kind}"' in line)
+
+
+def test_greedy_variant_serves_plain_greedy_batches_with_the_same_output(monkeypatch):
+    config = EngineConfig(kv_tokens=4096, max_context=512, device="cpu")
+    metrics = Metrics()
+    fast, _ = _serve(config, metrics)
+    assert _replays(metrics, "decode_greedy") > 0 and _replays(metrics, "decode") == 0
+    import helios.runtime.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "plain_greedy", lambda resolved: False)  # force the sampling graphs
+    forced = Metrics()
+    slow, _ = _serve(config, forced)
+    assert _replays(forced, "decode_greedy") == 0 and _replays(forced, "decode") > 0
+    assert fast == slow
+
+
+def test_penalized_greedy_rows_keep_the_sampling_graph():
+    metrics = Metrics()
+    _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"), metrics,
+           params={"temperature": 0.0, "presence_penalty": 0.5})
+    assert _replays(metrics, "decode_greedy") == 0 and _replays(metrics, "decode") > 0
