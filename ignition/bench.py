@@ -1,7 +1,7 @@
 """``ignition bench``: prepared graph rounds of a core on real tokenized contexts, one score.
 
 ``ignition bench CORE [--capacities 1,4] [--context N] [--samples N] [--warmup N] [--seeds 0,1]
-[--context-source corpus|examples] [--prefill --prefill-chunk-size N] [--device cpu|cuda] [--eager]
+[--context-source corpus|examples] [--prefill --prefill-chunk-size N] [--widths 1,2,4,8] [--device cpu|cuda] [--eager]
 [--out DIR] [--no-archive] [--json OUT]``
 
 The core is loaded and its steps prepared as :class:`qualify.gpu_replay.ReplayBench` does (``load_prepared``,
@@ -113,46 +113,92 @@ def _row_params(bench, seed: int, row: int) -> dict:
     return {**bench.loaded.sampling_defaults().values, "seed": 1000 + 64 * seed + row}
 
 
-def decode_case(bench, stream: list[int], capacity: int, seed: int, samples: int, warmup: int,
-                restore: bool = True) -> dict:
-    """Time ``samples`` decode rounds of ``capacity`` rows at ``bench.context`` (see the module docstring).
-    ``restore=False`` skips the state restoration (tests: shows what it prevents)."""
+def _time_restored(bench, step, rows: int, slots, outputs, samples: int, warmup: int, restore: bool = True):
+    """Time ``step`` with the KV ``slots`` it writes and the sampling state of its ``rows`` restored before every
+    sample (outside the timed region); re-run from the restored state and compare ``outputs()`` bytewise.
+    Returns ``(raw, first, again, identical, restored)``."""
     import torch
 
     from qualify.timing import time_samples
 
-    ctx, state, cache = bench.context, bench.graphs.sampling, bench.model.kv_cache
-    rows = windows(stream, seed, capacity, ctx + 1)
-    for r, w in enumerate(rows):
-        bench.prefill_row(r, w[:ctx])
-    for r, w in enumerate(rows):
-        state.set_row(r, _row_params(bench, seed, r), w[:ctx])
-    step = bench.graphs.step("decode", capacity)
-    inputs = bench.inputs(capacity, [w[ctx] for w in rows], ctx)
-    step.load(**inputs)
-    slots = inputs["slot_mapping"][:, 0]
+    state, cache = bench.graphs.sampling, bench.model.kv_cache
     kf, vf = (pool.view(pool.shape[0], -1, *pool.shape[-2:]) for pool in (cache.k, cache.v))
     k0, v0 = kf[:, slots].clone(), vf[:, slots].clone()
-    step0, counts0 = state.step[:capacity].clone(), state.output_counts[:capacity].clone()
+    step0, counts0 = state.step[:rows].clone(), state.output_counts[:rows].clone()
 
     def setup():
         if restore:
             kf[:, slots] = k0
             vf[:, slots] = v0
-            state.step[:capacity].copy_(step0)
-            state.output_counts[:capacity].copy_(counts0)
+            state.step[:rows].copy_(step0)
+            state.output_counts[:rows].copy_(counts0)
 
     setup()
     step.execute()
-    first = step.tokens[:capacity].clone(), step.logits[:capacity].clone()
+    first = outputs()
+    advanced = state.step[:rows] - step0  # one step for decode, n_emitted for a round
     raw = time_samples(step.execute, samples=samples, warmup=warmup, setup=setup, device=bench.device)
-    restored = bool(torch.equal(state.step[:capacity], step0 + 1))
+    restored = bool(torch.equal(state.step[:rows], step0 + advanced))
     setup()
     step.execute()
-    again = step.tokens[:capacity].clone(), step.logits[:capacity].clone()
-    identical = bool(torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]))
+    again = outputs()
+    identical = all(bool(torch.equal(a, b)) for a, b in zip(first, again))
+    return raw, first, again, identical, restored
+
+
+def _fill_rows(bench, stream: list[int], capacity: int, seed: int, length: int) -> list[list[int]]:
+    """Each row's real-text window; its first ``bench.context`` tokens prefilled, its sampling row admitted."""
+    ctx, state = bench.context, bench.graphs.sampling
+    rows = windows(stream, seed, capacity, length)
+    for r, w in enumerate(rows):
+        bench.prefill_row(r, w[:ctx])
+    for r, w in enumerate(rows):
+        state.set_row(r, _row_params(bench, seed, r), w[:ctx])
+    return rows
+
+
+def decode_case(bench, stream: list[int], capacity: int, seed: int, samples: int, warmup: int,
+                restore: bool = True) -> dict:
+    """Time ``samples`` decode rounds of ``capacity`` rows at ``bench.context`` (see the module docstring).
+    ``restore=False`` skips the state restoration (tests: shows what it prevents)."""
+    ctx = bench.context
+    rows = _fill_rows(bench, stream, capacity, seed, ctx + 1)
+    step = bench.graphs.step("decode", capacity)
+    inputs = bench.inputs(capacity, [w[ctx] for w in rows], ctx)
+    step.load(**inputs)
+    outputs = lambda: (step.tokens[:capacity].clone(), step.logits[:capacity].clone())  # noqa: E731
+    raw, first, again, identical, restored = _time_restored(bench, step, capacity, inputs["slot_mapping"][:, 0],
+                                                            outputs, samples, warmup, restore)
     return {"round_s": raw, "tokens_first": first[0].tolist(), "tokens_last": again[0].tolist(),
             "identical": identical, "state_restored": restored,
+            "context_token_head": [w[:8] for w in rows]}
+
+
+def round_case(bench, stream: list[int], capacity: int, width: int, seed: int, samples: int, warmup: int) -> dict:
+    """Time ``samples`` speculative verification rounds (``ignition.graphs.rounds``) of ``capacity`` rows at
+    ``width``: each row's next real token is pending and the ``width - 1`` real tokens after it are the
+    proposals (a perfect lookup draft of the text; what the model accepts of them depends on its weights).
+    The ``width`` KV slots per row and the rows' sampling state are restored before every sample."""
+    import torch
+
+    ctx = bench.context
+    rows = _fill_rows(bench, stream, capacity, seed, ctx + width)
+    step = bench.graphs.step("round", capacity, width)
+    dev, page = bench.model.device, bench.page
+    bt = torch.arange(capacity * bench.pages_per_row, dtype=torch.int32, device=dev).view(capacity, -1)
+    pos = ctx + torch.arange(width, device=dev)[None].expand(capacity, width)
+    slots = torch.gather(bt.long(), 1, pos // page) * page + pos % page
+    tokens = torch.tensor([w[ctx:ctx + width] for w in rows], device=dev)
+    step.load(input_ids=tokens, positions=pos, slot_mapping=slots, block_tables=bt,
+              seq_lens=torch.full((capacity,), ctx + width, dtype=torch.long, device=dev),
+              active_rows=torch.ones(capacity, dtype=torch.bool, device=dev))
+    step.load_drafts(tokens[:, 1:], torch.full((capacity,), width - 1, dtype=torch.long, device=dev))
+    outputs = lambda: (step.emitted[:capacity].clone(), step.n_emitted[:capacity].clone(),  # noqa: E731
+                       step.logits[:capacity].clone())
+    raw, first, again, identical, restored = _time_restored(bench, step, capacity, slots.reshape(-1), outputs,
+                                                            samples, warmup)
+    return {"round_s": raw, "tokens_first": first[0].tolist(), "tokens_last": again[0].tolist(),
+            "accepted_first": (first[1] - 1).tolist(), "identical": identical, "state_restored": restored,
             "context_token_head": [w[:8] for w in rows]}
 
 
@@ -233,7 +279,10 @@ def run(args) -> dict:
         if not declared:
             raise BenchError(f"{args.core}: the core declares no prefill chunk to write the contexts with")
         ctx = args.context if args.context is not None else DEFAULT_DECODE_CONTEXT
-        last = ctx
+        widths = _ints(args.widths, "--widths") if args.widths else ()
+        if any(not 1 <= w <= 8 for w in widths):
+            raise BenchError(f"--widths {args.widths!r}: round widths must be 1..8")
+        last = ctx + max(widths, default=1) - 1
     limit = m.geometry.max_position_embeddings
     if limit and last >= limit:
         raise BenchError(f"--context {ctx}: the timed step reaches position {last}, beyond the core's "
@@ -244,18 +293,23 @@ def run(args) -> dict:
                             device=args.device, prefill=(chunk,), rows=1)
     else:
         bench = ReplayBench(args.core, caps, ctx, compile=cuda and not args.eager, device=args.device,
-                            prefill=(max(declared),))
+                            prefill=(max(declared),), widths=widths)
     stream = context_tokens(bench.loaded, args.context_source)
     name = bench.manifest.source.repo_id or Path(args.core).name
     samples, cases = [], []
-    for size in ((args.prefill_chunk_size,) if args.prefill else bench.capacities):
+    plan = [(args.prefill_chunk_size, None)] if args.prefill else \
+        [(c, None) for c in bench.capacities] + [(c, w) for c in bench.capacities for w in bench.widths]
+    for size, width in plan:
         for seed in seeds:
-            case = {"tool": "ignition.bench", "core": name, "mode": "prefill" if args.prefill else "decode",
+            mode = "prefill" if args.prefill else ("decode" if width is None else "round")
+            case = {"tool": "ignition.bench", "core": name, "mode": mode, **({"width": width} if width else {}),
                     ("chunk" if args.prefill else "capacity"): size, "context": ctx,
                     "context_source": args.context_source, "compiled": bench.compiled,
                     "graph": "captured" if cuda else "eager-launch"}
             if args.prefill:
                 rec = prefill_case(bench, stream, size, seed, args.samples, args.warmup)
+            elif width is not None:
+                rec = round_case(bench, stream, size, width, seed, args.samples, args.warmup)
             else:
                 rec = decode_case(bench, stream, size, seed, args.samples, args.warmup)
             rec = {"case": case, "seed": seed, **rec, **summarize(rec["round_s"])}
@@ -290,13 +344,16 @@ def _print(out: dict) -> None:
     what = "chunk" if out["mode"] == "prefill" else "capacity"
     print(f"ignition bench: {out['mode']} at context {out['context']} ({out['context_source']}, "
           f"{out['context_stream_tokens']} tokens), device {out['device']}")
-    print(f"{what:>8} {'seed':>4} {'median ms':>10} {'min':>9} {'max':>9} {'repeat':>7}")
+    print(f"{what:>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>9} {'max':>9} {'repeat':>7}")
     for c in out["cases"]:
         ok = "same" if c["identical"] and c["state_restored"] else "DIFFER"
-        print(f"{c['case'][what]:>8} {c['seed']:>4} {c['median_ms']:10.4f} {c['min_ms']:9.4f} {c['max_ms']:9.4f} "
-              f"{ok:>7}")
+        width = c["case"].get("width", "-")
+        print(f"{c['case'][what]:>8} {width:>5} {c['seed']:>4} {c['median_ms']:10.4f} {c['min_ms']:9.4f} "
+              f"{c['max_ms']:9.4f} {ok:>7}")
     for key, med in out["case_medians_ms"].items():
-        print(f"case median {json.loads(key)[what]:>6}: {med:.4f} ms")
+        case = json.loads(key)
+        label = f"{case[what]}" + (f" x W{case['width']}" if "width" in case else "")
+        print(f"case median {label:>9}: {med:.4f} ms")
     print(f"score: {out['score_ms']:.4f} ms ({out['score_rule']})")
     t = out.get("prefill_throughput")
     if t:
@@ -317,6 +374,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", default="0", help="comma-separated; each seed picks a different context")
     p.add_argument("--context-source", choices=CONTEXT_SOURCES, default="corpus")
     p.add_argument("--prefill", action="store_true", help="time exact prefill chunks instead of decode rounds")
+    p.add_argument("--widths", default="", help="also speculative verification rounds of these widths per capacity "
+                                                "(e.g. 1,2,4,8; decode mode)")
     p.add_argument("--prefill-chunk-size", type=int, default=None, metavar="N")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--eager", action="store_true", help="on CUDA: capture the uncompiled prepared steps")

@@ -101,3 +101,16 @@ def test_bad_arguments_exit_2_naming_the_flag(core, tmp_path, capsys, argv, flag
 def test_replay_bench_checks_the_prefill_chunk(core):
     with pytest.raises(ValueError, match="--prefill-chunk-size"):
         ReplayBench(core, (1,), 8, compile=False, device="cpu", prefill=(100,))
+
+
+def test_speculative_rounds_per_capacity_and_width_with_state_restored(core, tmp_path):
+    rc = ignition_main(["bench", core, "--capacities", "2", "--widths", "1,4", "--context", "24", "--samples", "3",
+                        "--warmup", "1", "--seeds", "0", "--device", "cpu", "--out", str(tmp_path)])
+    assert rc == 0
+    _, samples = _run(tmp_path)
+    rounds = {s["case"]["width"]: s for s in samples if s["case"]["mode"] == "round"}
+    assert sorted(rounds) == [1, 4]
+    for width, s in rounds.items():
+        assert s["identical"] and s["state_restored"] and len(s["round_s"]) == 3
+        assert all(0 <= a <= width - 1 for a in s["accepted_first"])
+    assert ignition_main(["bench", core, "--widths", "9", "--device", "cpu", "--no-archive"]) == 2
