@@ -66,9 +66,9 @@ class EngineConfig:
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
         validate_fraction(self.gpu_memory_fraction)
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"--speculative {self.speculative}: only 'ngram' (prompt lookup) is served yet; "
-                             "self-drafting and draft cores are not wired into flare run")
+        if self.speculative not in (None, "ngram", "self"):
+            raise ValueError(f"--speculative {self.speculative}: 'ngram' (prompt lookup) and 'self' (the target "
+                             "drafts for itself: a correctness probe) are served; draft cores are not wired yet")
         if not 2 <= self.speculative_width <= 8:
             raise ValueError(f"--speculative-width must be 2..8, got {self.speculative_width}")
         if self.embedding_table_storage not in STORAGES:
@@ -236,6 +236,22 @@ class StepDriver:
             active_rows=torch.ones(n, dtype=torch.bool)))
         return [int(t) for t in out.tolist()]
 
+    def self_draft(self, rows: list[tuple[list[int], int, int]], k: list[int]) -> list[list[int]]:
+        """The target drafts for itself: up to ``k[i]`` greedy tokens per row by the greedy-only decode variant
+        (it leaves the sampling state alone), each row continuing from ``(pages, position, pending token)``.
+        Their K/V is rewritten by the verification round at the same positions."""
+        props = [[] for _ in rows]
+        for j in range(max(k, default=0)):
+            live = [i for i in range(len(rows)) if len(props[i]) < k[i]]
+            # every row steps (one static batch); a row past its k re-writes a position the verification round
+            # rewrites anyway (pos + its last proposal index), never beyond its own drafted range
+            step_rows = [(p, pos + min(j, max(k[i] - 1, 0)), (props[i][-1] if props[i] else t))
+                         for i, (p, pos, t) in enumerate(rows)]
+            toks = self.decode(step_rows, greedy=True)
+            for i in live:
+                props[i].append(toks[i])
+        return props
+
     def verify(self, rows: list[tuple[list[int], int, int, list[int]]], width: int) -> list[list[int]]:
         """One verification round: ``rows[i] = (pages, position, pending token, proposals)`` for slots
         ``0..n-1``; returns each row's emitted tokens (accepted proposals, then the target's own token)."""
@@ -348,7 +364,8 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
         from ignition.graphs.rounds import prepare_rounds
 
         prepare_rounds(graphs, decode, (config.speculative_width,))
-        draft = PromptLookupDraft(n=3, k=config.speculative_width - 1, min_n=1)
+        draft = "self" if config.speculative == "self" else PromptLookupDraft(n=3, k=config.speculative_width - 1,
+                                                                                min_n=1)
     graphs.tune()
     if cuda:
         if config.compile:
@@ -363,7 +380,9 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
             f"KV pool {num_pages} pages x {page_size} tokens ({why}); max context {max_context}",
             embedding_line]
     if draft is not None:
-        desc.append(f"speculative: n-gram prompt lookup (n 3..1), verification width {config.speculative_width}")
+        source = "self-drafting (greedy batches; a probe: every proposal must be accepted)" if draft == "self" \
+            else "n-gram prompt lookup (n 3..1)"
+        desc.append(f"speculative: {source}, verification width {config.speculative_width}")
     from .replay_timing import ReplayTimer
 
     driver = StepDriver(model, graphs, page_size, on_replay, embeddings, ReplayTimer(cuda, on_gpu_ns))

@@ -203,14 +203,22 @@ class Scheduler:
                 self._retire(slot)
 
     def _proposals(self) -> list[list[int]]:
-        """Prompt-lookup proposals per running row, at most ``W - 1`` and never past ``max_tokens``."""
+        """Proposals per running row, at most ``W - 1`` and never past ``max_tokens``: prompt lookup, or the target
+        itself (``self``: plain greedy batches only -- other batches decode without speculation)."""
         import torch
 
         draft, rows = self.engine.draft, self.running
+        limits = [max(min(r.max_tokens - len(r.generated) - 1, self.engine.speculative_width - 1), 0) for r in rows]
+        if draft == "self":
+            if not all(plain_greedy(r.resolved) for r in rows):
+                return [[] for _ in rows]
+            plen = lambda r: len(r.prompt_ids)  # noqa: E731
+            return self.driver.self_draft([(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in rows],
+                                          limits)
         hist = [r.prompt_ids + r.generated for r in rows]
         width = max(len(h) for h in hist)
         history = torch.tensor([h + [0] * (width - len(h)) for h in hist])
-        limit = torch.tensor([max(r.max_tokens - len(r.generated) - 1, 0) for r in rows])
+        limit = torch.tensor(limits)
         active = torch.ones(len(rows), dtype=torch.bool)
         tokens, _, n = draft.propose(history, torch.tensor([len(h) for h in hist]), None, active=active, limit=limit)
         return [tokens[i, :int(n[i])].tolist() for i in range(len(rows))]
@@ -224,6 +232,14 @@ class Scheduler:
             emitted = self.driver.verify(rows, self.engine.speculative_width)
             if self.metrics is not None:
                 self.metrics.speculative(proposals, emitted)
+            if self.engine.draft == "self":
+                short = [(r.id, len(e) - 1, len(p)) for r, e, p in zip(self.running, emitted, proposals)
+                         if len(e) - 1 < len(p)]
+                if short:  # the probe: a greedy target must accept its own greedy proposals
+                    log.warning("self-draft probe: rows accepted fewer of their own greedy proposals than "
+                                "drafted (request id, accepted, drafted): %s", short)
+                    if self.metrics is not None:
+                        self.metrics.self_probe_misses.inc(len(short))
             for r, toks in zip(self.running, emitted):
                 for t in toks:
                     if r.finish_reason is None:

@@ -32,6 +32,10 @@ class Metrics:
             "width, in nanoseconds (CUDA events; 0 on CPU, not estimated)", ["batch", "width"], registry=r)
         self.draft_tokens = Counter("flare_speculative_draft_tokens", "proposed (drafted) tokens", registry=r)
         self.accepted_tokens = Counter("flare_speculative_accepted_tokens", "accepted proposals", registry=r)
+        self.self_probe_misses = Counter(
+            "flare_speculative_self_probe_misses", "self-drafting rounds where a greedy row did not accept all of "
+            "its own greedy proposals (a verification bug, or a numerical near-tie between the round and decode "
+            "graphs)", registry=r)
         self.accepted_by_position = Counter("flare_speculative_accepted_tokens_by_position",
                                             "accepted proposals by their position in the round (0 = first)",
                                             ["position"], registry=r)

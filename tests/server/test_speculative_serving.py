@@ -61,9 +61,20 @@ def test_ngram_speculation_keeps_greedy_output_and_counts_rounds(width):
     assert f'width="{width}"' in text
 
 
+def test_self_drafting_accepts_every_own_proposal_and_keeps_greedy_output():
+    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
+    metrics = Metrics()
+    spec, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative="self",
+                                  speculative_width=4), metrics)
+    assert spec == plain
+    drafted, accepted = metrics.draft_tokens._value.get(), metrics.accepted_tokens._value.get()
+    assert drafted > 0 and accepted == drafted  # the probe: a greedy target accepts its own greedy proposals
+    assert metrics.self_probe_misses._value.get() == 0
+
+
 def test_unsupported_speculative_sources_fail_at_start():
-    with pytest.raises(ValueError, match="only 'ngram'"):
-        EngineConfig(speculative="self")
+    with pytest.raises(ValueError, match="draft cores are not wired"):
+        EngineConfig(speculative="draft:/tmp/core")
     with pytest.raises(ValueError, match="--speculative-width"):
         EngineConfig(speculative="ngram", speculative_width=9)
 
@@ -100,3 +111,21 @@ def test_penalized_greedy_rows_keep_the_sampling_graph():
     _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"), metrics,
            params={"temperature": 0.0, "presence_penalty": 0.5})
     assert _replays(metrics, "decode_greedy") == 0 and _replays(metrics, "decode") > 0
+
+
+def test_self_draft_probe_reports_a_proposal_the_target_would_not_make(monkeypatch):
+    from helios.runtime.engine import StepDriver
+
+    real = StepDriver.self_draft
+
+    def off_by_one(self, rows, k):  # a planted defect: the first proposal of each row is shifted
+        props = real(self, rows, k)
+        return [[(p[0] + 1) % 100 + 4, *p[1:]] if p else p for p in props]
+
+    monkeypatch.setattr(StepDriver, "self_draft", off_by_one)
+    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
+    metrics = Metrics()
+    spec, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative="self",
+                                  speculative_width=4), metrics)
+    assert spec == plain  # verification still rejects what the target would not emit
+    assert metrics.self_probe_misses._value.get() > 0
