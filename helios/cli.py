@@ -34,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request may wait for KV pages before a 503 with Retry-After")
     r.add_argument("--no-prefix-cache", action="store_true", help="do not reuse KV pages across requests")
     r.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    r.add_argument("--speculative", choices=("ngram", "self"), default=None,
+    r.add_argument("--speculative", default=None, metavar="ngram|self|draft:CORE",
                    help="speculative decoding: 'ngram' proposes continuations found in the request's own tokens "
                         "(prompt lookup); 'self' lets the target draft for itself (greedy batches; a correctness "
-                        "probe: every proposal must be accepted); verified by captured round graphs, greedy output "
-                        "unchanged")
+                        "probe: every proposal must be accepted); draft:CORE drafts with a model from its own core (same "
+                        "tokenizer, greedy batches); verified by captured round graphs, greedy output unchanged")
     r.add_argument("--speculative-width", type=int, default=4,
                    help="verification width W: the pending token + up to W-1 proposals (2..8, default 4)")
     r.add_argument("--attention", default=None,

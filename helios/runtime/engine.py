@@ -66,9 +66,9 @@ class EngineConfig:
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout must be positive, got {self.queue_timeout_s}")
         validate_fraction(self.gpu_memory_fraction)
-        if self.speculative not in (None, "ngram", "self"):
-            raise ValueError(f"--speculative {self.speculative}: 'ngram' (prompt lookup) and 'self' (the target "
-                             "drafts for itself: a correctness probe) are served; draft cores are not wired yet")
+        if self.speculative not in (None, "ngram", "self") and not str(self.speculative).startswith("draft:"):
+            raise ValueError(f"--speculative {self.speculative}: expected ngram (prompt lookup), self (the target "
+                             "drafts for itself: a correctness probe) or draft:CORE (a draft model's core)")
         if not 2 <= self.speculative_width <= 8:
             raise ValueError(f"--speculative-width must be 2..8, got {self.speculative_width}")
         if self.embedding_table_storage not in STORAGES:
@@ -236,16 +236,19 @@ class StepDriver:
             active_rows=torch.ones(n, dtype=torch.bool)))
         return [int(t) for t in out.tolist()]
 
-    def self_draft(self, rows: list[tuple[list[int], int, int]], k: list[int]) -> list[list[int]]:
-        """The target drafts for itself: up to ``k[i]`` greedy tokens per row by the greedy-only decode variant
-        (it leaves the sampling state alone), each row continuing from ``(pages, position, pending token)``.
-        Their K/V is rewritten by the verification round at the same positions."""
+    def self_draft(self, rows: list[tuple[list[int], int, int]], k: list[int], feed_last: bool = False
+                   ) -> list[list[int]]:
+        """Up to ``k[i]`` greedy tokens per row from this driver's model by its greedy-only decode variant (it
+        leaves the sampling state alone), each row continuing from ``(pages, position, pending token)``.  For the
+        target itself the verification round rewrites these K/V; a draft core passes ``feed_last`` so that its
+        last proposal's K/V is written too (needed when every proposal is accepted)."""
         props = [[] for _ in rows]
-        for j in range(max(k, default=0)):
+        for j in range(max(k, default=0) + (1 if feed_last and any(k) else 0)):
             live = [i for i in range(len(rows)) if len(props[i]) < k[i]]
             # every row steps (one static batch); a row past its k re-writes a position the verification round
             # rewrites anyway (pos + its last proposal index), never beyond its own drafted range
-            step_rows = [(p, pos + min(j, max(k[i] - 1, 0)), (props[i][-1] if props[i] else t))
+            last = [k[i] if feed_last else max(k[i] - 1, 0) for i in range(len(rows))]
+            step_rows = [(p, pos + min(j, last[i]), (props[i][-1] if props[i] else t))
                          for i, (p, pos, t) in enumerate(rows)]
             toks = self.decode(step_rows, greedy=True)
             for i in live:
@@ -364,8 +367,13 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
         from ignition.graphs.rounds import prepare_rounds
 
         prepare_rounds(graphs, decode, (config.speculative_width,))
-        draft = "self" if config.speculative == "self" else PromptLookupDraft(n=3, k=config.speculative_width - 1,
-                                                                                min_n=1)
+        if config.speculative == "self":
+            draft = "self"
+        elif config.speculative.startswith("draft:"):
+            draft = _draft_core(config.speculative[len("draft:"):], core, device, num_pages, page_size, max_context,
+                                decode, prefill, compile=cuda and config.compile)
+        else:
+            draft = PromptLookupDraft(n=3, k=config.speculative_width - 1, min_n=1)
     graphs.tune()
     if cuda:
         if config.compile:
@@ -381,7 +389,8 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
             embedding_line]
     if draft is not None:
         source = "self-drafting (greedy batches; a probe: every proposal must be accepted)" if draft == "self" \
-            else "n-gram prompt lookup (n 3..1)"
+            else (f"draft core {draft.path} (greedy batches)" if isinstance(draft, DraftCore)
+                  else "n-gram prompt lookup (n 3..1)")
         desc.append(f"speculative: {source}, verification width {config.speculative_width}")
     from .replay_timing import ReplayTimer
 
@@ -389,6 +398,40 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
                         set(core.eos_token_ids), desc, int(m.geometry.vocab_size),
                         _tool_call_format(m.recipe.name), draft, config.speculative_width if draft else 0)
+
+
+@dataclass
+class DraftCore:
+    """A draft model served from its own core beside the target: its own weights, KV pool (the target's page
+    ids and geometry of pages, so one block table serves both) and catalog (greedy-only decode variant used).
+    It sees every token the target commits (prefill chunks and decode steps) so its KV stays in step."""
+
+    path: Path
+    driver: "StepDriver"
+
+
+def _draft_core(path: str, target_core, device: str, num_pages: int, page_size: int, max_context: int, decode,
+                prefill, compile: bool) -> DraftCore:
+    from ignition.core import CoreFormatError
+    from ignition.graphs.catalog import GraphCatalog
+    from ignition.preparation import ExportError, load_prepared
+
+    try:
+        model, core = load_prepared(path, device=device)
+    except (CoreFormatError, ExportError, OSError, KeyError, ValueError) as e:
+        raise EngineStartError(f"--speculative draft:{path}: cannot load the draft core: {e}") from e
+    if Path(core.tokenizer_path).read_bytes() != Path(target_core.tokenizer_path).read_bytes():
+        raise EngineStartError(f"--speculative draft:{path}: the draft core's tokenizer differs from the target's "
+                               "(a draft must share the tokenizer)")
+    model.allocate_kv_cache(num_pages, page_size, max_context)
+    graphs = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill)).prepare(
+        model, greedy_variant=True)
+    graphs.tune()
+    if device.startswith("cuda"):
+        if compile:
+            graphs.compile()
+        graphs.capture()
+    return DraftCore(Path(path), StepDriver(model, graphs, page_size))
 
 
 def _kv_tokens_from_memory(geometry, config: EngineConfig, device: str, page_size: int, decode, prefill,

@@ -192,6 +192,8 @@ class Scheduler:
         slot = len(self.running)
         token = self.driver.prefill(r.pages, r.prefilled, part, r.resolved if final else None, r.prompt_ids,
                                     slot, occupied=slot > 0)
+        if hasattr(self.engine.draft, "driver"):  # the draft core prefills the same chunk into its own pool
+            self.engine.draft.driver.prefill(r.pages, r.prefilled, part, None, r.prompt_ids, slot, occupied=slot > 0)
         r.prefilled += len(part)
         if final:
             self.prefilling.popleft()
@@ -209,12 +211,15 @@ class Scheduler:
 
         draft, rows = self.engine.draft, self.running
         limits = [max(min(r.max_tokens - len(r.generated) - 1, self.engine.speculative_width - 1), 0) for r in rows]
-        if draft == "self":
+        if draft == "self" or hasattr(draft, "driver"):
             if not all(plain_greedy(r.resolved) for r in rows):
                 return [[] for _ in rows]
             plen = lambda r: len(r.prompt_ids)  # noqa: E731
-            return self.driver.self_draft([(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in rows],
-                                          limits)
+            heads = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in rows]
+            if draft == "self":
+                return self.driver.self_draft(heads, limits)
+            props = draft.driver.self_draft(heads, limits, feed_last=True)
+            return [p[:n] for p, n in zip(props, limits)]
         hist = [r.prompt_ids + r.generated for r in rows]
         width = max(len(h) for h in hist)
         history = torch.tensor([h + [0] * (width - len(h)) for h in hist])
@@ -247,6 +252,8 @@ class Scheduler:
         else:
             rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
             tokens = self.driver.decode(rows, greedy=all(plain_greedy(r.resolved) for r in self.running))
+            if hasattr(self.engine.draft, "driver"):  # the draft core writes the committed token's K/V too
+                self.engine.draft.driver.decode(rows, greedy=True)
             for r, t in zip(self.running, tokens):
                 self._accept(r, t)
         for slot in sorted((i for i, r in enumerate(self.running) if r.finish_reason is not None), reverse=True):

@@ -44,6 +44,17 @@ def _serve(config: EngineConfig, metrics=None, max_tokens=24, params=GREEDY):
         scheduler.stop()
 
 
+def _speculative_equals_plain(speculative: str, width: int = 4):
+    """Serve the prompts plainly and with ``speculative``: the outputs must be equal; returns
+    ``(metrics, engine, drafted, accepted)`` of the speculative run."""
+    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
+    metrics = Metrics()
+    spec, engine = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative=speculative,
+                                       speculative_width=width), metrics)
+    assert spec == plain
+    return metrics, engine, metrics.draft_tokens._value.get(), metrics.accepted_tokens._value.get()
+
+
 @pytest.mark.parametrize("width", [2, 4, 8])
 def test_ngram_speculation_keeps_greedy_output_and_counts_rounds(width):
     plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
@@ -62,19 +73,27 @@ def test_ngram_speculation_keeps_greedy_output_and_counts_rounds(width):
 
 
 def test_self_drafting_accepts_every_own_proposal_and_keeps_greedy_output():
-    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
-    metrics = Metrics()
-    spec, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative="self",
-                                  speculative_width=4), metrics)
-    assert spec == plain
-    drafted, accepted = metrics.draft_tokens._value.get(), metrics.accepted_tokens._value.get()
+    metrics, _, drafted, accepted = _speculative_equals_plain("self")
     assert drafted > 0 and accepted == drafted  # the probe: a greedy target accepts its own greedy proposals
     assert metrics.self_probe_misses._value.get() == 0
 
 
-def test_unsupported_speculative_sources_fail_at_start():
-    with pytest.raises(ValueError, match="draft cores are not wired"):
-        EngineConfig(speculative="draft:/tmp/core")
+def test_a_draft_core_keeps_greedy_output_and_drafts_in_step():
+    """Two tiny cores on CPU: the embedded default drafting for itself from its own core folder (its own model,
+    KV pool and catalog): greedy output equal to plain serving; a draft that is the target accepts everything."""
+    _, engine, drafted, accepted = _speculative_equals_plain(f"draft:{default_core()}")
+    assert drafted > 0 and accepted == drafted
+    assert engine.draft.driver.model is not engine.driver.model
+
+
+def test_unsupported_speculative_sources_fail_at_start(tmp_path):
+    from helios.runtime.engine import EngineStartError
+
+    with pytest.raises(ValueError, match="expected ngram"):
+        EngineConfig(speculative="medusa")
+    with pytest.raises(EngineStartError, match="cannot load the draft core"):
+        load_engine(default_core(), EngineConfig(kv_tokens=1024, max_context=256, device="cpu",
+                                                 speculative=f"draft:{tmp_path}"))
     with pytest.raises(ValueError, match="--speculative-width"):
         EngineConfig(speculative="ngram", speculative_width=9)
 
@@ -123,9 +142,27 @@ def test_self_draft_probe_reports_a_proposal_the_target_would_not_make(monkeypat
         return [[(p[0] + 1) % 100 + 4, *p[1:]] if p else p for p in props]
 
     monkeypatch.setattr(StepDriver, "self_draft", off_by_one)
-    plain, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu"))
-    metrics = Metrics()
-    spec, _ = _serve(EngineConfig(kv_tokens=4096, max_context=512, device="cpu", speculative="self",
-                                  speculative_width=4), metrics)
-    assert spec == plain  # verification still rejects what the target would not emit
+    metrics, _, _, _ = _speculative_equals_plain("self")  # verification rejects what the target would not emit
     assert metrics.self_probe_misses._value.get() > 0
+
+
+def test_a_different_draft_core_with_rejected_proposals_keeps_greedy_output(tmp_path, monkeypatch):
+    """A draft core with other weights (the embedded geometry and tokenizer, seed 7) whose first proposal per row
+    is also corrupted (the tiny models' greedy streams agree too often to force rejections otherwise): proposals
+    are rejected, and the served greedy output still equals plain serving token for token."""
+    from helios.runtime.engine import DEFAULT_CORE_DECODE, DEFAULT_CORE_PREFILL, StepDriver
+    from ignition.checkpoints.synth import EMBEDDED_REPO_ID, synthesize_checkpoint
+    from ignition.preparation import export
+
+    ckpt = synthesize_checkpoint(EMBEDDED_REPO_ID, tmp_path / "draft-ckpt", seed=7, progress=False)
+    export(str(ckpt), str(tmp_path / "draft-core"), decode=DEFAULT_CORE_DECODE, prefill=DEFAULT_CORE_PREFILL,
+           compile=False, progress=False)
+    real = StepDriver.self_draft
+
+    def corrupt_first(self, rows, k, feed_last=False):
+        props = real(self, rows, k, feed_last)
+        return [[(p[0] + 3) % 100 + 4, *p[1:]] if p else p for p in props]
+
+    monkeypatch.setattr(StepDriver, "self_draft", corrupt_first)
+    _, _, drafted, accepted = _speculative_equals_plain(f"draft:{tmp_path / 'draft-core'}")
+    assert drafted > 0 and accepted < drafted
