@@ -87,11 +87,7 @@ class Case:
         chunk = 16 * (-(-prompt_len // 16))
         self.graphs = GraphCatalog(decode_capacities=(capacity,), prefill_chunks=(chunk,)).prepare(self.model)
         self.rounds = {r.width: r for r in prepare_rounds(self.graphs, (capacity,), self.widths)}
-        self.graphs.tune()
-        if compile:
-            self.graphs.compile()
-        if str(device).startswith("cuda"):
-            self.graphs.capture()
+        self.graphs.ready(compile=compile)
         self.rows = Rows(capacity, ppr, frozenset(inactive))
         self.sampled = frozenset(sampled_rows)
         self.device = device

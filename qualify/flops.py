@@ -16,6 +16,8 @@ reference the prefill targets are stated against ("% of the measured bf16 matmul
 
 from __future__ import annotations
 
+import functools
+
 
 def prefill_flops(g, tokens: int, context: int = 0) -> dict:
     """``g``: a core manifest's ``geometry`` (or any object with its field names)."""
@@ -35,21 +37,14 @@ def prefill_flops(g, tokens: int, context: int = 0) -> dict:
 def measured_matmul_tflops(n: int = 8192, samples: int = 30, warmup: int = 5) -> dict:
     import torch
 
-    from qualify.timing import summarize, time_samples
+    from qualify.timing import captured, summarize, time_samples
 
     if not torch.cuda.is_available():
         raise RuntimeError("the matmul throughput reference needs a CUDA GPU")
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.matmul(a, b, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        torch.matmul(a, b, out=out)
+    graph = captured(functools.partial(torch.matmul, a, b, out=out), warmup=1)
     times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
     s = summarize(times)
     del graph, a, b, out

@@ -103,12 +103,7 @@ class ReplayBench:
             from ignition.graphs.rounds import prepare_rounds
 
             prepare_rounds(graphs, self.capacities, self.widths)
-        graphs.tune()
-        if compile:
-            graphs.compile()
-        if (self.device.startswith("cuda") if graph is None else graph):
-            graphs.capture()
-        return graphs
+        return graphs.ready(compile=compile, capture=graph)
 
     # -- state ---------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ JSON object ``{"source": ..., "bandwidth": ..., "cases": [weight_traffic(...) pe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -162,22 +163,14 @@ def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:
     Needs a CUDA GPU; on a machine without one it raises ``RuntimeError``."""
     import torch
 
-    from qualify.timing import time_samples
+    from qualify.timing import captured, time_samples
 
     if not torch.cuda.is_available():
         raise RuntimeError("the measured floor needs a CUDA GPU (none on this machine): pass a measured "
                            "--bandwidth in bytes/s instead (the H200 read bandwidth is in ../shared/GUIDE.md §5)")
     buf = torch.ones(max(nbytes // 2, 1), dtype=torch.bfloat16, device="cuda")
     out = torch.empty((), dtype=torch.float32, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            torch.sum(buf, dim=0, dtype=torch.float32, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        torch.sum(buf, dim=0, dtype=torch.float32, out=out)
+    graph = captured(functools.partial(torch.sum, buf, dim=0, dtype=torch.float32, out=out))
     times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
     median = sorted(times)[len(times) // 2]
     del graph, buf

@@ -8,6 +8,9 @@ host synchronisation sits between samples beyond what ``setup`` does.  On CPU ea
 ``perf_counter`` around ``fn()``.  ``setup()`` runs before each sample *outside* the timed region (state
 restoration: KV lengths, sampling state).
 
+``captured(fn)`` warms ``fn`` up on a side stream and captures it into a CUDA graph (the minimal reference
+graphs: the bandwidth floor, the matmul throughput).
+
 ``summarize(samples)`` gives the median/min/max/mean in milliseconds and the sample count, the same
 numbers every report prints.
 """
@@ -51,6 +54,22 @@ def time_samples(fn: Callable[[], object], *, samples: int = 50, warmup: int = 5
         events.append((start, end))
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / 1e3 for s, e in events]
+
+
+def captured(fn: Callable[[], object], warmup: int = 3):
+    """``fn`` captured into a ``torch.cuda.CUDAGraph`` after ``warmup`` calls on a side stream (CUDA only)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
 
 
 def summarize(samples_s: list[float]) -> dict:

@@ -335,6 +335,16 @@ class PreparedGraphs:
         self.stage = "compiled"
         return self
 
+    def ready(self, compile: bool = True, capture: bool | None = None) -> "PreparedGraphs":
+        """The stages a runtime needs, in order: tune, then compile (``compile``), then capture (``capture``;
+        default: on a CUDA model).  On CPU the steps stay eager or compiled."""
+        self.tune()
+        if compile:
+            self.compile()
+        if self.model.device.type == "cuda" if capture is None else capture:
+            self.capture()
+        return self
+
     def capture(self, warmup: int = 2) -> "PreparedGraphs":
         if self.model.device.type != "cuda":
             raise RuntimeError("capture() needs a CUDA model; on CPU the prepared steps run eagerly or compiled")
