@@ -166,6 +166,7 @@ class StepDriver:
         self.width = graphs.steps[0].max_pages
         self.sink = model.kv_cache.sink_page
         self.decode_caps = sorted(s.shape.rows for s in graphs.steps if s.shape.kind == "decode")
+        self.has_greedy_variant = any(s.shape.kind == DECODE_GREEDY for s in graphs.steps)
         self.prefill_chunks = sorted(s.shape.tokens for s in graphs.steps if s.shape.kind == "prefill")
         self.slots = max(self.decode_caps)
         self.on_replay = on_replay or (lambda kind, capacity: None)
@@ -225,8 +226,7 @@ class StepDriver:
         """``rows[i] = (pages, position, token)`` for slots ``0..n-1``; returns each row's next token.
         ``greedy``: every row is plain greedy (``catalog.plain_greedy``): the greedy-only variant serves it."""
         n = len(rows)
-        kinds = {s.shape.kind for s in self.graphs.steps}
-        step = self.graphs.step(DECODE_GREEDY if greedy and DECODE_GREEDY in kinds else "decode", n)
+        step = self.graphs.step(DECODE_GREEDY if greedy and self.has_greedy_variant else "decode", n)
         bt = torch.stack([self._table(p) for p, _, _ in rows])
         pos = torch.tensor([[p] for _, p, _ in rows])
         valid = torch.ones_like(pos, dtype=torch.bool)
@@ -301,7 +301,7 @@ class LoadedEngine:
     description: list[str]
     vocab_size: int = 0  # token IDs a prompt may hold (0 .. vocab_size-1)
     tool_call_format: str | None = None  # the recipe's (helios/frontend/tool_calls.py); None: replies stay text
-    draft: object = None  # the proposer of speculative rounds (None: plain decode)
+    draft: object = None  # the proposal source of speculative rounds (drafting.Proposer; None: plain decode)
     speculative_width: int = 0
 
 
@@ -363,22 +363,15 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     graphs = catalog.prepare(model, greedy_variant=True)
     draft = None
     if config.speculative:
-        from ignition.components.drafts import PromptLookupDraft
         from ignition.graphs.rounds import prepare_rounds
 
+        from .drafting import make_proposer
+
         prepare_rounds(graphs, decode, (config.speculative_width,))
-        if config.speculative == "self":
-            draft = "self"
-        elif config.speculative.startswith("draft:"):
-            draft = _draft_core(config.speculative[len("draft:"):], core, device, num_pages, page_size, max_context,
-                                decode, prefill, compile=cuda and config.compile)
-        else:
-            draft = PromptLookupDraft(n=3, k=config.speculative_width - 1, min_n=1)
-    graphs.tune()
-    if cuda:
-        if config.compile:
-            graphs.compile()
-        graphs.capture()
+        draft = make_proposer(config.speculative, config.speculative_width, target_core=core, device=device,
+                              num_pages=num_pages, page_size=page_size, max_context=max_context, decode=decode,
+                              prefill=prefill, compile=cuda and config.compile)
+    graphs.ready(compile=cuda and config.compile)
     tokenizer = PromptTokenizer.from_file(core.tokenizer_path)
     frontend = Frontend(core.template_text(), tokenizer, core.special_token_variables, core.frontend_spec(),
                         core.sampling_defaults())
@@ -388,50 +381,14 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
             f"KV pool {num_pages} pages x {page_size} tokens ({why}); max context {max_context}",
             embedding_line]
     if draft is not None:
-        source = "self-drafting (greedy batches; a probe: every proposal must be accepted)" if draft == "self" \
-            else (f"draft core {draft.path} (greedy batches)" if isinstance(draft, DraftCore)
-                  else "n-gram prompt lookup (n 3..1)")
-        desc.append(f"speculative: {source}, verification width {config.speculative_width}")
+        desc.append(f"speculative: {draft.description}, verification width {config.speculative_width}")
+
     from .replay_timing import ReplayTimer
 
     driver = StepDriver(model, graphs, page_size, on_replay, embeddings, ReplayTimer(cuda, on_gpu_ns))
     return LoadedEngine(path, name, frontend, tokenizer, driver, PagePool(num_pages), page_size, max_context,
                         set(core.eos_token_ids), desc, int(m.geometry.vocab_size),
                         _tool_call_format(m.recipe.name), draft, config.speculative_width if draft else 0)
-
-
-@dataclass
-class DraftCore:
-    """A draft model served from its own core beside the target: its own weights, KV pool (the target's page
-    ids and geometry of pages, so one block table serves both) and catalog (greedy-only decode variant used).
-    It sees every token the target commits (prefill chunks and decode steps) so its KV stays in step."""
-
-    path: Path
-    driver: "StepDriver"
-
-
-def _draft_core(path: str, target_core, device: str, num_pages: int, page_size: int, max_context: int, decode,
-                prefill, compile: bool) -> DraftCore:
-    from ignition.core import CoreFormatError
-    from ignition.graphs.catalog import GraphCatalog
-    from ignition.preparation import ExportError, load_prepared
-
-    try:
-        model, core = load_prepared(path, device=device)
-    except (CoreFormatError, ExportError, OSError, KeyError, ValueError) as e:
-        raise EngineStartError(f"--speculative draft:{path}: cannot load the draft core: {e}") from e
-    if Path(core.tokenizer_path).read_bytes() != Path(target_core.tokenizer_path).read_bytes():
-        raise EngineStartError(f"--speculative draft:{path}: the draft core's tokenizer differs from the target's "
-                               "(a draft must share the tokenizer)")
-    model.allocate_kv_cache(num_pages, page_size, max_context)
-    graphs = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill)).prepare(
-        model, greedy_variant=True)
-    graphs.tune()
-    if device.startswith("cuda"):
-        if compile:
-            graphs.compile()
-        graphs.capture()
-    return DraftCore(Path(path), StepDriver(model, graphs, page_size))
 
 
 def _kv_tokens_from_memory(geometry, config: EngineConfig, device: str, page_size: int, decode, prefill,

@@ -192,8 +192,8 @@ class Scheduler:
         slot = len(self.running)
         token = self.driver.prefill(r.pages, r.prefilled, part, r.resolved if final else None, r.prompt_ids,
                                     slot, occupied=slot > 0)
-        if hasattr(self.engine.draft, "driver"):  # the draft core prefills the same chunk into its own pool
-            self.engine.draft.driver.prefill(r.pages, r.prefilled, part, None, r.prompt_ids, slot, occupied=slot > 0)
+        if self.engine.draft is not None:  # a source with its own state (a draft core) sees the chunk too
+            self.engine.draft.follow_prefill(r.pages, r.prefilled, part, r.prompt_ids, slot, slot > 0)
         r.prefilled += len(part)
         if final:
             self.prefilling.popleft()
@@ -204,40 +204,24 @@ class Scheduler:
             if r.finish_reason is not None:
                 self._retire(slot)
 
-    def _proposals(self) -> list[list[int]]:
-        """Proposals per running row, at most ``W - 1`` and never past ``max_tokens``: prompt lookup, or the target
-        itself (``self``: plain greedy batches only -- other batches decode without speculation)."""
-        import torch
+    def _heads(self) -> list[tuple[list[int], int, int]]:
+        """``(pages, position of the pending token, pending token)`` per running row."""
+        return [(r.pages, len(r.prompt_ids) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
 
-        draft, rows = self.engine.draft, self.running
-        limits = [max(min(r.max_tokens - len(r.generated) - 1, self.engine.speculative_width - 1), 0) for r in rows]
-        if draft == "self" or hasattr(draft, "driver"):
-            if not all(plain_greedy(r.resolved) for r in rows):
-                return [[] for _ in rows]
-            plen = lambda r: len(r.prompt_ids)  # noqa: E731
-            heads = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in rows]
-            if draft == "self":
-                return self.driver.self_draft(heads, limits)
-            props = draft.driver.self_draft(heads, limits, feed_last=True)
-            return [p[:n] for p, n in zip(props, limits)]
-        hist = [r.prompt_ids + r.generated for r in rows]
-        width = max(len(h) for h in hist)
-        history = torch.tensor([h + [0] * (width - len(h)) for h in hist])
-        limit = torch.tensor(limits)
-        active = torch.ones(len(rows), dtype=torch.bool)
-        tokens, _, n = draft.propose(history, torch.tensor([len(h) for h in hist]), None, active=active, limit=limit)
-        return [tokens[i, :int(n[i])].tolist() for i in range(len(rows))]
+    def _proposals(self, heads) -> list[list[int]]:
+        """The speculative source's proposals per running row: at most ``W - 1``, never past ``max_tokens``."""
+        width = self.engine.speculative_width
+        limits = [max(min(r.max_tokens - len(r.generated) - 1, width - 1), 0) for r in self.running]
+        return self.engine.draft.propose(self.driver, self.running, heads, limits)
 
     def _decode(self) -> None:
-        plen = lambda r: len(r.prompt_ids)  # noqa: E731
-        proposals = self._proposals() if self.engine.draft is not None else []
+        draft, heads = self.engine.draft, self._heads()
+        proposals = self._proposals(heads) if draft is not None else []
         if any(proposals):
-            rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1], p)
-                    for r, p in zip(self.running, proposals)]
-            emitted = self.driver.verify(rows, self.engine.speculative_width)
+            emitted = self.driver.verify([(*h, p) for h, p in zip(heads, proposals)], self.engine.speculative_width)
             if self.metrics is not None:
                 self.metrics.speculative(proposals, emitted)
-            if self.engine.draft == "self":
+            if draft.probe:
                 short = [(r.id, len(e) - 1, len(p)) for r, e, p in zip(self.running, emitted, proposals)
                          if len(e) - 1 < len(p)]
                 if short:  # the probe: a greedy target must accept its own greedy proposals
@@ -250,10 +234,9 @@ class Scheduler:
                     if r.finish_reason is None:
                         self._accept(r, t)
         else:
-            rows = [(r.pages, plen(r) + len(r.generated) - 1, r.generated[-1]) for r in self.running]
-            tokens = self.driver.decode(rows, greedy=all(plain_greedy(r.resolved) for r in self.running))
-            if hasattr(self.engine.draft, "driver"):  # the draft core writes the committed token's K/V too
-                self.engine.draft.driver.decode(rows, greedy=True)
+            tokens = self.driver.decode(heads, greedy=all(plain_greedy(r.resolved) for r in self.running))
+            if draft is not None:  # a source with its own state writes the committed token's K/V too
+                draft.follow_decode(heads)
             for r, t in zip(self.running, tokens):
                 self._accept(r, t)
         for slot in sorted((i for i, r in enumerate(self.running) if r.finish_reason is not None), reverse=True):
