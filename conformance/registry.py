@@ -49,3 +49,24 @@ def variant_cases() -> list[tuple[str, str]]:
 
 def graph_cases(gpu_classes=GPU_CLASSES[1:]) -> list[GraphCase]:
     return [GraphCase(r.name, cap, g) for r in all_recipes() for cap in r.capacities for g in gpu_classes]
+
+
+def speculative_cases(cpu_capacities=(1, 4), gpu_capacities=(1, 4, 64), gpu_classes=GPU_CLASSES[1:]):
+    """Speculative-round cases: recipes with a prepared model and declared verification widths, on the CPU
+    (eager prepared steps, unmarked: CI) and on each GPU class (compiled and captured, marked ``gpu``).
+    Capacities are a subset of the recipe's (each case compiles and captures decode + every width): the
+    smallest, a middle one and the largest on a GPU."""
+    import importlib
+
+    import pytest
+
+    out = []
+    for r in all_recipes():
+        module = importlib.import_module(f"ignition.recipes.{r.name}.recipe")
+        if not (hasattr(module, "MODEL") and hasattr(module, "SPECULATIVE_WIDTHS")):
+            continue
+        out += [pytest.param(GraphCase(r.name, c, "cpu"), id=f"{r.name}-b{c}-cpu")
+                for c in cpu_capacities if c in r.capacities]
+        out += [pytest.param(GraphCase(r.name, c, g), id=f"{r.name}-b{c}-{g}", marks=pytest.mark.gpu)
+                for g in gpu_classes for c in gpu_capacities if c in r.capacities]
+    return out

@@ -1,7 +1,8 @@
 """GPU memory invariants of a captured catalog (issue 4 §3/§4), per recipe x GPU class:
 
-- **allocation stability**: 10,000 replays alternating every decode capacity, with inactive rows, make no
-  allocation at all (the caching allocator's ``allocation.all.allocated`` counter and reserved bytes unchanged);
+- **allocation stability**: 10,000 replays alternating every decode capacity and, where the recipe declares
+  speculative widths, verification rounds (capacities 1 and 4 x every width, ragged proposals), with inactive
+  rows, make no allocation at all (the caching allocator's ``allocation.all.allocated`` counter and reserved bytes unchanged);
 - **poisoned scratch**: between replays every segment of the graphs' private pool (their intermediates and
   workspaces: inputs, outputs, KV pool and sampling state live outside it) is filled with NaN bytes (0xFF); the
   outputs of the next replays are bytewise those of an unpoisoned run -- every graph writes its scratch before
@@ -22,6 +23,7 @@ from .registry import graph_cases
 CASES = [c for c in graph_cases() if c.capacity == 1]  # one case per recipe x class: the catalog takes them all
 REPLAYS = 10_000
 PAGE = 16
+ROUND_CAPACITIES = (1, 4)
 
 
 def _catalog(recipe: str):
@@ -38,22 +40,35 @@ def _catalog(recipe: str):
     caps = module.DECODE_CAPACITIES
     model.allocate_kv_cache(num_pages=max(caps) * 8 + 8, page_size=PAGE, max_context=8 * PAGE)
     graphs = module.graph_catalog().prepare(model, decode=caps, prefill=(module.PREFILL_CHUNKS[0],))
+    kinds = [("decode", c, 1) for c in caps]
+    if hasattr(module, "SPECULATIVE_WIDTHS"):
+        from ignition.graphs.rounds import prepare_rounds
+
+        rounds = prepare_rounds(graphs, ROUND_CAPACITIES, module.SPECULATIVE_WIDTHS)
+        kinds += [("round", r.shape.rows, r.width) for r in rounds]
     graphs.compile().capture()
     torch.cuda.synchronize()
-    return graphs, caps
+    return graphs, kinds
 
 
-def _inputs(capacity: int, step: int, width: int):
-    """Host tensors for a decode step of ``capacity`` rows, every third row inactive (row r owns pages 8r..)."""
+def _inputs(capacity: int, step: int, width: int, tokens: int = 1):
+    """Host tensors for a decode step (``tokens`` 1) or a round of ``tokens`` positions over ``capacity`` rows,
+    every third row inactive (row r owns pages 8r..; positions stay inside the first of them)."""
     import torch
 
     act = torch.tensor([r % 3 != 1 for r in range(capacity)])
-    pos = torch.full((capacity, 1), 20 + step % 40)
+    pos = (20 + step % 40 + torch.arange(tokens)).expand(capacity, tokens)
     bt = torch.stack([torch.arange(8 * r, 8 * r + width, dtype=torch.int32) for r in range(capacity)])
     slots = torch.where(act[:, None], bt[:, :1].long() * PAGE + pos, -1)
-    ids = torch.tensor([[(r * 31 + step) % 4000 + 5] for r in range(capacity)])
-    return {"input_ids": ids, "positions": pos, "slot_mapping": slots, "block_tables": bt,
-            "seq_lens": torch.where(act, pos[:, 0] + 1, 0), "active_rows": act}
+    ids = torch.tensor([[(r * 31 + step + j) % 4000 + 5 for j in range(tokens)] for r in range(capacity)])
+    fed = torch.tensor([1 + (r + step) % tokens for r in range(capacity)])  # ragged: pending + 0..W-1 proposals
+    slots = torch.where(torch.arange(tokens) < fed[:, None], slots, -1)  # padding positions write nothing
+    out = {"input_ids": ids, "positions": pos, "slot_mapping": slots, "block_tables": bt,
+           "seq_lens": torch.where(act, pos[:, 0] + fed, 0), "active_rows": act}
+    if tokens > 1:
+        out["draft_tokens"] = ids[:, 1:]
+        out["n_proposals"] = fed - 1
+    return out
 
 
 def _graph_pool_segments(pool):
@@ -82,14 +97,18 @@ def _poison_pool(pool) -> int:
 def test_replays_allocate_nothing_and_ignore_poisoned_scratch(case, flare_samples):
     import torch
 
-    graphs, caps = _catalog(case.recipe)
+    graphs, kinds = _catalog(case.recipe)
     width = graphs.steps[0].max_pages
-    schedule = [(caps[i % len(caps)], i) for i in range(REPLAYS)]
-    staged = {(c, i % 40): _inputs(c, i % 40, width) for c, i in schedule[:len(caps) * 40]}
+    schedule = [(kinds[i % len(kinds)], i) for i in range(REPLAYS)]
+    staged = {(k, i % 40): _inputs(k[1], i % 40, width, k[2]) for k, i in schedule[:len(kinds) * 40]}
 
-    def replay(c, i):
-        step = graphs.step("decode", c)
-        step.load(**staged[(c, i % 40)])
+    def replay(k, i):
+        step = graphs.step(*k)  # (kind, rows, tokens): decode capacity or round (rows, width)
+        inputs = dict(staged[(k, i % 40)])
+        drafts = {n: inputs.pop(n) for n in ("draft_tokens", "n_proposals") if n in inputs}
+        step.load(**inputs)
+        if k[0] == "round":
+            step.load_drafts(**drafts)
         step.execute()
         return step
 
@@ -105,23 +124,24 @@ def test_replays_allocate_nothing_and_ignore_poisoned_scratch(case, flare_sample
     # poisoned scratch: the same short sequence twice from the same KV state, the second with the pool poisoned
     # before every replay; logits and tokens must not move
     kv = (graphs.model.kv_cache.k.clone(), graphs.model.kv_cache.v.clone())
-    probe = schedule[:4 * len(caps)]
+    probe = schedule[:4 * len(kinds)]
 
     def run(poison: bool):
         graphs.model.kv_cache.k.copy_(kv[0]), graphs.model.kv_cache.v.copy_(kv[1])
         out, poisoned = [], 0
-        for c, i in probe:
+        for k, i in probe:
             if poison:
                 poisoned = max(poisoned, _poison_pool(graphs.pool))
-            step = replay(c, i)
-            out.append((step.logits[:c].clone(), step.tokens[:c].clone()))
+            step = replay(k, i)
+            out.append((step.logits[:k[1]].clone(),
+                        (step.tokens if k[0] == "decode" else step.emitted)[:k[1]].clone()))
         return out, poisoned
 
     clean, _ = run(False)
     dirty, poisoned = run(True)
     same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(clean, dirty))
     flare_samples(case={"recipe": case.recipe, "gpu_class": case.gpu_class, "check": "memory_stability"},
-                  replays=REPLAYS, new_allocations=new_allocs, reserved_growth_bytes=reserved1 - reserved0,
+                  replays=REPLAYS, graphs=[list(k) for k in kinds], new_allocations=new_allocs, reserved_growth_bytes=reserved1 - reserved0,
                   poisoned_pool_bytes=poisoned, poisoned_outputs_equal=same)
     assert new_allocs == 0 and reserved1 == reserved0
     assert poisoned > 0, "the graphs' private pool has no segment to poison"

@@ -21,28 +21,19 @@ import importlib
 import pytest
 import torch
 
-from .registry import all_recipes
+from .registry import GraphCase, speculative_cases
 from .speculative import Case, probe_checkpoint
 
-CAPACITIES = (1, 4)  # of the recipe's decode capacities: CPU time; the GPU matrix takes them all
 PARITY_STEPS = 256
 SPEC_TOKENS = 40
-
-
-def _cases():
-    out = []
-    for r in all_recipes():
-        module = importlib.import_module(f"ignition.recipes.{r.name}.recipe")
-        if hasattr(module, "MODEL") and hasattr(module, "SPECULATIVE_WIDTHS"):
-            out += [(r.name, c) for c in CAPACITIES]
-    return out
-
-
-CASES = _cases()
+CASES = speculative_cases()  # CPU: capacities 1, 4 (CI); each GPU class: 1, 4, 64, marked gpu
+FIRST = [c for c in CASES if c.values[0].capacity == 1]  # planted defects: one case per device class
 
 
 def _widths(recipe: str) -> tuple[int, ...]:
     return importlib.import_module(f"ignition.recipes.{recipe}.recipe").SPECULATIVE_WIDTHS
+
+
 _BUILT: dict = {}
 
 
@@ -55,12 +46,13 @@ def _probe_dir():
     return _BUILT["probe"]
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def _device(gc: GraphCase) -> str:
+    return "cpu" if gc.gpu_class == "cpu" else "cuda"
 
 
-def _case(recipe: str, capacity: int) -> Case:
-    key = (recipe, capacity)
+def _case(gc: GraphCase) -> Case:
+    recipe, capacity, device = gc.recipe, gc.capacity, _device(gc)
+    key = (recipe, capacity, device)
     if key not in _BUILT:
         module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
         path, name = module.MODEL.split(":")
@@ -68,17 +60,15 @@ def _case(recipe: str, capacity: int) -> Case:
         inactive = frozenset({1}) if capacity > 1 else frozenset()
         sampled = frozenset({2, 3}) if capacity > 2 else frozenset()
         _BUILT[key] = Case(cls, probe_checkpoint(_probe_dir()), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
-                           inactive=inactive, sampled_rows=sampled, device=_device(), compile=_device() == "cuda")
+                           inactive=inactive, sampled_rows=sampled, device=device, compile=device == "cuda")
     return _BUILT[key]
 
 
-def _ids(cases):
-    return [f"{r}-b{c}-{_device()}" for r, c in cases]
 
-
-@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
-def test_width_one_round_is_decode_bytewise(recipe, capacity, flare_samples):
-    case = _case(recipe, capacity)
+@pytest.mark.parametrize("gc", CASES)
+def test_width_one_round_is_decode_bytewise(gc, flare_samples):
+    case = _case(gc)
+    recipe, capacity = gc.recipe, gc.capacity
     reference = case.decode(PARITY_STEPS)
     kv_ref = (case.model.kv_cache.k.clone(), case.model.kv_cache.v.clone())
     state = case.graphs.sampling
@@ -96,7 +86,7 @@ def test_width_one_round_is_decode_bytewise(recipe, capacity, flare_samples):
     state_equal = torch.equal(state.step[:capacity], state_ref[0]) and \
         torch.equal(state.output_counts[:capacity], state_ref[1])
     flare_samples(case={"recipe": recipe, "capacity": capacity, "width": 1, "check": "width_one_vs_decode",
-                        "device": _device()}, steps=PARITY_STEPS, logits_mismatched_steps=mismatches,
+                        "device": _device(gc), "gpu_class": gc.gpu_class}, steps=PARITY_STEPS, logits_mismatched_steps=mismatches,
                   kv_bytewise=kv_equal, sampling_state_equal=state_equal)
     assert mismatches == 0 and kv_equal and state_equal
 
@@ -150,9 +140,10 @@ def _noisy_oracle(reference, seed: int):
     return draft
 
 
-@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
-def test_transitions_equal_plain_greedy_decode_with_rejected_slots_poisoned(recipe, capacity, flare_samples):
-    case = _case(recipe, capacity)
+@pytest.mark.parametrize("gc", CASES)
+def test_transitions_equal_plain_greedy_decode_with_rejected_slots_poisoned(gc, flare_samples):
+    case = _case(gc)
+    recipe, capacity = gc.recipe, gc.capacity
     reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
     schedule = (1, 4, 1, 2, 8, 4, 1)
     produced, _ = _speculate(case, schedule, _noisy_oracle(reference, seed=capacity))
@@ -160,12 +151,13 @@ def test_transitions_equal_plain_greedy_decode_with_rejected_slots_poisoned(reci
         if r not in case.rows.inactive:
             assert produced[r] == reference[r][:SPEC_TOKENS], f"row {r}: speculative output differs from decode"
     flare_samples(case={"recipe": recipe, "capacity": capacity, "check": "transitions_greedy",
-                        "schedule": list(schedule), "device": _device()}, tokens=SPEC_TOKENS, equal=True)
+                        "schedule": list(schedule), "device": _device(gc), "gpu_class": gc.gpu_class}, tokens=SPEC_TOKENS, equal=True)
 
 
-@pytest.mark.parametrize("recipe,capacity", CASES, ids=_ids(CASES))
-def test_self_drafting_accepts_every_proposal(recipe, capacity):
-    case = _case(recipe, capacity)
+@pytest.mark.parametrize("gc", CASES)
+def test_self_drafting_accepts_every_proposal(gc):
+    case = _case(gc)
+    recipe, capacity = gc.recipe, gc.capacity
     reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
 
     def self_draft(r, produced, width):
@@ -176,9 +168,10 @@ def test_self_drafting_accepts_every_proposal(recipe, capacity):
     assert all(produced[r] == reference[r][:SPEC_TOKENS] for r in range(capacity) if r not in case.rows.inactive)
 
 
-@pytest.mark.parametrize("recipe,capacity", CASES[:1], ids=_ids(CASES[:1]))
-def test_planted_defect_commit_keeping_rejected_kv_is_caught(recipe, capacity):
-    case = _case(recipe, capacity)
+@pytest.mark.parametrize("gc", FIRST)
+def test_planted_defect_commit_keeping_rejected_kv_is_caught(gc):
+    case = _case(gc)
+    recipe, capacity = gc.recipe, gc.capacity
     reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
     keep_rejected = lambda n_proposals, n_emitted: n_proposals + 1  # noqa: E731 -- every written position stays
 
@@ -189,11 +182,12 @@ def test_planted_defect_commit_keeping_rejected_kv_is_caught(recipe, capacity):
     assert any(produced[r] != reference[r][:12] for r in range(capacity) if r not in case.rows.inactive)
 
 
-@pytest.mark.parametrize("recipe,capacity", CASES[:1], ids=_ids(CASES[:1]))
-def test_planted_defect_accept_everything_is_caught(recipe, capacity, monkeypatch):
+@pytest.mark.parametrize("gc", FIRST)
+def test_planted_defect_accept_everything_is_caught(gc, monkeypatch):
     from ignition.components import speculative
 
-    case = _case(recipe, capacity)
+    case = _case(gc)
+    recipe, capacity = gc.recipe, gc.capacity
     reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
     monkeypatch.setattr(speculative, "_greedy_match", lambda proposals, greedy: torch.ones_like(proposals, dtype=torch.bool))
     produced, _ = _speculate(case, (4, 8), _noisy_oracle(reference, seed=11))

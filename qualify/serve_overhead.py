@@ -1,5 +1,5 @@
-"""Host overhead per decode step of the serving loop: ``python -m qualify.serve_overhead [CORE] --requests N
---max-tokens N [--json OUT]``.
+"""Host overhead per decode step of the serving loop: ``python -m qualify.serve_overhead [CORE] --requests N[,N...]
+--max-tokens N [--attention NAME] [--json OUT]``.
 
 Drives ``flare run``'s engine scheduler directly (no HTTP): ``N`` concurrent greedy requests with distinct
 prompts, each generating exactly ``--max-tokens`` tokens (end-of-sequence tokens are ignored for this
@@ -10,8 +10,8 @@ the CUDA events the engine records around each graph replay (``helios.runtime.re
 numbers as ``flare_graph_gpu_nanoseconds_total``).  Host overhead = wall - GPU.  On CPU there is no GPU
 time: only wall is reported and ``gpu_timing`` says "unavailable".
 
-Prints one JSON object (also written to ``--json OUT``): per-step records and, per decode batch size,
-the medians of wall, GPU and host overhead and the overhead as a fraction of the GPU time.
+Several ``--requests`` counts (e.g. ``1,8``) run one after the other on one loaded engine.  Prints one JSON
+object (also written to ``--json OUT``): per-step records and, per decode batch size, the medians of wall, GPU and host overhead and the overhead as a fraction of the GPU time.
 """
 
 from __future__ import annotations
@@ -32,21 +32,47 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def measure(core: str | None, requests: int, max_tokens: int, prompt_tokens: int = 32, device: str | None = None,
-            kv_tokens: int | None = None, max_context: int | None = None, embedding_table_storage: str = "device") -> dict:
+def measure(core: str | None, requests, max_tokens: int, prompt_tokens: int = 32, device: str | None = None,
+            kv_tokens: int | None = None, max_context: int | None = None, embedding_table_storage: str = "device",
+            attention: str | None = None) -> dict:
+    """``requests``: an int or a sequence of request counts, run in turn on one engine."""
     from helios.runtime.engine import EngineConfig, default_core, load_engine
-    from helios.runtime.scheduler import Request, Scheduler
 
+    counts = [requests] if isinstance(requests, int) else list(requests)
     gpu_ns: list[int] = []  # by replay index (CUDA: every replay is timed)
     engine = load_engine(core or default_core(), EngineConfig(
         kv_tokens=kv_tokens, max_context=max_context, device=device, queue_timeout_s=3600.0, prefix_cache=False,
-        embedding_table_storage=embedding_table_storage), on_gpu_ns=lambda kind, cap, ns: gpu_ns.append(ns))
+        embedding_table_storage=embedding_table_storage, attention=attention),
+        on_gpu_ns=lambda kind, cap, ns: gpu_ns.append(ns))
     driver = engine.driver
     cuda = driver.timer.cuda
     engine.eos_token_ids = set()  # every request runs max_tokens (measurement only)
+    steps = []
+    for i, n in enumerate(counts):
+        steps += _run(engine, gpu_ns, n, max_tokens, prompt_tokens, offset=sum(counts[:i]))
+    by_batch = {}
+    for rows in sorted({s["rows"] for s in steps}):
+        sel = [s for s in steps if s["rows"] == rows]
+        wall = _median([s["wall_ms"] for s in sel])
+        gpu = _median([s["gpu_ms"] for s in sel if s["gpu_ms"] is not None])
+        host = _median([s["host_ms"] for s in sel if s["host_ms"] is not None])
+        by_batch[str(rows)] = {"steps": len(sel), "wall_ms_median": wall, "gpu_ms_median": gpu,
+                               "host_ms_median": host, "host_over_gpu": None if gpu in (None, 0) else host / gpu}
+    return {"core": str(engine.core_path), "device": str(driver.model.device), "requests": counts,
+            "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "attention": attention or "recipe default",
+            "gpu_timing": "cuda events around each graph replay" if cuda else "unavailable (no GPU on this device)",
+            "decode_steps": len(steps), "by_batch": by_batch, "steps": steps}
+
+
+def _run(engine, gpu_ns: list[int], requests: int, max_tokens: int, prompt_tokens: int, offset: int) -> list[dict]:
+    """``requests`` concurrent greedy requests through a fresh scheduler; the decode-only iterations."""
+    from helios.runtime.scheduler import Request, Scheduler
+
+    driver = engine.driver
+    cuda = driver.timer.cuda
     scheduler = Scheduler(engine, queue_timeout_s=3600.0, metrics=None, prefix_cache=False)
     iterations: list[tuple[bool, int, float, int, int]] = []
-    last = [0]
+    last = [driver.replays]
 
     def on_iteration(prefilled: bool, rows: int, wall_s: float) -> None:
         iterations.append((prefilled, rows, wall_s, last[0], driver.replays))
@@ -57,8 +83,8 @@ def measure(core: str | None, requests: int, max_tokens: int, prompt_tokens: int
 
     async def run_all() -> None:
         loop = asyncio.get_running_loop()
-        reqs = [Request(p, greedy, max_tokens, [], loop, asyncio.Queue())
-                for p in _prompts(requests, prompt_tokens, engine.vocab_size)]
+        prompts = _prompts(offset + requests, prompt_tokens, engine.vocab_size)[offset:]  # distinct per run
+        reqs = [Request(p, greedy, max_tokens, [], loop, asyncio.Queue()) for p in prompts]
         for r in reqs:
             scheduler.submit(r)
 
@@ -81,39 +107,34 @@ def measure(core: str | None, requests: int, max_tokens: int, prompt_tokens: int
         if prefilled or not rows:
             continue
         gpu = sum(gpu_ns[first:end]) / 1e6 if cuda and end <= len(gpu_ns) else None
-        steps.append({"rows": rows, "wall_ms": wall * 1e3, "gpu_ms": gpu,
+        steps.append({"requests": requests, "rows": rows, "wall_ms": wall * 1e3, "gpu_ms": gpu,
                       "host_ms": None if gpu is None else wall * 1e3 - gpu})
-    by_batch = {}
-    for rows in sorted({s["rows"] for s in steps}):
-        sel = [s for s in steps if s["rows"] == rows]
-        wall = _median([s["wall_ms"] for s in sel])
-        gpu = _median([s["gpu_ms"] for s in sel if s["gpu_ms"] is not None])
-        host = _median([s["host_ms"] for s in sel if s["host_ms"] is not None])
-        by_batch[str(rows)] = {"steps": len(sel), "wall_ms_median": wall, "gpu_ms_median": gpu,
-                               "host_ms_median": host, "host_over_gpu": None if gpu in (None, 0) else host / gpu}
-    return {"core": str(engine.core_path), "device": str(driver.model.device), "requests": requests,
-            "max_tokens": max_tokens, "prompt_tokens": prompt_tokens,
-            "gpu_timing": "cuda events around each graph replay" if cuda else "unavailable (no GPU on this device)",
-            "decode_steps": len(steps), "by_batch": by_batch, "steps": steps}
+    return steps
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qualify.serve_overhead", description=__doc__.split("\n\n")[0])
     p.add_argument("core", nargs="?", default=None, help="an exported core (default: the embedded tiny core)")
-    p.add_argument("--requests", type=int, default=8, help="concurrent greedy requests")
+    p.add_argument("--requests", default="8", help="concurrent greedy requests; several runs: 1,8")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates")
     p.add_argument("--prompt-tokens", type=int, default=32)
     p.add_argument("--kv-tokens", type=int, default=None)
     p.add_argument("--max-context", type=int, default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--embedding-table-storage", choices=("device", "ram", "disk"), default="device")
+    p.add_argument("--attention", default=None, help="attention backend by name (default: the recipe's)")
     p.add_argument("--json", default=None, help="also write the JSON here")
     a = p.parse_args(argv)
-    for flag, value in (("--requests", a.requests), ("--max-tokens", a.max_tokens), ("--prompt-tokens", a.prompt_tokens)):
+    try:
+        counts = [int(x) for x in a.requests.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--requests must be positive integers separated by commas, got {a.requests!r}")
+    for flag, value in [*(("--requests", c) for c in counts or [0]), ("--max-tokens", a.max_tokens),
+                        ("--prompt-tokens", a.prompt_tokens)]:
         if value < 1:
             p.error(f"{flag} must be positive, got {value}")
-    out = measure(a.core, a.requests, a.max_tokens, a.prompt_tokens, a.device, a.kv_tokens, a.max_context,
-                  a.embedding_table_storage)
+    out = measure(a.core, counts, a.max_tokens, a.prompt_tokens, a.device, a.kv_tokens, a.max_context,
+                  a.embedding_table_storage, a.attention)
     text = json.dumps(out, indent=1)
     if a.json:
         Path(a.json).write_text(text + "\n")

@@ -200,3 +200,161 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=g, GP=gp, D=d, DP=dp, SPLITS=splits,
         SP=triton.next_power_of_2(splits), num_warps=4)
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Decode-time projection: y = x @ W^T for a handful of rows (GEMV, memory-bound on the weight stream), with an
+# optional RMSNorm prologue, SiLU-gated epilogue (packed [gate; up] weight) and residual add (``flare::fused_linear``,
+# ``ignition/components/fused_linear.py``, states the rounding points).
+#
+# Grid (cdiv(N_out, BN), cdiv(M, MP)): program (j, r) owns output columns j*BN .. j*BN+BN-1 for the MP rows of
+# row block r.  It streams its [BN, BK] weight tile(s) over K once, multiplies every tile by all MP rows of x
+# ([MP, BN, BK] broadcast) and accumulates elementwise into an fp32 tile of that shape; ONE tl.sum over BK at
+# the end.  The fp32 summation order is therefore a function of (BK, the tile layout) only -- fixed by the
+# config, which is a pure function of the shapes (``gemv_config``): no autotuning, no atomics, no split-K, so
+# the same shapes give the same bits in every process.  With the norm prologue every program recomputes the
+# row statistics from x (MP * K bf16, L2-resident) before its main loop.  K is a constexpr: one compile per
+# layer shape, a static trip count (and Triton 3.6's interpreter cannot take a tensor bound in range()).
+
+
+@triton.jit
+def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
+                       K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
+                       EVEN_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * MP + tl.arange(0, MP)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [MP, 1]
+    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    if GATED:
+        u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
+
+    if HAS_NORM:  # row statistics of x: elementwise fp32 accumulation over K chunks, one sum at the end
+        ss = tl.zeros([MP, BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + offs_k
+            xm = m_mask[:, None] & (kk < K)[None, :]
+            xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            ss += xs * xs
+        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)  # [MP]
+
+    acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    if GATED:
+        acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + offs_k
+        if EVEN_K:
+            xm = m_mask[:, None]
+            wm = n_mask[:, None]
+        else:
+            xm = m_mask[:, None] & (kk < K)[None, :]
+            wm = n_mask[:, None] & (kk < K)[None, :]
+        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
+        if HAS_NORM:
+            if EVEN_K:
+                nw = tl.load(NW + kk)
+            else:
+                nw = tl.load(NW + kk, mask=kk < K, other=0.0)
+            # Qwen3RMSNorm: bf16(x * rstd), then bf16(weight * that) with the product in fp32
+            xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
+            xv = (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
+        xf = xv.to(tl.float32)[:, None, :]  # [MP, 1, BK]
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        acc += xf * w.to(tl.float32)[None, :, :]
+        if GATED:
+            wu = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+            acc_u += xf * wu.to(tl.float32)[None, :, :]
+
+    out_ty = Y.dtype.element_ty
+    y = tl.sum(acc, axis=2).to(out_ty)  # [MP, BN]: the projection, rounded
+    if GATED:
+        u = tl.sum(acc_u, axis=2).to(out_ty)
+        g = y.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
+        y = (act.to(tl.float32) * u.to(tl.float32)).to(out_ty)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
+    tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+
+
+#: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
+GEMV_TARGET_SMS = 132
+#: fp32 accumulator elements per program the heuristic allows (MP * BN * BK, doubled when gated): 64 per thread
+#: at 8 warps -- beyond that the accumulator spills.
+GEMV_ACC_BUDGET = 16384
+#: rows of x per program (larger M: more row blocks on the grid's second axis).
+GEMV_MAX_ROWS = 16
+
+
+def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
+    """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
+    count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.
+
+    ``BN``: the largest of 32/16/8/4 whose grid still has >= 2 programs per SM; ``BK``: up to 1024 (never more
+    than K rounded up to a power of two), shrunk -- then ``BN`` -- until the accumulator fits the budget."""
+    n_out = N // 2 if gated else N
+    mp = min(triton.next_power_of_2(max(M, 1)), GEMV_MAX_ROWS)
+    tiles = 2 if gated else 1
+    bn = 32
+    while bn > 4 and triton.cdiv(n_out, bn) < 2 * GEMV_TARGET_SMS:
+        bn //= 2
+    bk = max(16, min(1024, triton.next_power_of_2(K)))
+    while mp * bn * bk * tiles > GEMV_ACC_BUDGET and bk > 256:
+        bk //= 2
+    while mp * bn * bk * tiles > GEMV_ACC_BUDGET and bn > 4:
+        bn //= 2
+    while mp * bn * bk * tiles > GEMV_ACC_BUDGET and bk > 64:
+        bk //= 2
+    num_warps = 8 if bn * bk * tiles >= 4096 else 4
+    return {"BN": bn, "BK": bk, "num_warps": num_warps, "num_stages": 2}
+
+
+def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+                        eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
+                        config: dict | None = None) -> torch.Tensor:
+    """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
+    rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
+    ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection.
+    ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    m, k = x.shape
+    n = weight.shape[0]
+    if gated and n % 2:
+        raise ValueError(f"fused_linear_triton: gated needs an even number of weight rows, got {n}")
+    n_out = n // 2 if gated else n
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if weight.stride(-1) != 1:
+        raise ValueError("fused_linear_triton: weight rows must be contiguous")
+    if norm_weight is not None:
+        if norm_weight.shape != (k,):
+            raise ValueError(f"fused_linear_triton: norm_weight {tuple(norm_weight.shape)} for K={k}")
+        norm_weight = norm_weight.contiguous()
+    if residual is not None:
+        if residual.shape != (m, n_out):
+            raise ValueError(f"fused_linear_triton: residual {tuple(residual.shape)}, expected {(m, n_out)}")
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
+    out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    if m == 0 or n_out == 0:
+        return out
+    if k == 0:
+        raise ValueError("fused_linear_triton: K must be positive")
+    cfg = {**gemv_config(m, n, k, gated), **(config or {})}
+    bn, bk = int(cfg["BN"]), int(cfg["BK"])
+    mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
+    grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
+    _fused_gemv_kernel[grid](
+        x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
+        m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
+        GATED=bool(gated), EVEN_K=k % bk == 0, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+    return out

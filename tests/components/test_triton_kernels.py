@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if torch.cuda.is_available():  # the interpreter would also take over Inductor's kernels in this process
     pytest.skip("interpreter tests run on CPU machines; the GPU matrix runs the compiled kernels",
@@ -41,3 +42,108 @@ def test_rms_norm_triton_reads_strided_rows():
     x = base[:, 128:256].view(4, 1, 128)  # a slice of a fused projection's output (row stride 384)
     w = torch.ones(128, dtype=torch.bfloat16)
     assert torch.equal(rms_norm_triton(x, w, 1e-6), rms_norm_triton(x.contiguous(), w, 1e-6))
+
+
+# ---------------------------------------------------------------------------------------- fused GEMV (decode)
+
+def _gemv_inputs(m, n, k, *, norm, gated, residual, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=gen) * 2).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(torch.bfloat16) if norm else None
+    n_out = n // 2 if gated else n
+    r = torch.randn(m, n_out, generator=gen).to(torch.bfloat16) if residual else None
+    return x, w, nw, r
+
+
+def _gemv_tolerance(x, w, nw, gated, ref):
+    """2 bf16 ulps of the result (|ref| * 2^-7 each: one for the fp32 summation order moving the value across
+    a rounding boundary, one for the interpreter truncating where the GPU rounds to nearest), plus an absolute
+    term for cancellation: a reordered fp32 sum differs by a few fp32 ulps of sum_k |x_k w_k|, which is more
+    than a bf16 ulp of a result near zero (2^-20 of that sum: 16 fp32 ulps).
+
+    Looser where the kernel's bf16 intermediates can differ from the reference's: the norm prologue's xn
+    (interpreter truncation vs round-to-nearest: up to one ulp, 2^-7 relative, in about half the elements, and
+    rarely a neighbouring value from the fp32 statistics) perturbs the sum by a random walk of those per-term
+    errors -- bounded by 6 sigma of it, 2^-7 * 6 * sqrt(sum_k (xn_k w_k)^2) / sqrt(3) (uniform errors); the gated
+    epilogue's gate and up are each rounded before silu(g) * u (and exp differs), so the bound is doubled."""
+    from ignition.components.norms import rms_norm_reference
+
+    xn = rms_norm_reference(x, nw, 1e-6) if nw is not None else x
+    xa, wa = xn.float().abs(), w.float().abs()
+    s = xa @ wa.T  # [M, N]
+    tol_abs = 2.0 ** -20 * s
+    if nw is not None:
+        tol_abs = tol_abs + 2.0 ** -7 * 6 * ((xa * xa) @ (wa * wa).T).sqrt() / 3 ** 0.5
+    if gated:
+        i = w.shape[0] // 2
+        g, u = F.linear(xn, w[:i]).float(), F.linear(xn, w[i:]).float()
+        tg, tu = tol_abs[:, :i], tol_abs[:, i:]
+        # |d(silu(g) u)| <= |silu'(g)| |u| tg + |silu(g)| tu, silu' <= 1.1
+        tol_abs = 1.1 * u.abs() * (tg + 2.0 ** -6 * g.abs()) + F.silu(g).abs() * (tu + 2.0 ** -6 * u.abs())
+    ulps = 4 if gated else 2
+    return ulps * 2.0 ** -7 * ref.float().abs() + tol_abs
+
+
+_GEMV_CASES = [  # (M, N weight rows, K, norm, gated, residual)
+    (1, 2048, 1024, False, False, False),
+    (3, 1024, 2048, False, False, False),
+    (4, 1000, 64, False, False, False),
+    (8, 1000, 64, False, False, False),
+    (1, 1024, 2048, True, False, False),
+    (4, 1000, 64, True, False, False),
+    (8, 256, 1024, True, False, False),
+    (1, 2048, 1024, False, True, False),
+    (3, 2000, 64, False, True, False),
+    (8, 512, 1024, False, True, False),
+    (4, 2048, 1024, False, False, True),
+    (3, 1000, 64, False, False, True),
+    (4, 2000, 64, True, True, False),
+    (1, 2048, 1024, True, True, False),
+    (8, 256, 192, True, True, True),  # K not a multiple of BK: masked tail
+    (17, 96, 64, True, False, True),  # more rows than one program holds: two row blocks
+]
+
+
+@pytest.mark.parametrize("m,n,k,norm,gated,residual", _GEMV_CASES)
+def test_fused_linear_triton_matches_the_reference(m, n, k, norm, gated, residual):
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m * 7 + n + k)
+    # The interpreter costs ~15 ms per program: wide outputs run with BN=32 (a quarter of the heuristic's
+    # programs); the narrower cases -- and (4, 1000, 64) -- run the heuristic's own config.
+    n_out = n // 2 if gated else n
+    cfg = {"BN": 32} if n_out >= 1000 and (m, n, k) != (4, 1000, 64) else None
+    got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, config=cfg)
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, gated)
+    assert got.shape == ref.shape == (m, n // 2 if gated else n) and got.dtype == torch.bfloat16
+    tol = _gemv_tolerance(x, w, nw, gated, ref)
+    if r is not None:  # bf16(r + y): y's error, plus the final rounding may step one ulp of the sum
+        y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated)
+        tol = _gemv_tolerance(x, w, nw, gated, y_ref) + 2 * 2.0 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
+@pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
+def test_fused_linear_triton_configs_are_deterministic(cfg):
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, nw, r = _gemv_inputs(3, 128, 256, norm=True, gated=True, residual=True, seed=5)
+    a = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=True, config=cfg)
+    b = fused_linear_triton(x.clone(), w.clone(), norm_weight=nw.clone(), eps=1e-6, residual=r.clone(), gated=True,
+                            config=cfg)
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_gemv_config_is_a_pure_function_of_the_shapes():
+    from ignition.components.triton_kernels import GEMV_ACC_BUDGET, gemv_config
+
+    for m in (1, 4, 8, 16):
+        for n, k, gated in ((6144, 4096, False), (24576, 4096, True), (1024, 3072, False), (1000, 64, False)):
+            cfg = gemv_config(m, n, k, gated)
+            assert cfg == gemv_config(m, n, k, gated)
+            assert cfg["BN"] in (4, 8, 16, 32) and cfg["BK"] & (cfg["BK"] - 1) == 0
+            mp = 1 << (m - 1).bit_length()
+            assert mp * cfg["BN"] * cfg["BK"] * (2 if gated else 1) <= GEMV_ACC_BUDGET
