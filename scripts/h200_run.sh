@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One H200 device call made of named stages (STAGES="gemv core-0.6B served-0.6B tests replay-0.6B ..."), each
+# time-boxed; after every stage everything written so far is packed into $OUT/h200-run.tgz, so a call cut
+# by its time limit still returns what finished (the device returns only a few files: one archive).
+#
+# Stages:
+#   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
+#   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS)
+#   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
+#   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
+#   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy variant ($ATTN)
+#   replayab-G      qualify.gpu_replay on core G, plain timing, once per attention backend in $AB (side by side)
+#   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
+#   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run)
+set -uo pipefail
+export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
+OUT=$W/out; mkdir -p $OUT  # staged here; only the archive goes to the device's $OUT
+CAPS=${CAPS:-1,4,8}; CHUNKS=${CHUNKS:-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch triton}
+log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
+pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/h200-run.tgz"; }
+stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null
+for s in ${STAGES:?set STAGES}; do
+  stage "$s"; t0=$(date +%s); g=${s#*-}
+  case $s in
+    gemv) timeout 150 python3 scripts/bench_gemv.py --budget-s ${GEMV_S:-70} --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
+          tail -n 45 "$OUT/gemv.log" ;;
+    core-*)
+      timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
+      timeout 240 /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
+          --out $W/core-$g --hub-cache .hub --capacities $CAPS --prefill-chunks $CHUNKS 2>&1 \
+          | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"; tail -n 4 "$OUT/build.log" ;;
+    served-*) timeout 200 python3 -m qualify.served_equivalence $W/core-$g --max-tokens 64 --prompt-tokens 100 \
+          --json "$OUT/served-$g.json" 2>&1 | log | grep -v "^ *[0-9]*,\?$" | tail -n 20 > "$OUT/served-$g.log"; cat "$OUT/served-$g.log" ;;
+    overhead-*) timeout 240 python3 -m qualify.serve_overhead $W/core-$g --requests 1,8 --max-tokens 64 --attention $ATTN \
+          --json "$OUT/overhead-$g.json" 2>&1 | log | tail -n 4 > "$OUT/overhead-$g.log"; cat "$OUT/overhead-$g.log" ;;
+    replay-*) timeout ${REPLAY_S:-240} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
+          --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant \
+          --attention $ATTN --out $R/replay-$g 2>&1 | log > "$OUT/replay-$g.log"
+          tar czf "$OUT/replay-$g.tgz" -C $R/replay-$g . 2>/dev/null; tail -n 60 "$OUT/replay-$g.log" ;;
+    replayab-*) for a in $AB; do
+          timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
+            --samples 200 --seeds 0,1 --attention $a --out $R/replayab-$g-$a 2>&1 | log > "$OUT/replayab-$g-$a.log"
+          tar czf "$OUT/replayab-$g-$a.tgz" -C $R/replayab-$g-$a . 2>/dev/null; tail -n 12 "$OUT/replayab-$g-$a.log"; done ;;
+    prefill-*) for chunk in 1024 4096; do
+          timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 \
+            --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done
+          tar czf "$OUT/bench-$g.tgz" -C $R/bench-$g . 2>/dev/null; cat "$OUT/prefill-$g.log" ;;
+    tests) timeout ${TESTS_S:-300} python3 -m pytest conformance tests/recipes/test_qwen3_captured.py \
+          tests/components/test_components_gpu.py -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
+          --durations=15 2>&1 | log > "$OUT/gpu_tests.log"
+          tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15 ;;
+    *) echo "unknown stage $s" ;;
+  esac
+  echo "   $s took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/stages.log"
+  pack
+done
