@@ -83,8 +83,9 @@ def _poison_pool(pool) -> int:
 
     total = 0
     for seg in _graph_pool_segments(pool):
-        storage = torch._C._construct_storage_from_data_pointer(seg["address"], torch.device("cuda"), seg["total_size"])
-        raw = torch.empty(0, dtype=torch.uint8, device="cuda")
+        device = torch.device("cuda", torch.cuda.current_device())  # an indexed device: set_ refuses "cuda"
+        storage = torch._C._construct_storage_from_data_pointer(seg["address"], device, seg["total_size"])
+        raw = torch.empty(0, dtype=torch.uint8, device=device)
         raw.set_(storage, 0, (seg["total_size"],), (1,))
         raw.fill_(0xFF)
         total += seg["total_size"]

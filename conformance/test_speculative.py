@@ -51,18 +51,21 @@ def _device(gc: GraphCase) -> str:
 
 
 def _case(gc: GraphCase) -> Case:
-    recipe, capacity, device = gc.recipe, gc.capacity, _device(gc)
-    key = (recipe, capacity, device)
+    key = (gc.recipe, gc.capacity, _device(gc))
     if key not in _BUILT:
-        module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
-        path, name = module.MODEL.split(":")
-        cls = getattr(importlib.import_module(path), name)
-        inactive = frozenset({1}) if capacity > 1 else frozenset()
-        sampled = frozenset({2, 3}) if capacity > 2 else frozenset()
-        _BUILT[key] = Case(cls, probe_checkpoint(_probe_dir()), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
-                           inactive=inactive, sampled_rows=sampled, device=device, compile=device == "cuda")
+        _BUILT[key] = _new_case(gc)
     return _BUILT[key]
 
+
+def _new_case(gc: GraphCase) -> Case:
+    recipe, capacity, device = gc.recipe, gc.capacity, _device(gc)
+    module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
+    path, name = module.MODEL.split(":")
+    cls = getattr(importlib.import_module(path), name)
+    inactive = frozenset({1}) if capacity > 1 else frozenset()
+    sampled = frozenset({2, 3}) if capacity > 2 else frozenset()
+    return Case(cls, probe_checkpoint(_probe_dir()), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
+                inactive=inactive, sampled_rows=sampled, device=device, compile=device == "cuda")
 
 
 @pytest.mark.parametrize("gc", CASES)
@@ -186,9 +189,10 @@ def test_planted_defect_commit_keeping_rejected_kv_is_caught(gc):
 def test_planted_defect_accept_everything_is_caught(gc, monkeypatch):
     from ignition.components import speculative
 
-    case = _case(gc)
-    recipe, capacity = gc.recipe, gc.capacity
-    reference = _greedy_reference(case, SPEC_TOKENS + max(case.widths))
+    reference = _greedy_reference(_case(gc), SPEC_TOKENS + max(_widths(gc.recipe)))
+    capacity = gc.capacity
     monkeypatch.setattr(speculative, "_greedy_match", lambda proposals, greedy: torch.ones_like(proposals, dtype=torch.bool))
+    # the defect is planted before the rounds are traced: a captured graph holds the acceptance it was built with
+    case = _new_case(gc)
     produced, _ = _speculate(case, (4, 8), _noisy_oracle(reference, seed=11))
     assert any(produced[r] != reference[r][:SPEC_TOKENS] for r in range(capacity) if r not in case.rows.inactive)
