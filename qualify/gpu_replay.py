@@ -259,6 +259,10 @@ def run(args) -> dict:
     from qualify.timing import summarize
 
     cuda = args.device.startswith("cuda")
+    if args.no_fused_projections:
+        from ignition.components.fused_linear import set_fused_projections
+
+        set_fused_projections(False)
     bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
                         device=args.device, extra=args.steps if args.check_compiled else 0,
                         widths=_caps(args.widths), attention=args.attention, greedy_variant=args.greedy_variant)
@@ -273,6 +277,7 @@ def run(args) -> dict:
             s = summarize(raw)
             case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context, "variant": kind,
                     "attention": args.attention or "recipe default",
+                    "projections": "separate" if args.no_fused_projections else "fused where preferred",
                     "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch"}
             rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
             if floor is not None:
@@ -351,6 +356,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
                                                       "e.g. triton; default: the recipe's")
+    p.add_argument("--no-fused-projections", action="store_true",
+                   help="run every projection as separate modules (cuBLAS, norm, add kernels): the side-by-side "
+                        "baseline of flare::fused_linear")
     p.add_argument("--greedy-variant", action="store_true",
                    help="also time the greedy-only decode variant (argmax instead of the in-graph sampler)")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "

@@ -9,14 +9,15 @@
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
 #   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy variant ($ATTN)
-#   replayab-G      qualify.gpu_replay on core G, plain timing, once per attention backend in $AB (side by side)
+#   replayab-G      qualify.gpu_replay on core G, plain timing, once per variant in $AB (side by side), each
+#                   ATTENTION or ATTENTION:separate (projections unfused: --no-fused-projections)
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run)
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
 OUT=$W/out; mkdir -p $OUT  # staged here; only the archive goes to the device's $OUT
-CAPS=${CAPS:-1,4,8}; CHUNKS=${CHUNKS:-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch triton}
+CAPS=${CAPS:-1,4,8}; CHUNKS=${CHUNKS:-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch:separate triton:separate triton}
 log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
 pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/h200-run.tgz"; }
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
@@ -40,10 +41,11 @@ for s in ${STAGES:?set STAGES}; do
           --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant \
           --attention $ATTN --out $R/replay-$g 2>&1 | log > "$OUT/replay-$g.log"
           tar czf "$OUT/replay-$g.tgz" -C $R/replay-$g . 2>/dev/null; tail -n 60 "$OUT/replay-$g.log" ;;
-    replayab-*) for a in $AB; do
+    replayab-*) for v in $AB; do  # ATTENTION[:separate]: the backend, and projections unfused
+          a=${v%%:*}; extra=""; [ "$v" != "${v%:separate}" ] && extra=--no-fused-projections; n=${v/:/-}
           timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
-            --samples 200 --seeds 0,1 --attention $a --out $R/replayab-$g-$a 2>&1 | log > "$OUT/replayab-$g-$a.log"
-          tar czf "$OUT/replayab-$g-$a.tgz" -C $R/replayab-$g-$a . 2>/dev/null; tail -n 12 "$OUT/replayab-$g-$a.log"; done ;;
+            --samples 200 --seeds 0,1 --attention $a $extra --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
+          tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; tail -n 12 "$OUT/replayab-$g-$n.log"; done ;;
     prefill-*) for chunk in 1024 4096; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 \
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done

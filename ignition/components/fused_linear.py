@@ -26,9 +26,12 @@ canonical modules' own, so the op differs from them only by the order of the fp3
   autotuning, no atomics, no split-K), so the fp32 summation order -- and the bits -- are the same for the
   same shapes in every process and every replay, eager or compiled (Inductor cannot see into the op).
 
-When used: decode steps, a few rows (<= 16) per projection on CUDA, where cuBLAS launches (plus separate norm,
-activation and add kernels) are latency-bound; callers decide (prefill-sized inputs belong to cuBLAS).  Any
-row count is accepted (rows beyond 16 go to further row blocks of the grid, re-reading the weight).
+When used: :func:`prefers_fused` is the one rule (measured on the H200, see its docstring); callers go through
+:func:`linear_block`, which fuses when the rule says so and otherwise runs the separate canonical modules.  The
+rule depends only on the row count and the weight's shape -- never on the device -- so the CPU (CI) takes the
+fused path exactly where the GPU does (the CPU path being the canonical composition, CPU numerics stay the
+canonical modules').  Any row count is accepted by the op itself (rows beyond 16 go to further row blocks of
+the grid, re-reading the weight).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ import torch.nn.functional as F
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 
-__all__ = ["fused_linear", "fused_linear_reference"]
+__all__ = ["fused_linear", "fused_linear_reference", "linear_block", "prefers_fused"]
+
+#: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused).
+GATED_FUSED_MAX_ELEMENTS = 1 << 26
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -86,3 +92,57 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
                                   gated=gated)
         return out.view(*lead, n_out)
     return fused_linear_reference(x, weight, norm_weight, eps, residual, gated)
+
+
+_ENABLED = [True]
+
+
+def set_fused_projections(enabled: bool) -> None:
+    """Process-wide switch for side-by-side measurements (``qualify.gpu_replay --no-fused-projections``):
+    disabled, :func:`prefers_fused` is False everywhere and every projection runs as separate modules.  Must be
+    set before a model's steps are traced or captured (a captured graph keeps the kernels it was built with)."""
+    _ENABLED[0] = bool(enabled)
+
+
+def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
+    """Whether ``rows`` rows through ``weight`` run as one ``flare::fused_linear`` launch.
+
+    From the H200 sweep ``results/20261130T203339Z-sm90-run1`` (``scripts/bench_gemv.py``; the fused kernel
+    also saves the separate norm, activation and add launches, 2-4 us each, not counted there):
+
+    - one row: fused (Qwen3-8B o_proj 0.76x cuBLAS, down 1.07x, qkv 1.03x; Qwen3-0.6B o_proj 0.25x, down 0.60x),
+      except gated weights above :data:`GATED_FUSED_MAX_ELEMENTS` (8B gate_up 1.33x: cuBLAS streams it faster);
+    - 2-4 rows: only narrow, ungated outputs (<= 1024 columns: 0.6B o_proj 0.47x, down 0.91x at 4 rows), where
+      cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
+    - more rows (larger decode batches, prefill, speculative rounds): cuBLAS.
+    """
+    if not _ENABLED[0]:
+        return False
+    n_out = weight.shape[0] // (2 if gated else 1)
+    if rows == 1:
+        return not (gated and weight.numel() > GATED_FUSED_MAX_ELEMENTS)
+    return rows <= 4 and not gated and n_out <= 1024
+
+
+def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
+                 gated: bool = False, act_fn=None, act_name: str | None = None):
+    """``[norm ->] projection [-> act_fn(gate) * up] [-> residual +]`` on ``x [..., K]``.
+
+    ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
+    ``ignition.components.norms.RMSNorm``; ``gated``: ``projection`` is the packed ``(gate, up)`` pair and
+    ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).  One ``flare::fused_linear`` launch when the
+    projection is plain bf16 and :func:`prefers_fused` says so; otherwise the separate modules, in the canonical
+    order.  Returns the output tensor, or for an ungated packed projection on the separate path its tuple of
+    parts (the fused path returns the packed output: split it by ``projection.part_sizes``)."""
+    weight = projection.plain_weight()
+    rows = x.numel() // x.shape[-1]
+    fusable_act = not gated or act_name == "silu"
+    if weight is not None and fusable_act and prefers_fused(rows, weight, gated):
+        return fused_linear(x, weight, None if norm is None else norm.weight,
+                            0.0 if norm is None else norm.variance_epsilon, residual, gated)
+    h = x if norm is None else norm(x)
+    y = projection(h)
+    if gated:
+        gate, up = y
+        y = act_fn(gate) * up
+    return y if residual is None else residual + y

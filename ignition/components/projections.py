@@ -121,6 +121,11 @@ class Projection(nn.Module):
         param = getattr(self, suffix)
         _copy_checked(param.data, tensor, suffix)
 
+    def plain_weight(self) -> torch.Tensor | None:
+        """The ``[N, K]`` bf16 weight when the projection is exactly ``x @ W^T`` on it (no bias, no scales):
+        what a fused kernel (``flare::fused_linear``) may read in its place; else None."""
+        return None
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
@@ -161,6 +166,9 @@ class UnquantizedProjection(Projection):
         if self.bias is not None:
             out[("bias", None)] = ((self.out_features,), self.bias.dtype)
         return out
+
+    def plain_weight(self) -> torch.Tensor | None:
+        return self.weight if self.bias is None and self.weight.dtype == torch.bfloat16 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -286,6 +294,10 @@ class PackedProjection(nn.Module):
             return
         param = getattr(self.proj, suffix)
         _copy_checked(param.data[self._rows(suffix, shard)], tensor, f"{suffix}[shard {shard}]")
+
+    def plain_weight(self) -> torch.Tensor | None:
+        """The packed ``[sum(parts), K]`` bf16 weight (see :meth:`Projection.plain_weight`); None when unpacked."""
+        return self.proj.plain_weight() if self.packed else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.parts is not None:

@@ -25,7 +25,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from ignition.components.norms import RMSNorm
 
 from ignition.graphs.catalog import GraphCatalog
-from ignition.recipes.qwen3.model import PagedQwen3Attention, PreparedQwen3
+from ignition.recipes.qwen3.model import PagedQwen3Attention, PreparedQwen3, PreparedQwen3DecoderLayer
 from tiny_qwen3 import Row, canonical_greedy, logit_bound, make_checkpoint, prefill, prepared_greedy
 
 PROMPT = [(i * 37 + 11) % 512 for i in range(20)]
@@ -210,7 +210,7 @@ def test_composition_is_instance_local(ckpt):
     model, _ = prepare(ckpt)
     assert modeling_qwen3.Qwen3Attention.forward is forward_before
     for layer in model.hf.model.layers:
-        assert type(layer) is modeling_qwen3.Qwen3DecoderLayer  # canonical layer forward and residuals
+        assert type(layer) is PreparedQwen3DecoderLayer  # canonical residuals, norms handed to the projections
         assert isinstance(layer.self_attn, PagedQwen3Attention)
         norms = (layer.self_attn.q_norm, layer.self_attn.k_norm, layer.input_layernorm, layer.post_attention_layernorm)
         assert all(isinstance(n, RMSNorm) for n in norms)  # the opaque flare::rms_norm, canonical weights
@@ -219,6 +219,7 @@ def test_composition_is_instance_local(ckpt):
     assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
     assert isinstance(model.hf.model.norm, RMSNorm)
     fresh = modeling_qwen3.Qwen3ForCausalLM(model.config)
+    assert type(fresh.model.layers[0]) is modeling_qwen3.Qwen3DecoderLayer
     assert type(fresh.model.layers[0].self_attn) is modeling_qwen3.Qwen3Attention
     assert type(fresh.model.layers[0].input_layernorm) is modeling_qwen3.Qwen3RMSNorm
 
@@ -238,3 +239,32 @@ def test_catalog_stages_and_capacities(ckpt):
     assert graphs.tune().stage == "tuned" and all(s.example is None for s in graphs.steps)
     # the tuning run wrote nothing outside the sink page
     assert not model.kv_cache.k[:, :model.kv_cache.num_pages].any()
+
+
+def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):
+    """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
+    norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:
+    64 columns here); prefill chunks fuse nothing.  The greedy-vs-canonical tests above check the results."""
+    from ignition.components import fused_linear as fl
+
+    calls = []
+    real = fl.fused_linear
+
+    def counting(x, weight, norm_weight, eps, residual, gated):
+        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated))
+        return real(x, weight, norm_weight, eps, residual, gated)
+
+    monkeypatch.setattr(fl, "fused_linear", counting)
+    model, graphs = prepare(ckpt, decode=(1, 4), prefill=(8,))
+    layers = model.config.num_hidden_layers
+    row = Row(list(PAGES), PAGE)
+    prefill(graphs, row, PROMPT[:8], chunk=8)
+    assert calls == []
+    width = graphs.steps[0].max_pages
+    graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
+    assert sorted(set(calls)) == sorted({(1, True, False, False), (1, False, True, False), (1, True, False, True)})
+    assert len(calls) == 4 * layers
+    calls.clear()
+    graphs.step("decode", 4).run(**row.inputs([PROMPT[9]], width))  # one row loaded, four in the step
+    # every ungated output here is narrow (<= 1024 columns): QKV, o_proj and down fuse; gate/up does not
+    assert len(calls) == 3 * layers and set(calls) == {(4, True, False, False), (4, False, True, False)}

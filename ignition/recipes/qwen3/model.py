@@ -2,19 +2,21 @@
 
 Composition (what is reused, what is replaced, and why):
 
-* The canonical ``Qwen3ForCausalLM`` is built on the meta device.  Its embedding, every
-  ``Qwen3DecoderLayer`` (and thus its residual structure), the activation and ``apply_rotary_pos_emb`` /
-  ``rotary_emb`` are reused as they are.
-* Per instance (no class or module-global patch), ``layer.self_attn`` becomes ``PagedQwen3Attention``
-  and ``layer.mlp`` becomes ``PackedQwen3MLP``: the smallest modules that own the dataflow we must
-  change -- Q/K/V and gate/up fused into one projection each (packed once at load), the KV state in
-  the paged pool instead of a ``Cache`` object, and attention without a dense mask built per call.
+* The canonical ``Qwen3ForCausalLM`` is built on the meta device.  Its embedding, norms' weights, the
+  activation and ``apply_rotary_pos_emb`` / ``rotary_emb`` are reused as they are.
+* Per instance (no class or module-global patch), ``self_attn`` becomes ``PagedQwen3Attention`` and ``mlp``
+  becomes ``PackedQwen3MLP``: the smallest modules that own the dataflow we must change -- Q/K/V and gate/up
+  fused into one projection each (packed once at load), the KV state in the paged pool instead of a
+  ``Cache`` object, and attention without a dense mask built per call.  Each ``Qwen3DecoderLayer`` becomes
+  ``PreparedQwen3DecoderLayer``: the same residual structure, but its norms and skip connections are handed
+  to the neighbouring projections so that a decode step can run norm + projection (+ SiLU gate) (+ residual)
+  as one kernel (``flare::fused_linear``, by the measured rule of ``fused_linear.prefers_fused``).
   ``lm_head`` becomes a ``Projection`` (tied to the embedding where the config says so).
 * ``Qwen3Model.forward`` is not called: it builds a ``DynamicCache`` and a causal mask from Python
   values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed, canonical rotary, then
-  each canonical decoder layer's own ``forward`` -- its signature forwards ``**kwargs`` to
-  ``self_attn``, so the step's ``AttentionBatch`` reaches our attention as ``paged_batch=`` without a
-  cache argument (the ``past_key_values``/``cache`` rename between transformers versions never matters).
+  each prepared decoder layer, which hands the step's ``AttentionBatch`` to our attention as
+  ``paged_batch=`` (no ``Cache`` argument: the ``past_key_values``/``cache`` rename between transformers
+  versions never matters).
 * RMSNorm (every instance: layer norms, ``q_norm``/``k_norm``, the final norm) becomes
   ``ignition.components.norms.RMSNorm`` -- same weight, canonical semantics -- calling the opaque
   ``flare::rms_norm``, and the attention reduction is the opaque ``flare::paged_attention``: reductions
@@ -40,6 +42,7 @@ from transformers.models.qwen3 import modeling_qwen3
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
+from ignition.components.fused_linear import linear_block
 from ignition.components.norms import RMSNorm
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
@@ -77,14 +80,19 @@ class PagedQwen3Attention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None,
-                kv_layer: int | None = None, **_):
+                kv_layer: int | None = None, input_norm: nn.Module | None = None,
+                residual: torch.Tensor | None = None, **_):
         """``kv_layer``: the layer of ``paged_batch.cache`` holding this layer's K/V (default ``layer_idx``);
         regional compilation passes a one-layer view of the pool and ``kv_layer=0`` so that no
-        layer-specific integer is traced (one compiled layer graph then serves every layer)."""
+        layer-specific integer is traced (one compiled layer graph then serves every layer).
+        ``input_norm`` (applied to ``hidden_states`` first) and ``residual`` (added to the output) are the
+        decoder layer's, handed in so that the QKV and output projections may fuse them
+        (:func:`ignition.components.fused_linear.linear_block`)."""
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
-        q, k, v = self.qkv_proj(hidden_states)
+        qkv = linear_block(hidden_states, self.qkv_proj, norm=input_norm)
+        q, k, v = qkv if isinstance(qkv, tuple) else qkv.split(self.qkv_proj.part_sizes, dim=-1)
         q = self.q_norm(q.view(b, t, -1, self.head_dim))
         k = self.k_norm(k.view(b, t, -1, self.head_dim))
         v = v.view(b, t, -1, self.head_dim)
@@ -92,21 +100,51 @@ class PagedQwen3Attention(nn.Module):
         # canonical rotary on the [B, T, heads, D] layout: cos/sin [B, T, D] broadcast over heads
         q, k = modeling_qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
         out = self.backend(self.layer_idx if kv_layer is None else kv_layer, q, k, v, paged_batch)
-        return self.o_proj(out), None
+        return linear_block(out, self.o_proj, residual=residual), None
 
 
 class PackedQwen3MLP(nn.Module):
     """Replaces one ``Qwen3MLP``: fused gate/up, the canonical ``act_fn``, down projection."""
 
-    def __init__(self, canonical: nn.Module, gate_up_proj: PackedProjection, down_proj: nn.Module):
+    def __init__(self, canonical: nn.Module, gate_up_proj: PackedProjection, down_proj: nn.Module, act_name: str):
         super().__init__()
         self.gate_up_proj = gate_up_proj
         self.down_proj = down_proj
         self.act_fn = canonical.act_fn
+        self.act_name = act_name
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x)
-        return self.down_proj(self.act_fn(gate) * up)
+    def forward(self, x: torch.Tensor, input_norm: nn.Module | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention)."""
+        act = linear_block(x, self.gate_up_proj, norm=input_norm, gated=True, act_fn=self.act_fn,
+                           act_name=self.act_name)
+        return linear_block(act, self.down_proj, residual=residual)
+
+
+class PreparedQwen3DecoderLayer(nn.Module):
+    """Replaces one ``Qwen3DecoderLayer``: the canonical residual structure, unchanged --
+
+        h = x + self_attn(input_layernorm(x));  out = h + mlp(post_attention_layernorm(h))
+
+    -- with each norm and skip connection handed to the projection next to it, so that a decode step can run
+    norm + QKV, o_proj + residual, norm + gate/up + SiLU gate and down + residual as one kernel each
+    (``flare::fused_linear``; which ones fuse is the measured rule of
+    :func:`ignition.components.fused_linear.prefers_fused`, by row count and weight shape).  Where nothing
+    fuses (prefill chunks, wide batches, rounds) the same canonical modules run in the canonical order."""
+
+    def __init__(self, canonical: nn.Module, self_attn: PagedQwen3Attention, mlp: PackedQwen3MLP):
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm.from_canonical(canonical.input_layernorm)
+        self.post_attention_layernorm = RMSNorm.from_canonical(canonical.post_attention_layernorm)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                paged_batch: AttentionBatch | None = None, kv_layer: int | None = None, **_) -> torch.Tensor:
+        h, _ = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
+                              input_norm=self.input_layernorm, residual=hidden_states)
+        return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h)
 
 
 def validate_config(config: Qwen3Config) -> None:
@@ -175,13 +213,12 @@ class PreparedQwen3(nn.Module):
                 qkv = PackedProjection(h, (n_h, kv, kv), [fmt(f"{p}.self_attn.{n}_proj") for n in "qkv"],
                                        bias=bias, **kw)
                 o = make_projection(fmt(f"{p}.self_attn.o_proj"), n_h, h, bias=bias, **kw)
-                layer.self_attn = PagedQwen3Attention(attn, qkv, o, backend)
                 gate_up = PackedProjection(h, (inter, inter), [fmt(f"{p}.mlp.gate_proj"), fmt(f"{p}.mlp.up_proj")],
                                            **kw)
                 down = make_projection(fmt(f"{p}.mlp.down_proj"), inter, h, **kw)
-                layer.mlp = PackedQwen3MLP(layer.mlp, gate_up, down)
-                layer.input_layernorm = RMSNorm.from_canonical(layer.input_layernorm)
-                layer.post_attention_layernorm = RMSNorm.from_canonical(layer.post_attention_layernorm)
+                hf.model.layers[i] = PreparedQwen3DecoderLayer(
+                    layer, PagedQwen3Attention(attn, qkv, o, backend),
+                    PackedQwen3MLP(layer.mlp, gate_up, down, config.hidden_act))
             hf.model.norm = RMSNorm.from_canonical(hf.model.norm)
             if config.tie_word_embeddings:
                 hf.lm_head = nn.Identity()  # bound to the embedding after materialization
