@@ -52,7 +52,34 @@ class Request:
     cached_nodes: list = field(default_factory=list)
 
     def post(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        """Queue ``event`` for the request's asyncio side.  Inside an engine-loop iteration the events are
+        collected and handed over once per event loop at the iteration's end (:func:`_deliver`: one wake-up
+        instead of one per row and token); from any other thread, at once."""
+        outbox = getattr(_OUTBOX, "events", None)
+        if outbox is not None:
+            outbox.append((self.loop, self.queue, event))
+        else:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
+_OUTBOX = threading.local()  # the engine thread's events of the current iteration (Request.post)
+
+
+def _put_all(items) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
+
+
+def _deliver(events) -> None:
+    """Hand the iteration's events to their event loops, in order, one ``call_soon_threadsafe`` per loop."""
+    by_loop: dict = {}
+    for loop, queue, event in events:
+        by_loop.setdefault(loop, []).append((queue, event))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the loop is closed: its requests are gone
+            pass
 
 
 class Scheduler:
@@ -108,6 +135,7 @@ class Scheduler:
                     if self._stop:
                         break
                     t0 = time.perf_counter()
+                    _OUTBOX.events = []
                     self._reap()
                     self._admit()
                 prefilled = bool(self.prefilling)
@@ -117,9 +145,13 @@ class Scheduler:
                 if rows:
                     self._decode()
                 self._gauges()
+                events, _OUTBOX.events = _OUTBOX.events, None
+                _deliver(events)
                 if self.on_iteration is not None:
                     self.on_iteration(prefilled, rows, time.perf_counter() - t0)
         except BaseException as e:  # a broken engine fails every request instead of hanging them
+            events, _OUTBOX.events = getattr(_OUTBOX, "events", None) or [], None
+            _deliver(events)  # what the iteration produced before the failure, then the errors
             log.exception("engine loop failed")
             self.error = e
             with self.cond:
