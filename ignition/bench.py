@@ -290,10 +290,10 @@ def run(args) -> dict:
     if args.prefill:
         chunk = args.prefill_chunk_size
         bench = ReplayBench(args.core, (), ctx, extra=chunk - 1, compile=cuda and not args.eager,
-                            device=args.device, prefill=(chunk,), rows=1)
+                            device=args.device, prefill=(chunk,), rows=1, attention=args.attention)
     else:
         bench = ReplayBench(args.core, caps, ctx, compile=cuda and not args.eager, device=args.device,
-                            prefill=(max(declared),), widths=widths)
+                            prefill=(max(declared),), widths=widths, attention=args.attention)
     stream = context_tokens(bench.loaded, args.context_source)
     name = bench.manifest.source.repo_id or Path(args.core).name
     samples, cases = [], []
@@ -305,6 +305,7 @@ def run(args) -> dict:
             case = {"tool": "ignition.bench", "core": name, "mode": mode, **({"width": width} if width else {}),
                     ("chunk" if args.prefill else "capacity"): size, "context": ctx,
                     "context_source": args.context_source, "compiled": bench.compiled,
+                    "attention": args.attention or "recipe default",
                     "graph": "captured" if cuda else "eager-launch"}
             if args.prefill:
                 rec = prefill_case(bench, stream, size, seed, args.samples, args.warmup)
@@ -378,6 +379,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "(e.g. 1,2,4,8; decode mode)")
     p.add_argument("--prefill-chunk-size", type=int, default=None, metavar="N")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
+                                                      "e.g. triton; default: the recipe's")
     p.add_argument("--eager", action="store_true", help="on CUDA: capture the uncompiled prepared steps")
     p.add_argument("--out", default=None, help="results root (default <repo>/results)")
     p.add_argument("--no-archive", action="store_true")

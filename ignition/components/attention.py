@@ -24,7 +24,8 @@ width every step (the price of static shapes on this reference path); kernels th
 decode steps (T == 1) go to ``flare::paged_decode_attention`` -- a flash-decoding Triton kernel on CUDA that
 reads only the first ``seq_lens[b]`` keys of each row (fp32 scores, softmax and P @ V; output rounded once),
 a PyTorch implementation of the same numerics on CPU -- and prefill/verify steps (T > 1) go to
-``flare::paged_attention``, the reference above (its declared prefill path, not a fallback chosen at run time).
+``flare::paged_prefill_attention`` -- a FlashAttention-2 style Triton kernel on CUDA (causal by query position,
+only the key blocks a query tile can see; bf16 probabilities into P @ V), the same numerics in PyTorch on CPU.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class AttentionBatch:
     # query sits at position seq_len - 1, so this is the number of keys it sees (``visible.sum(-1)``).  None for
     # batches built without it; :class:`TritonPagedAttention` then counts ``visible``.
     seq_lens: torch.Tensor | None = None
+    positions: torch.Tensor | None = None  # [B, T] int64: each query's absolute position (prefill kernels)
 
     @classmethod
     def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -133,7 +135,7 @@ class AttentionBatch:
         visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
         visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
         lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
-        return cls(cache, slots, block_tables, visible, valid, active, lens)
+        return cls(cache, slots, block_tables, visible, valid, active, lens, positions.long())
 
     def decode_lens(self) -> torch.Tensor:
         """``[B]`` int64: keys visible to each row's (single) decode query; static-shape, no host sync."""
@@ -253,26 +255,109 @@ def _paged_decode_attention_cuda(q, k_pool, v_pool, block_tables, seq_lens, scal
     return paged_decode_attention_triton(q, k_pool, v_pool, block_tables, seq_lens, scaling)
 
 
+# ---------------------------------------------------------------- prefill / verify attention that stops at the context
+
+def paged_prefill_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                                      block_tables: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+                                      scaling: float) -> torch.Tensor:
+    """The numerics of the Triton prefill kernel (FlashAttention-2 style) in PyTorch: ``q [B, T, H, D]``, pools
+    ``[pages + 1, page, KV, D]``, ``block_tables [B, P]``, ``positions [B, T]``, ``seq_lens [B]`` -> ``[B, T, H * D]``
+    in q's dtype.  Query i of row b attends keys ``j <= positions[b, i]`` and ``j < seq_lens[b]``.  Scores
+    ``q.k`` of the bf16 inputs in fp32, times ``scaling``; softmax in fp32: ``e = exp(s - max)``, the sum ``l`` of
+    the fp32 ``e``; ``e`` is rounded to q's dtype before ``e @ v`` (fp32 accumulation), then divided by ``l`` and
+    rounded once -- the kernel rounds ``exp2(s - running max)`` the same way (it differs only by the running max
+    and the fp32 summation order).  A query that sees no key (padding, rows with seq_lens 0) is zeros.  It gathers
+    the full block-table width (static shapes; the kernel stops at the context) and zeroes masked values."""
+    b, t, h, d = q.shape
+    kvh = k_pool.shape[-2]
+    g = h // kvh
+    p = block_tables.shape[1]
+    idx = block_tables.long()
+    s = p * k_pool.shape[1]
+    key = torch.arange(s, device=q.device)
+    lens = seq_lens.to(q.device).long()
+    vis = (key[None, None, :] <= positions.to(q.device).long()[:, :, None]) & (key[None, None, :] < lens[:, None, None])
+    keep = key[None, :] < lens[:, None]  # [B, S]
+    k_ctx = torch.where(keep[:, :, None, None], k_pool[idx].view(b, s, kvh, d), 0).float()
+    v_ctx = torch.where(keep[:, :, None, None], v_pool[idx].view(b, s, kvh, d), 0).float()
+    qg = q.view(b, t, kvh, g, d).permute(0, 2, 3, 1, 4).float()  # [B, KV, G, T, D]; head h = kv * G + g
+    scores = torch.matmul(qg, k_ctx.permute(0, 2, 3, 1)[:, :, None]) * scaling  # [B, KV, G, T, S]
+    scores = scores.masked_fill(~vis[:, None, None], float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True)
+    e = torch.exp(scores - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))  # no key: all 0
+    denom = e.sum(dim=-1, keepdim=True)
+    out = torch.matmul(e.to(q.dtype).float(), v_ctx.permute(0, 2, 1, 3)[:, :, None])  # [B, KV, G, T, D]
+    out = torch.where(denom > 0, out / torch.where(denom > 0, denom, torch.ones_like(denom)), 0.0)
+    return out.permute(0, 3, 1, 2, 4).reshape(b, t, h * d).to(q.dtype)
+
+
+@opaque_op("paged_prefill_attention", mutates_args=(), fake=_attention_output_fake)
+def paged_prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_tables: torch.Tensor,
+                            positions: torch.Tensor, seq_lens: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Prefill / chunked-prefill / verify attention (T query tokens per row at ``positions [B, T]``) over each row's
+    first ``seq_lens[b]`` keys, causal by position: reads ``q [B, T, H, D]``, one layer's pools, the block tables,
+    positions and ``seq_lens [B]``; returns a new contiguous ``[B, T, H * D]`` (zeros where a query sees no key).
+    CUDA: the Triton FlashAttention-2 style kernel (work follows the context, not the block-table width);
+    elsewhere :func:`paged_prefill_attention_reference` (same numerics)."""
+    return paged_prefill_attention_reference(q, k_pool, v_pool, block_tables, positions, seq_lens,
+                                             scaling).contiguous()
+
+
+@paged_prefill_attention.register_kernel("cuda")
+def _paged_prefill_attention_cuda(q, k_pool, v_pool, block_tables, positions, seq_lens, scaling):
+    from ignition.components.triton_kernels import paged_prefill_attention_triton  # imports triton: CUDA only
+
+    return paged_prefill_attention_triton(q, k_pool, v_pool, block_tables, positions, seq_lens, scaling)
+
+
 class TritonPagedAttention(PyTorchPagedAttention):
     """Attention backend "triton": the KV write of :class:`PyTorchPagedAttention`; decode steps (T == 1) through
     ``flare::paged_decode_attention`` (reads each row's ``seq_lens`` keys only: decode cost follows the context,
     not the graph's maximum context); prefill, chunked-prefill and verify steps (T > 1) through
-    ``flare::paged_attention`` -- the declared prefill path of this backend (no Triton prefill kernel yet), chosen
-    from the static shape T, never at run time from data.
+    ``flare::paged_prefill_attention`` (a FlashAttention-2 style Triton kernel on CUDA: causal by query position,
+    key blocks up to the tile's largest position and seq_len only).  The path is chosen from the static shape T,
+    never at run time from data.
 
-    Numerics differ from "pytorch" in decode: fp32 scores and probabilities (the reference rounds scores and
-    probabilities to bf16) and the kernel's own split/reduction order.  Not yet run on a GPU: the registry
-    ranks it below "pytorch", so it serves only when asked for by name."""
+    Numerics differ from "pytorch": decode uses fp32 scores and probabilities; prefill fp32 scores and softmax
+    with the unnormalized probabilities rounded to bf16 before P @ V (the reference rounds scores and normalized
+    probabilities to bf16); both with the kernels' own reduction order.  The decode kernel has run on the H200
+    (bytewise compiled == uncompiled over 256 steps); the registry still ranks it below "pytorch" (the GPU matrix
+    runs the default), so it serves only when asked for by name."""
 
     name = "triton"
     features = frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"})
+    prefill_kernel = True  # T > 1 through flare::paged_prefill_attention (False: the reference flare::paged_attention)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  batch: AttentionBatch) -> torch.Tensor:
         b, t = q.shape[:2]
-        if t != 1:  # prefill / verify: the reference op (declared prefill path, see the class doc)
+        if t != 1 and not self.prefill_kernel:
             return super().__call__(layer, q, k, v, batch)
         kvh, d = self.num_kv_heads, self.head_dim
-        batch.cache.write(layer, k.reshape(b, kvh, d), v.reshape(b, kvh, d), batch.slots)
+        batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
+        if t != 1:  # prefill / verify
+            return paged_prefill_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
+                                           _query_positions(batch), batch.decode_lens(), self.scaling)
         return paged_decode_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
                                       batch.decode_lens(), self.scaling)
+
+
+def _query_positions(batch: AttentionBatch) -> torch.Tensor:
+    """``[B, T]`` int64 query positions for the prefill op: ``batch.positions`` when the batch carries them, else
+    recovered from the visibility mask (``visible.sum(-1) - 1``: exact for every real token, whose position is
+    below seq_len; a padding query gets seq_len - 1 and an inactive row -1 -- both ignored downstream).  The
+    fallback reduces ``[B, T, S]`` per layer; storing positions in ``AttentionBatch.build`` avoids it."""
+    positions = getattr(batch, "positions", None)
+    if positions is not None:
+        return positions
+    return batch.visible[:, 0, 0].sum(dim=-1) - 1
+
+
+class TritonDecodePagedAttention(TritonPagedAttention):
+    """Attention backend "triton-decode": the Triton decode kernel for T == 1, the reference
+    ``flare::paged_attention`` for T > 1 -- the side-by-side baseline of the prefill kernel (and what "triton"
+    was before it)."""
+
+    name = "triton-decode"
+    prefill_kernel = False
+

@@ -220,14 +220,21 @@ REGISTRY.register(Backend(
     priority=0, entry="ignition.components.attention:PyTorchPagedAttention",
     numerics="PyTorch/Inductor reference: transformers eager-path rounding, fp32 softmax"))
 # "triton": ignition/components/attention.py TritonPagedAttention -- Triton flash-decoding for T == 1 (reads
-# seq_lens keys only), flare::paged_attention (the reference) for T > 1.  Not yet run on a GPU: ranked below
-# "torch" (which qualifies wherever triton does), so select() never picks it unless asked for by name.
+# seq_lens keys only), a Triton FlashAttention-2 style prefill kernel for T > 1; "triton-decode": the same decode
+# kernel with the reference (flare::paged_attention) for T > 1.  Ranked below "torch" (which qualifies wherever
+# they do; the GPU matrix runs the default), so select() never picks them unless asked for by name.
 REGISTRY.register(Backend(
     "triton", "attention", _GPU, _HALF,
     frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"}),
     priority=-10, requires=("triton",), entry="ignition.components.attention:TritonPagedAttention",
     numerics="decode: Triton flash-decoding, fp32 scores/softmax/P@V (probabilities not rounded to bf16), own "
-             "split/reduction order; prefill (T > 1): the torch reference (flare::paged_attention)"))
+             "split/reduction order; prefill (T > 1): Triton flash attention, fp32 softmax, unnormalized "
+             "probabilities rounded to bf16 before P@V"))
+REGISTRY.register(Backend(
+    "triton-decode", "attention", _GPU, _HALF,
+    frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"}),
+    priority=-11, requires=("triton",), entry="ignition.components.attention:TritonDecodePagedAttention",
+    numerics="decode: as 'triton'; prefill (T > 1): the torch reference (flare::paged_attention)"))
 REGISTRY.register(Backend(
     "flashinfer", "attention", frozenset({"sm90", "sm100"}), _HALF,
     frozenset({"paged_decode", "chunked_prefill", "gqa", "sliding_window", "softcap", "fp8_kv", "capturable"}),

@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from ignition.components.sampling import GREEDY_EPS, SamplingTensors, filter_logits
+from ignition.components.sampling import GREEDY_EPS, SamplingTensors, argmax_last, filter_logits
 from ignition.components.speculative import DRAFT_STREAM, gumbel_draw, stream_seed
 
 __all__ = ["Draft", "PromptLookupDraft", "ModelDraft", "SelfDraft", "LogitsFn"]
@@ -129,7 +129,7 @@ class ModelDraft:
             logits = self.logits_fn(buf, lengths + j * act.to(torch.int64))
             view = dataclasses.replace(params, output_counts=counts, seed=seed, step=params.step + j)
             penalized, filtered = filter_logits(logits, view)
-            t = torch.where(greedy_row, penalized.argmax(dim=-1), gumbel_draw(filtered, seed, view.step))
+            t = torch.where(greedy_row, argmax_last(penalized), gumbel_draw(filtered, seed, view.step))
             tokens.append(t)
             probs.append(torch.softmax(filtered, dim=-1))
             at = (lengths + j).clamp(max=L + self.k - 1)[:, None]

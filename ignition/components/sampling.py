@@ -284,14 +284,29 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.
     return x, apply_top_p(y, params.top_p, k_sorted)
 
 
+def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of ``[..., V]`` (the first maximum, as ``torch.argmax``), computed in two stages: the
+    first maximum of each ``block`` (the tail padded with -inf), then the first block holding the row maximum.
+    Same result; but a compiled graph reduces ``B * ceil(V / block)`` short rows in parallel instead of one
+    vocabulary-long row per program (on the H200 the one-stage form took 109 us for one row of 151,936)."""
+    v = x.shape[-1]
+    if v <= block:
+        return x.argmax(dim=-1)
+    lead, n = x.shape[:-1], -(-v // block)
+    xb = torch.nn.functional.pad(x.reshape(-1, v), (0, n * block - v), value=float("-inf")).view(-1, n, block)
+    vals, idx = xb.max(dim=-1)  # first maximum within each block
+    j = vals.argmax(dim=-1)  # first block holding the row maximum
+    return (j * block + idx.gather(1, j[:, None]).squeeze(1)).view(lead)
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
     penalized, filtered = filter_logits(logits, params)
-    greedy = penalized.argmax(dim=-1)
+    greedy = argmax_last(penalized)
     u = uniform_noise(params.seed, params.step, logits.shape[-1])
-    drawn = (filtered - torch.log(-torch.log(u))).argmax(dim=-1)
+    drawn = argmax_last(filtered - torch.log(-torch.log(u)))
     tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
     return torch.where(params.active if active is None else active, tokens, pad_id)
 

@@ -57,7 +57,7 @@ from dataclasses import fields
 
 import torch
 
-from ignition.components.sampling import GREEDY_EPS, SamplingTensors, filter_logits, uniform_noise
+from ignition.components.sampling import GREEDY_EPS, SamplingTensors, argmax_last, filter_logits, uniform_noise
 
 __all__ = ["accept", "advance_accepted", "position_params", "full_acceptance_violations", "stream_seed",
            "gumbel_draw", "ACCEPT_STREAM", "RESIDUAL_STREAM", "DRAFT_STREAM"]
@@ -144,7 +144,7 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def gumbel_draw(log_weights: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """``argmax(x - log(-log u))``: the exact expression :func:`sample` uses (bytewise parity)."""
     u = uniform_noise(seed, step, log_weights.shape[-1])
-    return (log_weights - torch.log(-torch.log(u))).argmax(dim=-1)
+    return argmax_last(log_weights - torch.log(-torch.log(u)))
 
 
 # ----------------------------------------------------------------------------- acceptance
@@ -173,7 +173,7 @@ def accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor, draft_probs:
 
     pp = position_params(params, tok, valid, W)
     penalized, filtered = filter_logits(target_logits.reshape(B * W, V), pp)
-    greedy = penalized.argmax(dim=-1).view(B, W)
+    greedy = argmax_last(penalized).view(B, W)
     filtered = filtered.view(B, W, V)
     greedy_row = params.temperature < GREEDY_EPS
 

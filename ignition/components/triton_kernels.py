@@ -139,10 +139,13 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
     tl.store(Out + b64 * (H * D) + h * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
 
 
-def paged_decode_num_splits(batch: int, kv_heads: int, max_pages: int, target_programs: int = 256,
-                            max_splits: int = 32) -> int:
-    """Splits per (row, KV head), from static shapes only (capturable): enough programs to fill a GPU of ~132
-    SMs twice over, never more than the block-table width (a split covers at least one page at full width)."""
+def paged_decode_num_splits(batch: int, kv_heads: int, max_pages: int, target_programs: int = 1024,
+                            max_splits: int = 64) -> int:
+    """Splits per (row, KV head), from static shapes only (capturable): ~1024 programs (about 8 per SM of a
+    132-SM GPU), never more than the block-table width (a split covers at least one page at full width).
+    Each program walks its pages one dependent load chain at a time, so the page loop is latency-bound: on the
+    H200 (results/20261130T205344Z-sm90-run2) 256 programs took 14 us per layer at B=1 and 36 us at B=4 for
+    1024-token contexts (2 and 8 pages per program); more, shorter splits keep more loads in flight."""
     return max(1, min(max_pages, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
@@ -293,12 +296,31 @@ GEMV_ACC_BUDGET = 16384
 GEMV_MAX_ROWS = 16
 
 
+#: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
+#: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
+#: more than 3 %.  A table, not runtime autotuning: equal shapes always run the same summation order.
+GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
+    (1, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 15.84 us (heuristic 21.52)
+    (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
+    (1, 4096, 4096, False): (8, 256, 8, 2),  # Qwen3-8B o_proj: 7.87 us (heuristic 9.80)
+    (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
+    (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
+    (1, 4096, 12288, False): (32, 1024, 8, 2),  # Qwen3-8B down: 32.10 us (heuristic 35.77)
+    (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
+    (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
+}
+
+
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
-    count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.
+    count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
+    take their entry of :data:`GEMV_MEASURED`; others the heuristic below.
 
     ``BN``: the largest of 32/16/8/4 whose grid still has >= 2 programs per SM; ``BK``: up to 1024 (never more
     than K rounded up to a power of two), shrunk -- then ``BN`` -- until the accumulator fits the budget."""
+    measured = GEMV_MEASURED.get((M, N, K, bool(gated)))
+    if measured is not None:
+        return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N
     mp = min(triton.next_power_of_2(max(M, 1)), GEMV_MAX_ROWS)
     tiles = 2 if gated else 1
@@ -357,4 +379,165 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Paged prefill attention (FlashAttention-2 forward over the paged KV cache): T >= 1 query tokens per row
+# (prefill chunks, chunked prefill after earlier context, speculative verification), ``flare::paged_prefill_attention``.
+#
+# Grid (cdiv(T * G, BLOCK_M), B * KV): the G = H / KV query heads that share K/V head kvh are packed token-major
+# into one axis of T * G rows (row r: token r // G, head kvh * G + r % G), so a K/V tile is loaded once for the
+# whole group and a BLOCK_M tile still covers BLOCK_M / G consecutive tokens (causal skipping stays effective).
+# Program (mb, b * KV + kvh) loops over key blocks of BLOCK_N keys (a multiple of the page size: the block's
+# keys are gathered through the block table, one page id per key, i.e. BLOCK_N / PAGE distinct ids) from key 0
+# up to min(max position in the tile + 1, seq_lens[b], P * PAGE): the work follows the real context, never the
+# padded block-table width; a row with seq_lens 0 runs no iteration and writes zeros.  Key j is visible to the
+# query at position p iff j <= p and j < seq_lens[b].
+# Numerics (FlashAttention-2): S = Q K^T by tl.dot on bf16 inputs with fp32 accumulation, scaled into the log2
+# domain; online softmax in fp32 (running max m, running sum l of the fp32 probabilities); P = exp2(S - m) is
+# rounded to bf16 before the P V tl.dot (fp32 accumulation); the accumulator is divided by l and rounded to the
+# output dtype once at the end.  A query row that sees no key (padding, inactive row) writes zeros.
+# Deterministic: a fixed config per shape (``paged_prefill_config``), no atomics, no split-K, no autotune.
+
+
+@triton.jit
+def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
+                          T, stride_qb, stride_qt, stride_qh,
+                          stride_kp, stride_kt, stride_kh,
+                          stride_vp, stride_vt, stride_vh,
+                          stride_bt, stride_pb, stride_ob, stride_ot,
+                          max_pages, qk_scale_log2,
+                          KVH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                          PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          DOT_F32: tl.constexpr):
+    mb = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = bk // KVH
+    kvh = bk % KVH
+    b64 = b.to(tl.int64)
+
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head-in-group) rows
+    r_mask = rows < T * G
+    tok_q = rows // G
+    heads = kvh * G + rows % G
+    offs_d = tl.arange(0, DP)
+    d_mask = offs_d < D
+    offs_n = tl.arange(0, BLOCK_N)
+
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
+    pos = tl.load(POS + b64 * stride_pb + tok_q, mask=r_mask, other=-1)  # int64 [BLOCK_M]
+    pos = tl.minimum(tl.maximum(pos, -1), max_pages * PAGE).to(tl.int32)  # any padding value: no OOB, no overflow
+    hi = tl.minimum(tl.max(pos, axis=0) + 1, seq_len)  # keys 0 .. hi - 1 can be visible to this tile
+
+    q_ptrs = (Q + b64 * stride_qb + tok_q.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
+              + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=r_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, DP] bf16
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DP], dtype=tl.float32)
+    # A while loop: the bound is a device value (see the decode kernel: Triton 3.6's interpreter cannot take a
+    # tensor bound in range(); the compiler does not software-pipeline a while loop).
+    n0 = 0
+    while n0 < hi:
+        tok = n0 + offs_n  # [BLOCK_N] key indices
+        n_mask = tok < hi
+        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
+        in_page = (tok % PAGE).to(tl.int64)
+        kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh
+                     + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [DP, BLOCK_N]
+        if DOT_F32:  # interpreter only: exact fp32 products of the bf16 values (see paged_prefill_attention_triton)
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * qk_scale_log2  # [BLOCK_M, BLOCK_N] fp32, log2 units
+        vis = (tok[None, :] <= pos[:, None]) & n_mask[None, :]
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh
+                    + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, DP]
+        if DOT_F32:
+            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)  # probabilities rounded to bf16 (FlashAttention), fp32 accumulation
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+        n0 += BLOCK_N
+
+    out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
+    o_ptrs = (Out + b64 * stride_ob + tok_q.to(tl.int64)[:, None] * stride_ot + heads[:, None] * D
+              + offs_d[None, :])
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def paged_prefill_config(t: int, groups: int, head_dim: int, page: int) -> dict:
+    """The launch config, a pure function of the static shapes (deterministic, no autotuning).  BLOCK_M = 128
+    packed query rows (64 when head_dim > 128, fewer for short chunks: never below 16, tl.dot's minimum) and
+    BLOCK_N = 64 keys (at least one page), the FlashAttention-2 forward tiles for head_dim 128 on Hopper-class
+    GPUs; 8 warps for 128-row tiles, else 4."""
+    rows = t * groups
+    block_m = 128 if head_dim <= 128 else 64
+    block_m = max(16, min(block_m, triton.next_power_of_2(rows)))
+    block_n = max(64 if head_dim <= 128 else 32, page)
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 8 if block_m >= 128 else 4, "num_stages": 2}
+
+
+def paged_prefill_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                                   block_tables: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor,
+                                   scaling: float, *, config: dict | None = None) -> torch.Tensor:
+    """``q [B, T, H, D]`` bf16, one layer's pools ``[pages + 1, page, KV, D]``, ``block_tables [B, P]`` int32,
+    ``positions [B, T]`` (absolute position of each query), ``seq_lens [B]`` -> ``[B, T, H * D]`` in q's dtype.
+    Query i of row b attends keys ``j <= positions[b, i]`` and ``j < seq_lens[b]`` (the chunk's own K/V already
+    in the pool).  Numerics: bf16 Q K^T and P V dots with fp32 accumulation, online softmax in fp32 (exp2),
+    probabilities rounded to bf16 before P V (as FlashAttention), one final rounding.  Queries that see no key
+    (padding, rows with seq_lens 0) write zeros.  ``config``: override of :func:`paged_prefill_config` (tests)."""
+    b, t, h, d = q.shape
+    _, page, kvh, dk = k_pool.shape
+    if h % kvh or dk != d or v_pool.shape != k_pool.shape:
+        raise ValueError(f"paged_prefill_attention_triton: q {tuple(q.shape)} vs pools {tuple(k_pool.shape)}, "
+                         f"{tuple(v_pool.shape)}")
+    if page & (page - 1):
+        raise ValueError(f"paged_prefill_attention_triton: page size {page} must be a power of two")
+    if positions.shape != (b, t):
+        raise ValueError(f"paged_prefill_attention_triton: positions {tuple(positions.shape)}, expected {(b, t)}")
+    g = h // kvh
+    cfg = {**paged_prefill_config(t, g, d, page), **(config or {})}
+    block_m, block_n = int(cfg["BLOCK_M"]), int(cfg["BLOCK_N"])
+    if block_n % page or block_n & (block_n - 1) or block_m & (block_m - 1):
+        raise ValueError(f"paged_prefill_attention_triton: BLOCK_N {block_n} must be a power-of-two multiple of "
+                         f"the page size {page}; BLOCK_M {block_m} a power of two")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
+        raise ValueError("paged_prefill_attention_triton: pools must be contiguous in head_dim")
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    positions = positions.to(torch.int64)
+    if positions.stride(-1) != 1:
+        positions = positions.contiguous()
+    out = torch.empty((b, t, h * d), dtype=q.dtype, device=q.device)
+    if b == 0 or t == 0:
+        return out
+    grid = (triton.cdiv(t * g, block_m), b * kvh)
+    _paged_prefill_kernel[grid](
+        q, k_pool, v_pool, block_tables, positions, seq_lens, out,
+        t, q.stride(0), q.stride(1), q.stride(2),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
+        v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        block_tables.stride(0), positions.stride(0), out.stride(0), out.stride(1),
+        block_tables.shape[1], float(scaling) * _LOG2E,
+        KVH=kvh, G=g, D=d, DP=triton.next_power_of_2(d), PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
+        DOT_F32=_interpreting(),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
     return out

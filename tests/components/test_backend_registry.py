@@ -47,12 +47,15 @@ def test_import_probes_nothing():
 
 def test_declarations():
     attention = {b.name: b for b in REGISTRY.of_kind("attention")}
-    assert list(attention) == ["b12x", "flashinfer", "torch", "triton"]  # priority order
+    assert list(attention) == ["b12x", "flashinfer", "torch", "triton", "triton-decode"]  # priority order
     assert attention["torch"].gpu_classes == set(backends.GPU_CLASSES)
     assert attention["torch"].load().__name__ == "PyTorchPagedAttention"
-    # "triton" has not run on a GPU yet: below "torch" (which qualifies wherever it does), so explicit only
-    assert attention["triton"].priority < attention["torch"].priority
+    # "triton" / "triton-decode": below "torch" (which qualifies wherever they do, and which the GPU matrix runs),
+    # so explicit only
+    assert attention["triton-decode"].priority < attention["triton"].priority < attention["torch"].priority
     assert attention["triton"].load().__name__ == "TritonPagedAttention"
+    assert attention["triton-decode"].load().__name__ == "TritonDecodePagedAttention"
+    assert attention["triton-decode"].load().prefill_kernel is False
     assert attention["triton"].gpu_classes == {"sm90", "sm100", "sm120", "sm121"}
     assert attention["flashinfer"].gpu_classes == {"sm90", "sm100"}
     assert attention["b12x"].gpu_classes == {"sm120", "sm121"}
@@ -130,7 +133,7 @@ def test_gpu_class_routing(registry, fake_module, no_module):
     assert fresh.select("attention", "sm120", {"features": {"paged_decode"}}, prefer="triton").name == "triton"
     with pytest.raises(BackendUnavailable, match="features not supported: mla") as err:
         registry.select("attention", "sm90", {"features": {"mla"}})
-    assert err.value.backend == "<any>" and len(err.value.missing) == 4
+    assert err.value.backend == "<any>" and len(err.value.missing) == len(registry.of_kind("attention"))
     with pytest.raises(BackendUnavailable, match="features not supported: per_row_seed"):
         registry.select("sampling", "sm90", {"features": {"per_row_seed"}}, prefer="flashinfer")
 

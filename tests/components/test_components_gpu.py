@@ -133,3 +133,28 @@ def test_backend_selection_on_this_gpu():
                 select("attention", gpu, prefer="flashinfer")
         with pytest.raises(BackendUnavailable, match="GPU class sm90 not supported"):
             select("attention", gpu, prefer="b12x")
+
+
+# --- the Triton attention kernels compiled for this GPU, against fp64 (the interpreter tests' cases and bounds,
+# with round-to-nearest u = 2**-8; realistic heads: Qwen3-8B 32/8 and Qwen3-0.6B 16/8, head_dim 128)
+
+@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 8)])
+def test_triton_decode_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
+    from test_triton_attention import check, make_case
+
+    from ignition.components.triton_kernels import paged_decode_attention_triton
+
+    q, k, v, bt, lens = make_case(heads, kv_heads, 128, poison=True, seed=heads)
+    got = paged_decode_attention_triton(*(x.cuda() for x in (q, k, v, bt, lens)), 128 ** -0.5)
+    check(got.cpu(), q, k, v, bt, lens, 128 ** -0.5, 2.0 ** -8)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 8)])
+def test_triton_prefill_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
+    from test_triton_attention import PF_ROWS, check_prefill, make_prefill_case
+
+    from ignition.components.triton_kernels import paged_prefill_attention_triton
+
+    case = make_prefill_case(heads, kv_heads, 128, 16, PF_ROWS, 20, seed=heads)
+    got = paged_prefill_attention_triton(*(x.cuda() for x in case[:6]), 128 ** -0.5)
+    check_prefill(got.cpu(), case, 2.0 ** -8)  # NaN-poisoned slots past seq_lens: a read past them shows

@@ -329,3 +329,16 @@ def test_compiled_step_does_not_recompile_for_new_values(compiled_step):
     q.active[-1] = True
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled_step(logits[0], q)
+
+
+@pytest.mark.parametrize("vocab", [100, 2048, 2049, 5000, 151936])
+def test_two_stage_argmax_is_torch_argmax_first_maximum_included(vocab):
+    from ignition.components.sampling import argmax_last
+
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(4, vocab, generator=gen)
+    x[1, vocab // 3] = x[1, vocab - 1] = 100.0  # a tie across blocks: the first wins
+    x[2] = float("-inf")  # an all -inf row: index 0, like torch.argmax
+    x[3] = torch.randint(0, 3, (vocab,), generator=gen).float()  # ties everywhere
+    assert torch.equal(argmax_last(x), x.argmax(dim=-1))
+    assert torch.equal(torch.compile(argmax_last)(x), x.argmax(dim=-1))

@@ -138,12 +138,15 @@ def test_fused_linear_triton_configs_are_deterministic(cfg):
 
 
 def test_gemv_config_is_a_pure_function_of_the_shapes():
-    from ignition.components.triton_kernels import GEMV_ACC_BUDGET, gemv_config
+    from ignition.components.triton_kernels import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
+    for (m, n, k, gated), (bn, bk, warps, stages) in GEMV_MEASURED.items():  # measured shapes: their table entry
+        assert gemv_config(m, n, k, gated) == {"BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
     for m in (1, 4, 8, 16):
         for n, k, gated in ((6144, 4096, False), (24576, 4096, True), (1024, 3072, False), (1000, 64, False)):
             cfg = gemv_config(m, n, k, gated)
             assert cfg == gemv_config(m, n, k, gated)
             assert cfg["BN"] in (4, 8, 16, 32) and cfg["BK"] & (cfg["BK"] - 1) == 0
             mp = 1 << (m - 1).bit_length()
-            assert mp * cfg["BN"] * cfg["BK"] * (2 if gated else 1) <= GEMV_ACC_BUDGET
+            if (m, n, k, gated) not in GEMV_MEASURED:  # the heuristic keeps its accumulator budget
+                assert mp * cfg["BN"] * cfg["BK"] * (2 if gated else 1) <= GEMV_ACC_BUDGET

@@ -44,6 +44,7 @@ from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
 from ignition.components.fused_linear import linear_block
 from ignition.components.norms import RMSNorm
+from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
     quantization_from_config,
@@ -60,8 +61,9 @@ Sampler = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def greedy(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """Default in-step sampler: argmax (first maximum, as ``torch.argmax``); -1 for inactive rows."""
-    return torch.where(active, logits.argmax(dim=-1), torch.full_like(active, -1, dtype=torch.long))
+    """Default in-step sampler: argmax (first maximum, as ``torch.argmax``; two-stage, see ``argmax_last``); -1 for
+    inactive rows."""
+    return torch.where(active, argmax_last(logits), torch.full_like(active, -1, dtype=torch.long))
 
 
 class PagedQwen3Attention(nn.Module):
