@@ -6,7 +6,8 @@ path or by its folder name under ``results/``.
 
 Samples are grouped by case: the JSON of the ``case`` dict without run-specific fields (``RUN_SPECIFIC``).
 The metric is ``--metric NAME`` or, by default, the first numeric field (in sorted key order) whose name
-ends in ``_s`` or ``_ns``, ``floor_s`` and ``duration_s`` excepted.  A metric field may hold one number or a
+ends in ``_s`` or ``_ns``, ``duration_s``, the floor's own fields (``floor_*``) and rates (``*_per_s``)
+excepted.  A metric field may hold one number or a
 list of raw samples.  Per case: the median of each run, the ratio candidate/baseline, the noise as min-max of
 each run, and a verdict by this rule (``RULE``):
 
@@ -95,7 +96,8 @@ def _numbers(value) -> list[float]:
 def default_metric(samples: list[dict]) -> str:
     for s in samples:
         for key in sorted(s):
-            if (key.endswith("_s") or key.endswith("_ns")) and key not in NOT_METRICS and _numbers(s[key]):
+            if (key.endswith("_s") or key.endswith("_ns")) and key not in NOT_METRICS and not key.startswith("floor_") \
+                    and not key.endswith("per_s") and _numbers(s[key]):
                 return key
     raise ReportError("no numeric field ending in _s or _ns in the samples: pass --metric NAME")
 

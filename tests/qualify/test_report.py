@@ -97,3 +97,22 @@ def test_explicit_metric_lists_and_baseline_file(tmp_path):
     assert rp.class_baseline("sm90", tmp_path / "baselines") is None
     with pytest.raises(rp.ReportError, match="no samples.jsonl"):
         rp.compare("missing", "cand", results=tmp_path)
+
+
+def test_default_metric_is_a_duration_not_the_floor_or_a_rate():
+    from qualify.report import default_metric
+
+    sample = {"case": {}, "floor_bandwidth_bytes_per_s": 4.3e12, "floor_s": 0.0035, "floor_samples_s": [0.0035],
+              "median_ms": 5.6, "replay_s": [0.0056, 0.0057]}  # a gpu_replay record (sorted: floor_* first)
+    assert default_metric([sample]) == "replay_s"
+
+
+def test_every_accepted_baseline_names_a_committed_run_of_its_class():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    for path in sorted((root / "baselines").glob("*.json")):
+        run = root / json.loads(path.read_text())["run"]
+        assert (run / "samples.jsonl").is_file() and (run / "environment.json").is_file(), f"{path.name}: {run}"
+        env = json.loads((run / "environment.json").read_text())
+        assert env["gpu"]["gpu_class"] == path.stem, f"{path.name} names a run of class {env['gpu']['gpu_class']}"
