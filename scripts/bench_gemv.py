@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components.fused_linear import fused_linear_reference  # noqa: E402
+from ignition.components.fused_linear import fused_linear_reference, reorder_bound  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
 from ignition.components.triton_kernels import (  # noqa: E402
     GEMV_MAX_ROWS, fused_linear_triton, gemv_config)
@@ -89,15 +89,7 @@ def within_bound(got, ref, y_ref, xn, w, gated, norm) -> tuple[bool, float]:
     2 ulps (4 when gated) + 2^-20 * sum_k |xn_k w_k| (fp32 reordering near cancellation); with the norm prologue
     a neighbouring bf16 xn (fp32 statistics in another order, Triton's rsqrt) perturbs the sum by a random walk
     bounded by 6 sigma; gated: the gate/up errors propagated through silu(g) * u."""
-    xa, wa = xn.float().abs(), w.float().abs()
-    tol_abs = 2.0 ** -20 * (xa @ wa.T)
-    if norm:
-        tol_abs = tol_abs + 2.0 ** -7 * 6 * ((xa * xa) @ (wa * wa).T).sqrt() / 3 ** 0.5
-    if gated:
-        i = w.shape[0] // 2
-        g, u = F.linear(xn, w[:i]).float(), F.linear(xn, w[i:]).float()
-        tg, tu = tol_abs[:, :i], tol_abs[:, i:]
-        tol_abs = 1.1 * u.abs() * (tg + 2.0 ** -6 * g.abs()) + F.silu(g).abs() * (tu + 2.0 ** -6 * u.abs())
+    tol_abs = reorder_bound(xn, w, norm=norm, gated=gated)
     ulp = 2.0 ** -7 * ref.float().abs()
     err = (got.float() - ref.float()).abs()
     # y's error (y_ref: the result before the residual), plus 2 ulps of the final bf16(residual + y)

@@ -205,6 +205,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 
 # ---------------------------------------------------------------- decode attention that stops at seq_len
 
+def _context_geometry(q: torch.Tensor, k_pool: torch.Tensor, block_tables: torch.Tensor):
+    """``(B, T, H, D, KV heads, group size, block tables as int64, S = P * page, key positions [S])`` of a step
+    whose references gather the full block-table width."""
+    b, t, h, d = q.shape
+    kvh = k_pool.shape[-2]
+    s = block_tables.shape[1] * k_pool.shape[1]
+    return b, t, h, d, kvh, h // kvh, block_tables.long(), s, torch.arange(s, device=q.device)
+
+
 def paged_decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                      scaling: float) -> torch.Tensor:
@@ -214,15 +223,9 @@ def paged_decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_po
     to q's dtype, unlike :func:`paged_attention_reference`), the output rounded once; a row with no keys
     (seq_lens 0: inactive) is zeros.  It gathers the full block-table width (static shapes) and masks the keys
     past seq_len (scores -inf, values 0: whatever the pool holds there never reaches the output)."""
-    b, t, h, d = q.shape
+    b, t, h, d, kvh, g, idx, s, key = _context_geometry(q, k_pool, block_tables)
     if t != 1:
         raise ValueError(f"paged_decode_attention: one query token per row, got T={t}")
-    kvh = k_pool.shape[-2]
-    g = h // kvh
-    p = block_tables.shape[1]
-    idx = block_tables.long()
-    s = p * k_pool.shape[1]
-    key = torch.arange(s, device=q.device)
     keep = key[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, S]
     k_ctx = k_pool[idx].view(b, s, kvh, d).float()
     v_ctx = torch.where(keep[:, :, None, None], v_pool[idx].view(b, s, kvh, d).float(), 0.0)
@@ -268,13 +271,7 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_p
     rounded once -- the kernel rounds ``exp2(s - running max)`` the same way (it differs only by the running max
     and the fp32 summation order).  A query that sees no key (padding, rows with seq_lens 0) is zeros.  It gathers
     the full block-table width (static shapes; the kernel stops at the context) and zeroes masked values."""
-    b, t, h, d = q.shape
-    kvh = k_pool.shape[-2]
-    g = h // kvh
-    p = block_tables.shape[1]
-    idx = block_tables.long()
-    s = p * k_pool.shape[1]
-    key = torch.arange(s, device=q.device)
+    b, t, h, d, kvh, g, idx, s, key = _context_geometry(q, k_pool, block_tables)
     lens = seq_lens.to(q.device).long()
     vis = (key[None, None, :] <= positions.to(q.device).long()[:, :, None]) & (key[None, None, :] < lens[:, None, None])
     keep = key[None, :] < lens[:, None]  # [B, S]

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 
-__all__ = ["fused_linear", "fused_linear_reference", "linear_block", "prefers_fused"]
+__all__ = ["fused_linear", "fused_linear_reference", "linear_block", "prefers_fused", "reorder_bound"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused).
 GATED_FUSED_MAX_ELEMENTS = 1 << 26
@@ -146,3 +146,22 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         gate, up = y
         y = act_fn(gate) * up
     return y if residual is None else residual + y
+
+
+def reorder_bound(xn: torch.Tensor, weight: torch.Tensor, *, norm: bool, gated: bool) -> torch.Tensor:
+    """``[M, N_out]`` absolute error bound of the kernel's pre-rounding result against the reference beyond whole
+    bf16 ulps (tests and ``scripts/bench_gemv.py`` add their ulps of the result): a reordered fp32 sum differs by a
+    few fp32 ulps of ``sum_k |xn_k w_k|`` (2^-20 of it, for results near zero); with the norm prologue a
+    neighbouring bf16 ``xn`` (statistics summed in another order; the interpreter truncates) perturbs the sum by a
+    random walk bounded by 6 sigma, ``2^-7 * 6 * sqrt(sum_k (xn_k w_k)^2) / sqrt(3)``; gated, the gate and up
+    errors propagate through ``silu(g) * u`` (``|silu'| <= 1.1``, each rounded before: + 2^-6 of each)."""
+    xa, wa = xn.float().abs(), weight.float().abs()
+    tol = 2.0 ** -20 * (xa @ wa.T)
+    if norm:
+        tol = tol + 2.0 ** -7 * 6 * ((xa * xa) @ (wa * wa).T).sqrt() / 3 ** 0.5
+    if gated:
+        i = weight.shape[0] // 2
+        g, u = F.linear(xn, weight[:i]).float(), F.linear(xn, weight[i:]).float()
+        tg, tu = tol[:, :i], tol[:, i:]
+        tol = 1.1 * u.abs() * (tg + 2.0 ** -6 * g.abs()) + F.silu(g).abs() * (tu + 2.0 ** -6 * u.abs())
+    return tol

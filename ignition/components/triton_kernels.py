@@ -139,6 +139,18 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
     tl.store(Out + b64 * (H * D) + h * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
 
 
+def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
+    """``(page size, KV heads)`` of one layer's pools ``[pages + 1, page, KV, D]`` for ``q [B, T, H, D]``; raises
+    naming ``what`` when heads, head_dim or the pools disagree, or the page size is not a power of two."""
+    h, d = q.shape[2], q.shape[3]
+    _, page, kvh, dk = k_pool.shape
+    if h % kvh or dk != d or v_pool.shape != k_pool.shape:
+        raise ValueError(f"{what}: q {tuple(q.shape)} vs pools {tuple(k_pool.shape)}, {tuple(v_pool.shape)}")
+    if page & (page - 1):
+        raise ValueError(f"{what}: page size {page} must be a power of two")
+    return page, kvh
+
+
 def paged_decode_num_splits(batch: int, kv_heads: int, max_pages: int, target_programs: int = 1024,
                             max_splits: int = 64) -> int:
     """Splits per (row, KV head), from static shapes only (capturable): ~1024 programs (about 8 per SM of a
@@ -162,12 +174,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     b, t, h, d = q.shape
     if t != 1:
         raise ValueError(f"paged_decode_attention_triton: one query token per row, got T={t}")
-    _, page, kvh, dk = k_pool.shape
-    if h % kvh or dk != d or v_pool.shape != k_pool.shape:
-        raise ValueError(f"paged_decode_attention_triton: q {tuple(q.shape)} vs pools {tuple(k_pool.shape)}, "
-                         f"{tuple(v_pool.shape)}")
-    if page & (page - 1):
-        raise ValueError(f"paged_decode_attention_triton: page size {page} must be a power of two")
+    page, kvh = _check_pools("paged_decode_attention_triton", q, k_pool, v_pool)
     g = h // kvh
     gp, dp = triton.next_power_of_2(g), triton.next_power_of_2(d)
     p = block_tables.shape[1]
@@ -503,12 +510,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool
     probabilities rounded to bf16 before P V (as FlashAttention), one final rounding.  Queries that see no key
     (padding, rows with seq_lens 0) write zeros.  ``config``: override of :func:`paged_prefill_config` (tests)."""
     b, t, h, d = q.shape
-    _, page, kvh, dk = k_pool.shape
-    if h % kvh or dk != d or v_pool.shape != k_pool.shape:
-        raise ValueError(f"paged_prefill_attention_triton: q {tuple(q.shape)} vs pools {tuple(k_pool.shape)}, "
-                         f"{tuple(v_pool.shape)}")
-    if page & (page - 1):
-        raise ValueError(f"paged_prefill_attention_triton: page size {page} must be a power of two")
+    page, kvh = _check_pools("paged_prefill_attention_triton", q, k_pool, v_pool)
     if positions.shape != (b, t):
         raise ValueError(f"paged_prefill_attention_triton: positions {tuple(positions.shape)}, expected {(b, t)}")
     g = h // kvh

@@ -56,22 +56,34 @@ def make_case(heads, kv_heads, head_dim, seq_lens=SEQ_LENS, seed=0, poison=False
     """Random bf16 pools with scattered (non-contiguous, shuffled) pages; ``poison``: every slot no row may read
     (unallocated pages, the sink, the tail of each row's last page and its unused block-table entries' pages)
     holds NaN, so a read past seq_lens shows in the output."""
-    gen = torch.Generator().manual_seed(seed)
-    b = len(seq_lens)
-    pages = b * WIDTH + 5
-    shape = (pages + 1, PAGE, kv_heads, head_dim)
-    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    q = torch.randn((b, 1, heads, head_dim), generator=gen).to(torch.bfloat16)
-    block_tables = torch.randperm(pages, generator=gen)[:b * WIDTH].view(b, WIDTH).to(torch.int32)
+    q, k, v, block_tables = random_pools(len(seq_lens), 1, heads, kv_heads, head_dim, PAGE, WIDTH, 5, seed)
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     if poison:
-        used = torch.zeros(pages + 1, PAGE, dtype=torch.bool)
-        for row, n in enumerate(seq_lens):
-            for j in range(n):
-                used[block_tables[row, j // PAGE], j % PAGE] = True
-        k[~used], v[~used] = float("nan"), float("nan")  # incl. the pages past each row's seq_lens
+        poison_past_seq_lens(k, v, block_tables, lens)
     return q, k, v, block_tables, lens
+
+
+def random_pools(b, t, heads, kv_heads, head_dim, page, width, spare, seed):
+    """``q [b, t, H, D]`` and pools of ``b * width + spare`` pages (+ the sink), bf16 normal; block tables: a
+    shuffled, scattered choice of ``width`` pages per row."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = b * width + spare
+    shape = (pages + 1, page, kv_heads, head_dim)
+    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    q = torch.randn((b, t, heads, head_dim), generator=gen).to(torch.bfloat16)
+    block_tables = torch.randperm(pages, generator=gen)[:b * width].view(b, width).to(torch.int32)
+    return q, k, v, block_tables
+
+
+def poison_past_seq_lens(k, v, block_tables, lens):
+    """NaN in every pool slot no row may read: unallocated pages, the sink, each row's slots at or past seq_lens."""
+    page = k.shape[1]
+    used = torch.zeros(k.shape[:2], dtype=torch.bool)
+    for row in range(block_tables.shape[0]):
+        for j in range(int(lens[row])):
+            used[block_tables[row, j // page], j % page] = True
+    k[~used], v[~used] = float("nan"), float("nan")
 
 
 def exact(q, k, v, block_tables, lens, scaling):
@@ -273,23 +285,12 @@ def make_prefill_case(heads, kv_heads, head_dim, page, rows, t, seed=0, poison=T
     positions context .. context + new - 1 (seq_lens = context + new); ``new == 0``: an inactive row (seq_lens 0,
     garbage positions).  Padding queries (i >= new) get positions past seq_lens.  Shuffled, scattered pages; with
     ``poison`` every slot at or past a row's seq_lens (page tails, unused pages, the sink) is NaN."""
-    gen = torch.Generator().manual_seed(seed)
-    b = len(rows)
-    pages = b * PF_WIDTH + 3
-    shape = (pages + 1, page, kv_heads, head_dim)
-    k = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    v = torch.randn(shape, generator=gen).to(torch.bfloat16)
-    q = torch.randn((b, t, heads, head_dim), generator=gen).to(torch.bfloat16)
-    bt = torch.randperm(pages, generator=gen)[:b * PF_WIDTH].view(b, PF_WIDTH).to(torch.int32)
+    q, k, v, bt = random_pools(len(rows), t, heads, kv_heads, head_dim, page, PF_WIDTH, 3, seed)
     lens = torch.tensor([c + n if n else 0 for c, n in rows], dtype=torch.int64)
     positions = torch.stack([torch.arange(t) + c if n else torch.full((t,), 10 ** 6) for c, n in rows])
     assert int(lens.max()) <= PF_WIDTH * page
     if poison:
-        used = torch.zeros(pages + 1, page, dtype=torch.bool)
-        for row in range(b):
-            for j in range(int(lens[row])):
-                used[bt[row, j // page], j % page] = True
-        k[~used], v[~used] = float("nan"), float("nan")
+        poison_past_seq_lens(k, v, bt, lens)
     valid = positions < lens[:, None]
     return q, k, v, bt, positions, lens, valid
 
@@ -297,7 +298,7 @@ def make_prefill_case(heads, kv_heads, head_dim, page, rows, t, seed=0, poison=T
 def prefill_exact(q, k, v, bt, positions, lens):
     """fp64: (x [B, T, H, D], pv [B, T, H, D], max_j |s_j| [B, T, H]) for real queries (zeros elsewhere)."""
     b, t, h, d = q.shape
-    kvh, page = k.shape[-2], k.shape[1]
+    kvh = k.shape[-2]
     g = h // kvh
     x = torch.zeros(b, t, h, d, dtype=torch.float64)
     pv = torch.zeros_like(x)

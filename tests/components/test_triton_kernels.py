@@ -8,7 +8,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 if torch.cuda.is_available():  # the interpreter would also take over Inductor's kernels in this process
     pytest.skip("interpreter tests run on CPU machines; the GPU matrix runs the compiled kernels",
@@ -67,20 +66,11 @@ def _gemv_tolerance(x, w, nw, gated, ref):
     rarely a neighbouring value from the fp32 statistics) perturbs the sum by a random walk of those per-term
     errors -- bounded by 6 sigma of it, 2^-7 * 6 * sqrt(sum_k (xn_k w_k)^2) / sqrt(3) (uniform errors); the gated
     epilogue's gate and up are each rounded before silu(g) * u (and exp differs), so the bound is doubled."""
+    from ignition.components.fused_linear import reorder_bound
     from ignition.components.norms import rms_norm_reference
 
     xn = rms_norm_reference(x, nw, 1e-6) if nw is not None else x
-    xa, wa = xn.float().abs(), w.float().abs()
-    s = xa @ wa.T  # [M, N]
-    tol_abs = 2.0 ** -20 * s
-    if nw is not None:
-        tol_abs = tol_abs + 2.0 ** -7 * 6 * ((xa * xa) @ (wa * wa).T).sqrt() / 3 ** 0.5
-    if gated:
-        i = w.shape[0] // 2
-        g, u = F.linear(xn, w[:i]).float(), F.linear(xn, w[i:]).float()
-        tg, tu = tol_abs[:, :i], tol_abs[:, i:]
-        # |d(silu(g) u)| <= |silu'(g)| |u| tg + |silu(g)| tu, silu' <= 1.1
-        tol_abs = 1.1 * u.abs() * (tg + 2.0 ** -6 * g.abs()) + F.silu(g).abs() * (tu + 2.0 ** -6 * u.abs())
+    tol_abs = reorder_bound(xn, w, norm=nw is not None, gated=gated)
     ulps = 4 if gated else 2
     return ulps * 2.0 ** -7 * ref.float().abs() + tol_abs
 
