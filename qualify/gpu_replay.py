@@ -27,7 +27,9 @@ replay, the floor, and the ratio median / floor.  Raw samples of both are archiv
 (kernel names, counts, summed durations vs the graph's elapsed time) and an attributed profile of the
 same compiled step launched without the graph, with a profiler range per region (``embed``,
 ``layer.<i>``, ``head``, ``sampler``): kernel count and summed kernel time per layer and per operator
-(kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.
+(kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.  With ``--widths`` holding 1,
+the width-one round gets a timeline too (its head, acceptance and sampling-state advance ranged separately) and
+a difference table against decode at the same B: where the round's extra time goes, by region and kernel.
 
 ``--check-compiled``: compiled vs uncompiled captured graphs on the same model, weights and KV buffers:
 from the same restored state, ``--steps`` decode steps each (tokens fed back; rows alternate greedy and
@@ -156,9 +158,15 @@ class ReplayBench:
         """A verification round of ``capacity`` rows at ``width``: the pending token plus ``width - 1``
         proposals per row at ``context``.  The round's work does not depend on what is accepted (static
         shapes): each replay rewrites the same slots; the rows' sampling counters advance."""
-        import torch
-
         from qualify.timing import time_samples
+
+        step = self.load_round(capacity, width, seed)
+        return time_samples(step.execute, samples=samples, warmup=warmup, device=self.device)
+
+    def load_round(self, capacity: int, width: int, seed: int):
+        """The round step of ``(capacity, width)`` with the context written and :meth:`time_round`'s inputs
+        loaded (every row proposes ``width - 1`` tokens); returns the step, ready to execute."""
+        import torch
 
         self.fill_context(seed)
         step = self.graphs.step("round", capacity, width)
@@ -171,7 +179,7 @@ class ReplayBench:
                   seq_lens=torch.full((capacity,), self.context + width, dtype=torch.long, device=dev),
                   active_rows=torch.ones(capacity, dtype=torch.bool, device=dev))
         step.load_drafts(tokens[:, 1:], torch.full((capacity,), width - 1, dtype=torch.long, device=dev))
-        return time_samples(step.execute, samples=samples, warmup=warmup, device=self.device)
+        return step
 
     def seed_tokens(self, capacity: int, seed: int) -> list[int]:
         import random
@@ -306,11 +314,20 @@ def run(args) -> dict:
         from qualify.timeline import timeline
 
         out["timeline"] = []
+        from qualify.timeline import difference
+
         for cap in (c for c in bench.capacities if c in (1, 4)):
-            try:
-                out["timeline"].append(timeline(bench, cap, args.timeline_dir))
-            except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
-                out["timeline"].append({"capacity": cap, "error": repr(exc), "table": f"timeline B={cap}: {exc!r}"})
+            # decode, and where rounds are timed the width-one round beside it with the per-operator difference
+            for width in ((None, 1) if 1 in bench.widths else (None,)):
+                label = f"B={cap}" + ("" if width is None else f" W={width}")
+                try:
+                    out["timeline"].append(timeline(bench, cap, args.timeline_dir, width=width))
+                except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
+                    out["timeline"].append({"capacity": cap, "width": width, "error": repr(exc),
+                                            "table": f"timeline {label}: {exc!r}"})
+            pair = [t for t in out["timeline"] if t["capacity"] == cap and "error" not in t]
+            if len(pair) == 2:
+                out["timeline"].append(difference(pair[0], pair[1]))
     if args.check_compiled:
         out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
         for c in out["check_compiled"]:

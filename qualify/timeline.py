@@ -11,12 +11,18 @@ Two profiles of the same prepared step, each exported as a Chrome/Perfetto trace
    metadata).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime`` or
    ``cuda_driver`` event with the same correlation id), so the table gives kernel count and summed time per layer and
    per operator (kernel name) -- the same kernels the graph replays.
+
+With ``width`` the step is the verification round ``(capacity, width)``; its head, acceptance and
+sampling-state advance run outside the compiled regions and get ranges of their own (``head``, ``acceptance``,
+``sampling-state advance``).  :func:`difference` compares two results (the width-one round against decode at
+the same batch): graph elapsed, per region and per kernel name.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import contextlib
 from collections import defaultdict
 from pathlib import Path
 
@@ -50,6 +56,36 @@ def _attributed_fn(step):
     return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn)
 
 
+@contextlib.contextmanager
+def _round_ranges(model):
+    """For a round step (``model`` given): profiler ranges around its head (``head_logits`` / ``head_all``), the
+    acceptance and the sampling-state advance, which ``RoundStep.regional_forward`` calls outside the compiled
+    regions -- so the timeline names them instead of leaving them unranged.  Restored on exit."""
+    if model is None:
+        yield
+        return
+    from ignition.components import speculative
+    from ignition.graphs import rounds
+
+    saved = [(rounds, "head_logits", rounds.head_logits), (speculative, "accept", speculative.accept),
+             (speculative, "advance_accepted", speculative.advance_accepted)]
+    names = {"head_logits": "head", "accept": "acceptance", "advance_accepted": "sampling-state advance"}
+    had_head_all = "head_all" in vars(model)
+    head_all = model.head_all
+    try:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, _ranged(fn, lambda *a, n=names[attr]: n))
+        model.head_all = _ranged(head_all, lambda *a: "head")
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+        if had_head_all:
+            model.head_all = head_all
+        else:
+            del model.head_all
+
+
 def _trace(path: Path) -> list[dict]:
     return json.loads(path.read_text()).get("traceEvents", [])
 
@@ -80,15 +116,22 @@ def _attribute(events) -> dict:
     return {"per_range": dict(per_range), "per_operator": dict(per_op)}
 
 
-def timeline(bench, capacity: int, trace_dir: Path) -> dict:
+def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) -> dict:
+    """Kernel timeline of the decode graph of ``capacity`` rows or, with ``width``, of the verification round
+    ``(capacity, width)`` loaded as ``bench.time_round`` loads it (its acceptance, commit and sampling-state
+    advance are traced code outside the layer/head/sampler regions: they land in the unranged bucket)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from qualify.timing import summarize, time_samples
 
-    step = bench.graphs.step("decode", capacity)
-    bench.fill_context(0)
-    step.load(**bench.inputs(capacity, bench.seed_tokens(capacity, 0), bench.context))
+    if width is None:
+        step = bench.graphs.step("decode", capacity)
+        bench.fill_context(0)
+        step.load(**bench.inputs(capacity, bench.seed_tokens(capacity, 0), bench.context))
+    else:
+        step = bench.load_round(capacity, width, 0)
+    tag = f"b{capacity}" + ("" if width is None else f"-w{width}")
     elapsed = summarize(time_samples(step.execute, samples=50, warmup=10, device=bench.device))
     trace_dir = Path(trace_dir)
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
@@ -96,29 +139,30 @@ def timeline(bench, capacity: int, trace_dir: Path) -> dict:
         for _ in range(REPLAYS):
             step.execute()
         torch.cuda.synchronize()
-    replay_path = trace_dir / f"replay-b{capacity}.trace.json"
+    replay_path = trace_dir / f"replay-{tag}.trace.json"
     prof.export_chrome_trace(str(replay_path))
     kernels = _kernels(_trace(replay_path))
 
     graph, fn = step.graph, step.fn
     step.graph, step.fn = None, _attributed_fn(step)
     try:
-        for _ in range(3):
-            step.execute()
-        torch.cuda.synchronize()
-        with profile(activities=acts) as prof:
-            step.execute()
+        with _round_ranges(step.model if width is not None else None):
+            for _ in range(3):
+                step.execute()
             torch.cuda.synchronize()
+            with profile(activities=acts) as prof:
+                step.execute()
+                torch.cuda.synchronize()
     finally:
         step.graph, step.fn = graph, fn
-    attributed_path = trace_dir / f"attributed-b{capacity}.trace.json"
+    attributed_path = trace_dir / f"attributed-{tag}.trace.json"
     prof.export_chrome_trace(str(attributed_path))
     attr = _attribute(_trace(attributed_path))
 
     replay_kernel_us = sum(k.get("dur", 0.0) for k in kernels) / REPLAYS
     layers = {k: v for k, v in attr["per_range"].items() if k.startswith("layer.")}
     result = {
-        "capacity": capacity, "graph_elapsed": elapsed, "replays_profiled": REPLAYS,
+        "capacity": capacity, "width": width, "graph_elapsed": elapsed, "replays_profiled": REPLAYS,
         "replay_kernels_per_step": len(kernels) / REPLAYS, "replay_kernel_us_per_step": replay_kernel_us,
         "attributed": attr, "layers": len(layers),
         "per_layer_mean": {"kernels": sum(v["kernels"] for v in layers.values()) / max(len(layers), 1),
@@ -130,7 +174,8 @@ def timeline(bench, capacity: int, trace_dir: Path) -> dict:
 
 
 def _table(r: dict) -> str:
-    lines = [f"timeline B={r['capacity']}: graph elapsed median {r['graph_elapsed']['median_ms'] * 1e3:.1f} us; "
+    label = f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']} round")
+    lines = [f"timeline {label}: graph elapsed median {r['graph_elapsed']['median_ms'] * 1e3:.1f} us; "
              f"replay: {r['replay_kernels_per_step']:.0f} kernels, {r['replay_kernel_us_per_step']:.1f} us summed "
              f"per step",
              f"  per layer (mean of {r['layers']}): {r['per_layer_mean']['kernels']:.1f} kernels, "
@@ -143,3 +188,32 @@ def _table(r: dict) -> str:
     for name, v in ops:
         lines.append(f"    {v['us']:>9.1f} us {v['kernels']:>5}x  {name[:110]}")
     return "\n".join(lines)
+
+
+def difference(base: dict, other: dict, top: int = 12) -> dict:
+    """What ``other`` (e.g. the width-one round) spends beyond ``base`` (decode at the same batch), from the two
+    attributed runs: graph elapsed, per region (layers summed) and per kernel name, largest differences first."""
+    def regions(r):
+        out = defaultdict(lambda: {"kernels": 0, "us": 0.0})
+        for name, v in r["attributed"]["per_range"].items():
+            key = "layers (all)" if name.startswith("layer.") else name
+            out[key]["kernels"] += v["kernels"]
+            out[key]["us"] += v["us"]
+        return out
+
+    def delta(a, b):
+        keys = sorted(set(a) | set(b))
+        rows = [{"name": k, "kernels": b.get(k, {}).get("kernels", 0) - a.get(k, {}).get("kernels", 0),
+                 "us": b.get(k, {}).get("us", 0.0) - a.get(k, {}).get("us", 0.0)} for k in keys]
+        return sorted((r for r in rows if r["kernels"] or abs(r["us"]) > 0.05), key=lambda r: -abs(r["us"]))
+
+    elapsed_us = (other["graph_elapsed"]["median_ms"] - base["graph_elapsed"]["median_ms"]) * 1e3
+    per_region = delta(regions(base), regions(other))
+    per_operator = delta(base["attributed"]["per_operator"], other["attributed"]["per_operator"])[:top]
+    label = lambda r: f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']}")  # noqa: E731
+    lines = [f"difference {label(other)} - {label(base)}: graph elapsed {elapsed_us:+.1f} us"]
+    lines += [f"  {d['name'][:60]:<60} {d['kernels']:+5d} kernels {d['us']:+9.1f} us" for d in per_region]
+    lines.append("  by kernel name:")
+    lines += [f"    {d['us']:+9.1f} us {d['kernels']:+5d}x  {d['name'][:100]}" for d in per_operator]
+    return {"capacity": base["capacity"], "difference": [label(other), label(base)], "graph_elapsed_us": elapsed_us,
+            "per_region": per_region, "per_operator": per_operator, "table": "\n".join(lines)}
