@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 from ignition.graphs.catalog import plain_greedy
 
+from .detokenize import IncrementalText
+
 log = logging.getLogger("flare.helios")
 _ids = itertools.count()
 
@@ -41,6 +43,7 @@ class Request:
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
     text_ids: list[int] = field(default_factory=list)
+    detok: IncrementalText | None = None  # the text of text_ids, decoded incrementally (set by the scheduler)
     sent: int = 0  # characters of text already sent
     finish_reason: str | None = None
     stop_sequence: str | None = None
@@ -296,6 +299,9 @@ class Scheduler:
             self._flush(r, final=True)
             return self._finish(r, "stop")
         r.text_ids.append(token)
+        if r.detok is None:
+            r.detok = IncrementalText(self.engine.tokenizer.decode)
+        r.detok.append(token)
         self._flush(r, final=False)
         if r.finish_reason is None and len(r.generated) >= r.max_tokens:
             self._flush(r, final=True)
@@ -304,7 +310,10 @@ class Scheduler:
     def _flush(self, r: Request, final: bool) -> None:
         if r.finish_reason is not None:
             return
-        text = self.engine.tokenizer.decode(r.text_ids)
+        if r.detok is None:
+            text = ""
+        else:  # complete characters only while streaming (an incomplete UTF-8 tail waits for the next token)
+            text = r.detok.full() if final else r.detok.text
         for s in r.stop:
             i = text.find(s)
             if i >= 0 and (r.stop_sequence is None or i < text.find(r.stop_sequence)):
@@ -317,8 +326,6 @@ class Scheduler:
             return self._finish(r, "stop")
         end = len(text)
         if not final:
-            if text.endswith("\ufffd"):
-                return  # an incomplete UTF-8 sequence: wait for the next token
             hold = max((k for s in r.stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
             end -= hold
         if end > r.sent:
