@@ -5,7 +5,9 @@
 #
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
-#   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS)
+#   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS;
+#                   either set empty: the recipe's full catalog)
+#   memory-G        qualify.fixed_memory on core G: weights, KV pool, graph pool, workspaces, allocator slack
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
 #   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy variant ($ATTN)
@@ -18,7 +20,7 @@ set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
 OUT=$W/out; mkdir -p $OUT  # staged here; only the archive goes to the device's $OUT
-CAPS=${CAPS:-1,4,8}; CHUNKS=${CHUNKS:-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch:separate triton:separate triton}
+CAPS=${CAPS-1,4,8}; CHUNKS=${CHUNKS-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch:separate triton:separate triton}
 log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
 pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run.tmp" && mv "$DEST/.run.tmp" "$DEST/h200-run.tgz"; }
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
@@ -31,9 +33,12 @@ for s in ${STAGES:?set STAGES}; do
           tail -n 45 "$OUT/gemv.log" ;;
     core-*)
       timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
-      timeout 240 /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
-          --out $W/core-$g --hub-cache .hub --capacities $CAPS --prefill-chunks $CHUNKS 2>&1 \
+      catalog=(); [ -n "$CAPS" ] && catalog+=(--capacities "$CAPS"); [ -n "$CHUNKS" ] && catalog+=(--prefill-chunks "$CHUNKS")
+      timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
+          --out $W/core-$g --hub-cache .hub "${catalog[@]}" 2>&1 \
           | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"; tail -n 4 "$OUT/build.log" ;;
+    memory-*) timeout ${MEMORY_S:-200} python3 -m qualify.fixed_memory $W/core-$g --json "$OUT/memory-$g.json" \
+          > "$OUT/memory-$g.log" 2>&1; tail -n 3 "$OUT/memory-$g.log" ;;
     served-*) timeout 200 python3 -m qualify.served_equivalence $W/core-$g --max-tokens 64 --prompt-tokens 100 \
           --json "$OUT/served-$g.json" 2>&1 | log | grep -v "^ *[0-9]*,\?$" | tail -n 20 > "$OUT/served-$g.log"; cat "$OUT/served-$g.log" ;;
     overhead-*) timeout 240 python3 -m qualify.serve_overhead $W/core-$g --requests 1,8 --max-tokens 64 --attention $ATTN \

@@ -42,9 +42,9 @@ class Request:
     pages: list[int] = field(default_factory=list)
     prefilled: int = 0
     generated: list[int] = field(default_factory=list)
-    text_ids: list[int] = field(default_factory=list)
-    detok: IncrementalText | None = None  # the text of text_ids, decoded incrementally (set by the scheduler)
+    detok: IncrementalText | None = None  # the text tokens (generated, end of sequence excluded), decoded incrementally
     sent: int = 0  # characters of text already sent
+    searched: int = 0  # characters of text already searched for stop strings (none found there)
     finish_reason: str | None = None
     stop_sequence: str | None = None
     cancelled: bool = False
@@ -298,7 +298,6 @@ class Scheduler:
         if token in self.engine.eos_token_ids:
             self._flush(r, final=True)
             return self._finish(r, "stop")
-        r.text_ids.append(token)
         if r.detok is None:
             r.detok = IncrementalText(self.engine.tokenizer.decode)
         r.detok.append(token)
@@ -314,12 +313,15 @@ class Scheduler:
             text = ""
         else:  # complete characters only while streaming (an incomplete UTF-8 tail waits for the next token)
             text = r.detok.full() if final else r.detok.text
+        first = None  # (index, stop) of the earliest stop string; text before r.searched held none
         for s in r.stop:
-            i = text.find(s)
-            if i >= 0 and (r.stop_sequence is None or i < text.find(r.stop_sequence)):
-                r.stop_sequence = s
-        if r.stop_sequence is not None:
-            text = text[:text.find(r.stop_sequence)]
+            i = text.find(s, max(0, r.searched - len(s) + 1))
+            if i >= 0 and (first is None or i < first[0]):
+                first = (i, s)
+        r.searched = len(text)
+        if first is not None:
+            r.stop_sequence = first[1]
+            text = text[:first[0]]
             if len(text) > r.sent:
                 r.post("delta", text[r.sent:])
             r.sent = len(text)

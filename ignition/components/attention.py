@@ -120,7 +120,7 @@ class AttentionBatch:
     # query sits at position seq_len - 1, so this is the number of keys it sees (``visible.sum(-1)``).  None for
     # batches built without it; :class:`TritonPagedAttention` then counts ``visible``.
     seq_lens: torch.Tensor | None = None
-    positions: torch.Tensor | None = None  # [B, T] int64: each query's absolute position (prefill kernels)
+    positions: torch.Tensor | None = None  # [B, T] int64: each query's position (None: see query_positions())
 
     @classmethod
     def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
@@ -142,6 +142,14 @@ class AttentionBatch:
         if self.seq_lens is not None:
             return self.seq_lens
         return self.visible[:, 0, 0, -1, :].sum(dim=-1)
+
+    def query_positions(self) -> torch.Tensor:
+        """``[B, T]`` int64: each query's absolute position (the prefill kernels' causal bound).  For a batch built
+        without them, recovered from ``visible`` (``visible.sum(-1) - 1``: exact for every real token, whose
+        position is below seq_len; a padding query gets seq_len - 1 and an inactive row -1 -- both ignored)."""
+        if self.positions is not None:
+            return self.positions
+        return self.visible[:, 0, 0].sum(dim=-1) - 1
 
 
 class PyTorchPagedAttention:
@@ -334,20 +342,9 @@ class TritonPagedAttention(PyTorchPagedAttention):
         batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
         if t != 1:  # prefill / verify
             return paged_prefill_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
-                                           _query_positions(batch), batch.decode_lens(), self.scaling)
+                                           batch.query_positions(), batch.decode_lens(), self.scaling)
         return paged_decode_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
                                       batch.decode_lens(), self.scaling)
-
-
-def _query_positions(batch: AttentionBatch) -> torch.Tensor:
-    """``[B, T]`` int64 query positions for the prefill op: ``batch.positions`` when the batch carries them, else
-    recovered from the visibility mask (``visible.sum(-1) - 1``: exact for every real token, whose position is
-    below seq_len; a padding query gets seq_len - 1 and an inactive row -1 -- both ignored downstream).  The
-    fallback reduces ``[B, T, S]`` per layer; storing positions in ``AttentionBatch.build`` avoids it."""
-    positions = getattr(batch, "positions", None)
-    if positions is not None:
-        return positions
-    return batch.visible[:, 0, 0].sum(dim=-1) - 1
 
 
 class TritonDecodePagedAttention(TritonPagedAttention):

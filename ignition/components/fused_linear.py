@@ -132,14 +132,16 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     ``ignition.components.norms.RMSNorm``; ``gated``: ``projection`` is the packed ``(gate, up)`` pair and
     ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).  One ``flare::fused_linear`` launch when the
     projection is plain bf16 and :func:`prefers_fused` says so; otherwise the separate modules, in the canonical
-    order.  Returns the output tensor, or for an ungated packed projection on the separate path its tuple of
-    parts (the fused path returns the packed output: split it by ``projection.part_sizes``)."""
+    order.  Returns what the projection returns: its output tensor, or for an ungated packed projection the tuple
+    of its parts (column views of the packed output, on either path)."""
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
     fusable_act = not gated or act_name == "silu"
     if weight is not None and fusable_act and prefers_fused(rows, weight, gated):
-        return fused_linear(x, weight, None if norm is None else norm.weight,
-                            0.0 if norm is None else norm.variance_epsilon, residual, gated)
+        y = fused_linear(x, weight, None if norm is None else norm.weight,
+                         0.0 if norm is None else norm.variance_epsilon, residual, gated)
+        parts = getattr(projection, "part_sizes", None)
+        return y.split(parts, dim=-1) if parts is not None and not gated else y
     h = x if norm is None else norm(x)
     y = projection(h)
     if gated:

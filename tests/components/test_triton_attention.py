@@ -198,6 +198,9 @@ def test_attention_batch_seq_lens_is_the_decode_visibility():
     assert batch.seq_lens[-1] == 0  # inactive
     legacy = AttentionBatch(batch.cache, batch.slots, batch.block_tables, batch.visible, batch.valid, batch.active)
     assert torch.equal(legacy.decode_lens(), batch.seq_lens)
+    real = batch.valid & batch.active[:, None]
+    assert torch.equal(batch.query_positions(), batch.positions)
+    assert torch.equal(legacy.query_positions()[real], batch.positions[real])  # recovered from visible
 
 
 def test_triton_backend_decode_and_declared_prefill_path():

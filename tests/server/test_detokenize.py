@@ -63,3 +63,30 @@ def test_embedded_tokenizer():
 @pytest.mark.parametrize("repo", HUB_TOKENIZERS)
 def test_checkpoint_tokenizers(repo, hub_cache):
     _check(_hub(repo, hub_cache), seed=len(repo))
+
+
+def test_stop_strings_found_across_flushes_earliest_first():
+    """The engine searches only the text not yet searched (plus a stop's length - 1 back): a stop string split
+    across tokens is still found, and of two stops the earliest occurrence wins, as a search of the whole text."""
+    from helios.runtime.scheduler import Request, Scheduler
+
+    class Loop:
+        def call_soon_threadsafe(self, fn, *a):
+            fn(*a)
+
+    class Queue(list):
+        put_nowait = list.append
+
+    pieces = ["Hello wo", "rld, th", "e END is", " here"]  # both stops complete in the third flush
+    sched = Scheduler.__new__(Scheduler)
+    sched.metrics = None
+    r = Request([1], {}, 10, ["END is", "rld, the"], Loop(), Queue())
+    r.detok = IncrementalText(lambda ids: "".join(pieces[i] for i in ids))
+    for i in range(len(pieces)):
+        r.detok.append(i)
+        sched._flush(r, final=False)
+        if r.finish_reason:
+            break
+    whole = "".join(pieces[:i + 1])
+    assert r.finish_reason == "stop" and r.stop_sequence == "rld, the" and i == 2
+    assert "".join(e[1] for e in r.queue if e[0] == "delta") == whole[:whole.find("rld, the")] == "Hello wo"

@@ -93,8 +93,7 @@ class PagedQwen3Attention(nn.Module):
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
-        qkv = linear_block(hidden_states, self.qkv_proj, norm=input_norm)
-        q, k, v = qkv if isinstance(qkv, tuple) else qkv.split(self.qkv_proj.part_sizes, dim=-1)
+        q, k, v = linear_block(hidden_states, self.qkv_proj, norm=input_norm)
         q = self.q_norm(q.view(b, t, -1, self.head_dim))
         k = self.k_norm(k.view(b, t, -1, self.head_dim))
         v = v.view(b, t, -1, self.head_dim)
