@@ -166,12 +166,17 @@ class PyTorchPagedAttention:
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  batch: AttentionBatch) -> torch.Tensor:
-        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (rotated, normed) -> ``[B, T, H * D]``.  The KV write is
-        traced (a scatter Inductor keeps in place); the attention itself is the opaque ``flare::paged_attention``
-        (its softmax is a reduction: compiled and uncompiled steps must run the same one)."""
+        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (rotated, normed) -> ``[B, T, H * D]``: the KV write (the
+        opaque ``flare::kv_write_``), then :meth:`attend`."""
         b, t = q.shape[:2]
         kvh, d = self.num_kv_heads, self.head_dim
         batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
+        return self.attend(layer, q, batch)
+
+    def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """Attention of ``q [B, T, H, D]`` over the pools, this step's K/V already written (by :meth:`__call__` or
+        by a fused write such as ``flare::rope_write_``) -> ``[B, T, H * D]``: the opaque ``flare::paged_attention``
+        (its softmax is a reduction: compiled and uncompiled steps must run the same one)."""
         return paged_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables, batch.visible,
                                self.scaling)
 
@@ -333,13 +338,10 @@ class TritonPagedAttention(PyTorchPagedAttention):
     features = frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"})
     prefill_kernel = True  # T > 1 through flare::paged_prefill_attention (False: the reference flare::paged_attention)
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 batch: AttentionBatch) -> torch.Tensor:
-        b, t = q.shape[:2]
+    def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        t = q.shape[1]
         if t != 1 and not self.prefill_kernel:
-            return super().__call__(layer, q, k, v, batch)
-        kvh, d = self.num_kv_heads, self.head_dim
-        batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
+            return super().attend(layer, q, batch)
         if t != 1:  # prefill / verify
             return paged_prefill_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
                                            batch.query_positions(), batch.decode_lens(), self.scaling)

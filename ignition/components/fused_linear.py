@@ -5,6 +5,8 @@ What it fuses (each part optional, in this order):
 
 - an RMSNorm prologue (``norm_weight [K]``, ``eps``): the canonical ``Qwen3RMSNorm`` of x;
 - the projection by ``weight [N, K]`` (nn.Linear layout);
+- or, instead of the prologue, a SiLU-gated input (``gated_input``): x is the packed ``[gate; up]`` output of the
+  previous projection, ``[..., 2 * K]``, and the projection's input is ``silu(gate) * up`` (``gated_mlp_block``);
 - a SiLU-gated epilogue (``gated``): ``weight`` is the packed ``[gate; up]`` of ``2 * I`` rows and the result
   is ``silu(gate) * up``, ``[..., I]`` (the canonical ``Qwen3MLP`` up to ``down_proj``);
 - a residual epilogue (``residual [..., N_out]``): ``residual + y`` (the decoder layer's skip connection).
@@ -13,6 +15,7 @@ Rounding points (bf16 tensors, every product and sum in fp32, each arrow a round
 canonical modules' own, so the op differs from them only by the order of the fp32 sums:
 
     xn  = bf16(norm_weight * bf16(x * rsqrt(mean(x ** 2) + eps)))     (prologue; else xn = x)
+    xn  = bf16(bf16(silu(gate)) * up)                                  (gated input)
     y   = bf16(sum_k xn[k] * w[n, k])                                  (gate and up each rounded when gated)
     y   = bf16(bf16(silu(g)) * u)                                      (gated)
     out = bf16(residual + y)                                           (residual)
@@ -44,7 +47,8 @@ import torch.nn.functional as F
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 
-__all__ = ["fused_linear", "fused_linear_reference", "linear_block", "prefers_fused", "reorder_bound"]
+__all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "linear_block", "prefers_fused",
+           "reorder_bound"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused).
 GATED_FUSED_MAX_ELEMENTS = 1 << 26
@@ -59,8 +63,12 @@ def _out_features(weight: torch.Tensor, gated: bool) -> int:
 
 def fused_linear_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor] = None,
                            eps: float = 0.0, residual: Optional[torch.Tensor] = None,
-                           gated: bool = False) -> torch.Tensor:
-    """The canonical composition (the op's CPU path): ``[..., K]`` -> a new contiguous ``[..., N_out]``."""
+                           gated: bool = False, gated_input: bool = False) -> torch.Tensor:
+    """The canonical composition (the op's CPU path): ``[..., K]`` (``[..., 2 * K]`` with ``gated_input``) -> a
+    new contiguous ``[..., N_out]``."""
+    if gated_input:  # the packed [gate; up] output of the previous projection: Qwen3MLP's act_fn(gate) * up
+        k = _gated_input_features(x, weight, norm_weight)
+        x = F.silu(x[..., :k]) * x[..., k:]
     h = rms_norm_reference(x, norm_weight, eps) if norm_weight is not None else x
     if gated:
         i = _out_features(weight, gated)
@@ -72,15 +80,24 @@ def fused_linear_reference(x: torch.Tensor, weight: torch.Tensor, norm_weight: O
     return y.contiguous()
 
 
+def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor]) -> int:
+    k = weight.shape[-1]
+    if x.shape[-1] != 2 * k or norm_weight is not None:
+        raise ValueError(f"fused_linear: gated_input needs x with 2 * K = {2 * k} columns (got {x.shape[-1]}) "
+                         f"and no norm_weight")
+    return k
+
+
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
-          residual: Optional[torch.Tensor], gated: bool) -> torch.Tensor:
+          residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
 @opaque_op("fused_linear", mutates_args=(), fake=_fake)
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
-                 residual: Optional[torch.Tensor], gated: bool) -> torch.Tensor:
-    """``x [..., K]``, ``weight [N, K]`` -> a new contiguous ``[..., N_out]`` (see the module docstring)."""
+                 residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False) -> torch.Tensor:
+    """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
+    ``[..., N_out]`` (see the module docstring)."""
     if x.is_cuda:
         from ignition.components.triton_kernels import fused_linear_triton
 
@@ -89,9 +106,9 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
         lead = x.shape[:-1]
         res2 = residual.reshape(-1, n_out) if residual is not None else None
         out = fused_linear_triton(x.reshape(-1, k), weight, norm_weight=norm_weight, eps=eps, residual=res2,
-                                  gated=gated)
+                                  gated=gated, gated_input=gated_input)
         return out.view(*lead, n_out)
-    return fused_linear_reference(x, weight, norm_weight, eps, residual, gated)
+    return fused_linear_reference(x, weight, norm_weight, eps, residual, gated, gated_input)
 
 
 _ENABLED = [True]
@@ -148,6 +165,25 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         gate, up = y
         y = act_fn(gate) * up
     return y if residual is None else residual + y
+
+
+def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Optional[torch.Tensor] = None,
+                    act_fn=None, act_name: str | None = None) -> torch.Tensor:
+    """``[norm ->] gate_up -> act_fn(gate) * up -> down [-> residual +]`` (the canonical ``Qwen3MLP`` with the
+    decoder layer's norm and skip connection) on ``x [..., K]``, by the measured rule of :func:`prefers_fused`:
+
+    - gate/up fused (small gated weights): its launch applies the SiLU gate; ``down`` through :func:`linear_block`;
+    - gate/up on cuBLAS but ``down`` fused (Qwen3-8B at one row): gate/up's packed ``[gate; up]`` output goes
+      straight into down's launch, whose prologue computes ``silu(gate) * up`` (no activation kernel between);
+    - otherwise the separate modules (two :func:`linear_block` calls)."""
+    gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
+    rows = x.numel() // x.shape[-1]
+    if (act_name == "silu" and gu_w is not None and down_w is not None and not prefers_fused(rows, gu_w, True)
+            and prefers_fused(rows, down_w, False)):
+        packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
+        return fused_linear(packed, down_w, None, 0.0, residual, False, True)
+    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name)
+    return linear_block(act, down, residual=residual)
 
 
 def reorder_bound(xn: torch.Tensor, weight: torch.Tensor, *, norm: bool, gated: bool) -> torch.Tensor:

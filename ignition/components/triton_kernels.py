@@ -6,13 +6,59 @@ Triton is not installed) and on the H200 by the GPU conformance matrix.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Programmatic dependent launch (PDL, sm90+).  Launched with ``launch_pdl=True``, a kernel may start while the
+# kernel before it on the stream is still finishing; the ``USE_PDL`` kernels below then run ``gdc_wait()`` (wait
+# for the previous kernel's completion and memory) before they read anything a kernel wrote, and let their own
+# dependents launch early (``gdc_launch_dependents()``).  Before the wait a kernel may only touch what no kernel of
+# the step writes -- weights -- so the decode GEMV issues L2 prefetches of its first weight tiles there, overlapping
+# the previous kernel's tail.  Captured into a CUDA graph as programmatic edges.  Every write happens after the wait,
+# and a kernel completes only after its wait returned, so the stream order of every earlier kernel is kept.
+# ``FLARE_PDL=0`` turns it off (side-by-side measurements); off in the interpreter and before sm90.
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether the kernels below launch with programmatic dependent launch on ``device``."""
+    if os.environ.get("FLARE_PDL", "1") in ("0", "", "false") or _interpreting() or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _pdl(device: torch.device) -> dict:
+    """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off)."""
+    return {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr):
+def _pdl_enter(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel (its writes visible after this) and let the next kernel launch."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -34,7 +80,111 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     rows = x2.shape[0]
     if rows:
         _rms_norm_kernel[(rows,)](x2, weight, out, rows, x2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-                                  num_warps=4 if n <= 1024 else 8)
+                                  num_warps=4 if n <= 1024 else 8, **_pdl(x.device))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Per-head norms + rotary + paged K/V write (``flare::rope_write_``, ``ignition/components/rope_write.py`` states the
+# rounding points).  One program per token: its H query heads and KV key heads as [heads, D/2] halves (rotate_half
+# pairs element i with i + D/2), each head's RMSNorm statistics in fp32, every product rounded where the canonical
+# modules round; the rotated queries to a new [N, H, D], the rotated keys and the values to the pools at the token's
+# slot.
+
+
+@triton.jit
+def _norm_rope_halves(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
+                      NORM: tl.constexpr):
+    """``(out1, out2)`` of one token's heads, halves ``x1, x2 [heads, HALF]`` (bf16); see the module comment."""
+    dt = x1.dtype
+    if NORM:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D + eps)[:, None]
+        w1 = tl.load(NW + offs).to(tl.float32)[None, :]
+        w2 = tl.load(NW + HALF + offs).to(tl.float32)[None, :]
+        x1 = (w1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
+        x2 = (w2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
+    h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
+    out1 = ((h1 * cos1).to(dt).to(tl.float32) + (-h2 * sin1).to(dt).to(tl.float32)).to(dt)
+    out2 = ((h2 * cos2).to(dt).to(tl.float32) + (h1 * sin2).to(dt).to(tl.float32)).to(dt)
+    return out1, out2
+
+
+@triton.jit
+def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
+                       stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
+                       stride_vb, stride_vt, stride_vh, stride_cb, stride_ct, stride_sb, stride_st,
+                       stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps, stride_vph, eps,
+                       H: tl.constexpr, KVH: tl.constexpr, HP: tl.constexpr, KVP: tl.constexpr,
+                       D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
+    n = tl.program_id(0)
+    b = (n // T).to(tl.int64)
+    t = (n % T).to(tl.int64)
+    offs = tl.arange(0, HALF)
+    c_row = COS + b * stride_cb + t * stride_ct
+    s_row = SIN + b * stride_sb + t * stride_st
+    cos1 = tl.load(c_row + offs).to(tl.float32)[None, :]
+    cos2 = tl.load(c_row + HALF + offs).to(tl.float32)[None, :]
+    sin1 = tl.load(s_row + offs).to(tl.float32)[None, :]
+    sin2 = tl.load(s_row + HALF + offs).to(tl.float32)[None, :]
+
+    hq = tl.arange(0, HP)
+    qm = (hq < H)[:, None]
+    q_ptr = Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh + offs[None, :]
+    q1 = tl.load(q_ptr, mask=qm, other=0.0)
+    q2 = tl.load(q_ptr + HALF, mask=qm, other=0.0)
+    o1, o2 = _norm_rope_halves(q1, q2, QW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
+    qo_ptr = QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :]
+    tl.store(qo_ptr, o1, mask=qm)
+    tl.store(qo_ptr + HALF, o2, mask=qm)
+
+    slot = tl.load(SLOTS + n).to(tl.int64)
+    page = slot // PAGE
+    within = slot % PAGE
+    hk = tl.arange(0, KVP)
+    km = (hk < KVH)[:, None]
+    k_ptr = K + b * stride_kb + t * stride_kt + hk[:, None] * stride_kh + offs[None, :]
+    k1 = tl.load(k_ptr, mask=km, other=0.0)
+    k2 = tl.load(k_ptr + HALF, mask=km, other=0.0)
+    r1, r2 = _norm_rope_halves(k1, k2, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+    kp_ptr = KP + page * stride_kpp + within * stride_kps + hk[:, None] * stride_kph + offs[None, :]
+    tl.store(kp_ptr, r1, mask=km)
+    tl.store(kp_ptr + HALF, r2, mask=km)
+    v_ptr = V + b * stride_vb + t * stride_vt + hk[:, None] * stride_vh + offs[None, :]
+    vp_ptr = VP + page * stride_vpp + within * stride_vps + hk[:, None] * stride_vph + offs[None, :]
+    tl.store(vp_ptr, tl.load(v_ptr, mask=km, other=0.0), mask=km)
+    tl.store(vp_ptr + HALF, tl.load(v_ptr + HALF, mask=km, other=0.0), mask=km)
+
+
+def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
+                      k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                      k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` (any strides with contiguous head_dim), norm weights ``[D]`` or
+    None, ``cos, sin [B, T, D]``, one layer's pools ``[pages + 1, page, KV, D]``, sanitized ``slots [B * T]`` ->
+    the rotated queries ``[B, T, H, D]`` (new, contiguous); the rotated keys and the values written to the pools.
+    Shapes are checked by the op (``rope_write.py``)."""
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    if d & (d - 1) or d < 4:
+        raise ValueError(f"rope_write_triton: head_dim {d} must be a power of two (>= 4)")
+    tensors = [q, k, v, cos, sin, k_pool, v_pool]
+    if any(x.stride(-1) != 1 for x in tensors) or any(w is not None and not w.is_contiguous() for w in (q_norm, k_norm)):
+        raise ValueError("rope_write_triton: head_dim (the last axis) must be contiguous")
+    out = torch.empty((b, t, h, d), dtype=q.dtype, device=q.device)
+    if b * t == 0:
+        return out
+    slots = slots if slots.is_contiguous() else slots.contiguous()
+    _rope_write_kernel[(b * t,)](
+        q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
+        slots, out, t,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        float(eps), H=h, KVH=kvh, HP=triton.next_power_of_2(h), KVP=triton.next_power_of_2(kvh), D=d, HALF=d // 2,
+        PAGE=k_pool.shape[1], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
+        num_warps=4 if h * d <= 4096 else 8, **_pdl(q.device))
     return out
 
 
@@ -60,7 +210,8 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                stride_vp, stride_vt, stride_vh,
                                stride_bt, max_pages, qk_scale_log2,
                                KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                               DP: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr):
+                               DP: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -95,14 +246,15 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(K + page * stride_kp + offs_n[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0).to(tl.float32)  # [PAGE, DP]
+        # V issued with K (both depend only on the page id): one memory latency per page, not two
+        v = tl.load(V + page * stride_vp + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0).to(tl.float32)  # [PAGE, DP]
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [GP, PAGE], log2 units
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: page p < n_pages holds at least one key
         alpha = tl.math.exp2(m_i - m_new)
         prob = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(prob, axis=1)
-        v = tl.load(V + page * stride_vp + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # [PAGE, DP]
         acc = acc * alpha[:, None] + tl.sum(prob[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
         p += 1
@@ -116,7 +268,9 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 @triton.jit
 def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                                D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr):
+                                D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
+                                USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     kvh = h // G
@@ -205,10 +359,10 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         block_tables.stride(0), p, float(scaling) * _LOG2E,
-        KVH=kvh, G=g, GP=gp, D=d, DP=dp, PAGE=page, SPLITS=splits, num_warps=num_warps)
+        KVH=kvh, G=g, GP=gp, D=d, DP=dp, PAGE=page, SPLITS=splits, num_warps=num_warps, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=g, GP=gp, D=d, DP=dp, SPLITS=splits,
-        SP=triton.next_power_of_2(splits), num_warps=4)
+        SP=triton.next_power_of_2(splits), num_warps=4, **_pdl(q.device))
     return out
 
 
@@ -231,7 +385,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
-                       EVEN_K: tl.constexpr):
+                       EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * MP + tl.arange(0, MP)
@@ -243,6 +398,16 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
+
+    if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles (one per 128-byte line)
+        n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
+        lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
+        for i in tl.static_range(PREFETCH):
+            kl = tl.minimum(i * BK + lines, K - 1)[None, :]
+            _prefetch_l2(W + n_c + kl)
+            if GATED:
+                _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
+    _pdl_enter(USE_PDL)
 
     if HAS_NORM:  # row statistics of x: elementwise fp32 accumulation over K chunks, one sum at the end
         ss = tl.zeros([MP, BK], dtype=tl.float32)
@@ -264,7 +429,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         else:
             xm = m_mask[:, None] & (kk < K)[None, :]
             wm = n_mask[:, None] & (kk < K)[None, :]
-        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
+        if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
+            gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            ux = tl.load(x_rows + K + kk[None, :], mask=xm, other=0.0)
+            ax = (gx / (1.0 + tl.exp(-gx))).to(ux.dtype)
+            xv = (ax.to(tl.float32) * ux.to(tl.float32)).to(ux.dtype)
+        else:
+            xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
         if HAS_NORM:
             if EVEN_K:
                 nw = tl.load(NW + kk)
@@ -301,6 +472,8 @@ GEMV_TARGET_SMS = 132
 GEMV_ACC_BUDGET = 16384
 #: rows of x per program (larger M: more row blocks on the grid's second axis).
 GEMV_MAX_ROWS = 16
+#: weight tiles per program prefetched into L2 before the PDL wait (overlapping the previous kernel's tail).
+GEMV_PREFETCH_TILES = 2
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -347,14 +520,20 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
-                        config: dict | None = None) -> torch.Tensor:
+                        gated_input: bool = False, config: dict | None = None) -> torch.Tensor:
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
-    ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection.
+    ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
+    ``gated_input``: x is ``[M, 2 * K]``, the packed ``[gate; up]`` output of the previous projection, and the
+    kernel's input is ``silu(gate) * up`` (not with ``norm_weight``).
     ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking)."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    m, k = x.shape
+    k = weight.shape[1] if weight.dim() == 2 else -1
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != (2 * k if gated_input else k):
+        raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}"
+                         f"{' (gated input: x has 2 * K columns)' if gated_input else ''}")
+    if gated_input and norm_weight is not None:
+        raise ValueError("fused_linear_triton: gated_input and norm_weight do not combine")
+    m = x.shape[0]
     n = weight.shape[0]
     if gated and n % 2:
         raise ValueError(f"fused_linear_triton: gated needs an even number of weight rows, got {n}")
@@ -385,7 +564,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
-        GATED=bool(gated), EVEN_K=k % bk == 0, num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+        GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
+        PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
     return out
 
 
@@ -409,6 +590,38 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
 
 
 @triton.jit
+def _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                   PAGE: tl.constexpr, DOT_F32: tl.constexpr):
+    """One key block (keys n0 .. n0 + BLOCK_N - 1) of the online softmax: the updated ``(m_i, l_i, acc)``."""
+    tok = n0 + offs_n  # [BLOCK_N] key indices
+    n_mask = tok < hi
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
+    in_page = (tok % PAGE).to(tl.int64)
+    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh
+                 + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [DP, BLOCK_N]
+    if DOT_F32:  # interpreter only: exact fp32 products of the bf16 values (see paged_prefill_attention_triton)
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    s = s * qk_scale_log2  # [BLOCK_M, BLOCK_N] fp32, log2 units
+    vis = (tok[None, :] <= pos[:, None]) & n_mask[None, :]
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh
+                + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, DP]
+    if DOT_F32:
+        pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)  # probabilities rounded to bf16 (FlashAttention), fp32 accumulation
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
                           T, stride_qb, stride_qt, stride_qh,
                           stride_kp, stride_kt, stride_kh,
@@ -417,7 +630,8 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
                           max_pages, qk_scale_log2,
                           KVH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
                           PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          DOT_F32: tl.constexpr):
+                          DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
     mb = tl.program_id(0)
     bk = tl.program_id(1)
     b = bk // KVH
@@ -444,48 +658,27 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DP], dtype=tl.float32)
-    # A while loop: the bound is a device value (see the decode kernel: Triton 3.6's interpreter cannot take a
-    # tensor bound in range(); the compiler does not software-pipeline a while loop).
-    n0 = 0
-    while n0 < hi:
-        tok = n0 + offs_n  # [BLOCK_N] key indices
-        n_mask = tok < hi
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
-        in_page = (tok % PAGE).to(tl.int64)
-        kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh
-                     + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [DP, BLOCK_N]
-        if DOT_F32:  # interpreter only: exact fp32 products of the bf16 values (see paged_prefill_attention_triton)
-            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(q, kt)
-        s = s * qk_scale_log2  # [BLOCK_M, BLOCK_N] fp32, log2 units
-        vis = (tok[None, :] <= pos[:, None]) & n_mask[None, :]
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh
-                    + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, DP]
-        if DOT_F32:
-            pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)  # probabilities rounded to bf16 (FlashAttention), fp32 accumulation
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-        n0 += BLOCK_N
+    # The key-block loop, bound a device value.  Compiled: a range() loop, software-pipelined (the next block's page
+    # ids and K/V tiles load while this block's dots run).  The interpreter (Triton 3.6 under NumPy 2.4) cannot
+    # take a tensor bound in range(): a while loop over the same block body there -- same blocks, same order, same
+    # bits.
+    if PIPELINE:
+        for n0 in range(0, hi, BLOCK_N):
+            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32)
+    else:
+        n0 = 0
+        while n0 < hi:
+            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32)
+            n0 += BLOCK_N
 
     out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
     o_ptrs = (Out + b64 * stride_ob + tok_q.to(tl.int64)[:, None] * stride_ot + heads[:, None] * D
               + offs_d[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=r_mask[:, None] & d_mask[None, :])
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def paged_prefill_config(t: int, groups: int, head_dim: int, page: int) -> dict:
@@ -540,6 +733,6 @@ def paged_prefill_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool
         block_tables.stride(0), positions.stride(0), out.stride(0), out.stride(1),
         block_tables.shape[1], float(scaling) * _LOG2E,
         KVH=kvh, G=g, D=d, DP=triton.next_power_of_2(d), PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_F32=_interpreting(),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]))
+        DOT_F32=_interpreting(), PIPELINE=not _interpreting(),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(q.device))
     return out

@@ -158,3 +158,15 @@ def test_triton_prefill_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
     case = make_prefill_case(heads, kv_heads, 128, 16, PF_ROWS, 20, seed=heads)
     got = paged_prefill_attention_triton(*(x.cuda() for x in case[:6]), 128 ** -0.5)
     check_prefill(got.cpu(), case, 2.0 ** -8)  # NaN-poisoned slots past seq_lens: a read past them shows
+
+
+@pytest.mark.parametrize("b,t,heads,kv_heads", [(1, 1, 32, 8), (4, 1, 16, 8), (2, 7, 32, 8)])
+def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_heads):
+    from test_rope_write import EPS, check_triton, make_case
+
+    from ignition.components.triton_kernels import rope_write_triton
+
+    case = make_case(b, t, heads, kv_heads, 128, pages=40, page=16, seed=heads + t)
+    q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.cuda() if isinstance(x, torch.Tensor) else x for x in case]
+    got = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
+    check_triton(got, kp, vp, case)

@@ -46,6 +46,22 @@ def test_cpu_path_equals_the_canonical_modules_bitwise(lead, k, n_out, norm, gat
     assert got.is_contiguous() and _bits_equal(got, want) and _bits_equal(ref, want)
 
 
+@pytest.mark.parametrize("lead,k,n_out,residual", [((1,), 64, 96, True), ((4,), 256, 128, False), ((2, 3), 128, 64, True)])
+def test_gated_input_equals_the_canonical_mlp_bitwise(lead, k, n_out, residual):
+    """``gated_input``: x is gate/up's packed output and the op is Qwen3MLP's ``down_proj(act_fn(gate) * up)``
+    (plus the skip connection)."""
+    _, (down,) = _modules(k, n_out, False, seed=k)
+    gate_up = (torch.randn(*lead, 2 * k) * 2).to(torch.bfloat16)
+    r = torch.randn(*lead, n_out).to(torch.bfloat16) if residual else None
+    with torch.no_grad():
+        y = down(F.silu(gate_up[..., :k]) * gate_up[..., k:])
+        want = r + y if residual else y
+        got = fused_linear(gate_up, down.weight, None, EPS, r, False, True)
+    assert _bits_equal(got, want)
+    with pytest.raises(ValueError, match="2 \\* K"):
+        fused_linear(gate_up[..., 1:], down.weight, None, EPS, r, False, True)
+
+
 def test_compiled_equals_eager_bitwise():
     norm_mod, projs = _modules(256, 192, True, seed=1)
     weight = torch.cat([p.weight for p in projs]).detach()

@@ -116,6 +116,31 @@ def test_fused_linear_triton_matches_the_reference(m, n, k, norm, gated, residua
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
+@pytest.mark.parametrize("m,n,k,residual", [(1, 1024, 2048, True), (4, 1000, 64, False), (3, 256, 192, True)])
+def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual):
+    """x = gate/up's packed output [M, 2K]; the kernel's prologue forms bf16(bf16(silu(gate)) * up).  Its bf16
+    input may differ from the reference's by an ulp (exp, and the interpreter's truncation), which perturbs the sum
+    like the norm prologue's: the same bound (``reorder_bound(norm=True)`` on the reference activation)."""
+    import torch.nn.functional as F
+
+    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    gen = torch.Generator().manual_seed(m + n + k)
+    x = (torch.randn(m, 2 * k, generator=gen) * 2).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
+    r = torch.randn(m, n, generator=gen).to(torch.bfloat16) if residual else None
+    got = fused_linear_triton(x, w, residual=r, gated_input=True, config={"BN": 32} if n >= 1000 else None)
+    ref = fused_linear_reference(x, w, None, 0.0, r, False, True)
+    act = F.silu(x[:, :k]) * x[:, k:]
+    y = fused_linear_reference(act, w)
+    tol = 2 * 2.0 ** -7 * y.float().abs() + reorder_bound(act, w, norm=True, gated=False)
+    if r is not None:
+        tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
     from ignition.components.triton_kernels import fused_linear_triton
@@ -140,3 +165,18 @@ def test_gemv_config_is_a_pure_function_of_the_shapes():
             mp = 1 << (m - 1).bit_length()
             if (m, n, k, gated) not in GEMV_MEASURED:  # the heuristic keeps its accumulator budget
                 assert mp * cfg["BN"] * cfg["BK"] * (2 if gated else 1) <= GEMV_ACC_BUDGET
+
+
+# ---------------------------------------------------------------------------------------- q/k norm + rotary + KV write
+
+@pytest.mark.parametrize("b,t,heads,kv_heads,d,norms", [(1, 1, 32, 8, 128, True), (3, 2, 6, 2, 16, True),
+                                                        (2, 3, 4, 4, 8, False)])
+def test_rope_write_triton_matches_the_reference(b, t, heads, kv_heads, d, norms):
+    from test_rope_write import EPS, check_triton, make_case
+
+    from ignition.components.triton_kernels import rope_write_triton
+
+    case = make_case(b, t, heads, kv_heads, d, norms=norms, seed=b + t)
+    q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.clone() if isinstance(x, torch.Tensor) else x for x in case]
+    got = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
+    check_triton(got, kp, vp, case, rel=2.0 ** -4)  # the interpreter truncates (see check_triton)

@@ -37,5 +37,5 @@ def _pool_copies(src: str, pool: str) -> int:
 
 def test_compiled_layer_writes_the_pool_in_place(tmp_path):
     src, pool = _compiled_code(tmp_path)
-    assert "flare.kv_write_" in src  # the opaque write is called ...
+    assert "flare.rope_write_" in src  # the opaque write (with the q/k norms and rotary) is called ...
     assert _pool_copies(src, pool) == 0  # ... in place

@@ -76,6 +76,28 @@ def test_greedy_matches_canonical(mode, ckpt, reference, request):
     assert len(PROMPT) + STEPS > 6 * PAGE  # the run crossed six page boundaries
 
 
+def test_gate_up_on_cublas_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, reference, monkeypatch):
+    """The Qwen3-8B decode path at one row (gate/up too large to fuse: cuBLAS, then down's launch forms
+    silu(gate) * up from the packed output) -- here forced by lowering the size threshold -- matches the
+    canonical forward like the default path."""
+    from ignition.components import fused_linear as fl
+
+    seen = []
+    real = fl.fused_linear
+
+    def recording(*args):
+        seen.append(args[6] if len(args) > 6 else False)
+        return real(*args)
+
+    monkeypatch.setattr(fl, "GATED_FUSED_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(fl, "fused_linear", recording)
+    ref_tokens, ref_logits = reference
+    tokens, logits = prepared_greedy(prepare(ckpt)[1], Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
+    assert True in seen  # down took gate/up's packed output
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+
+
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
     """The "triton" attention backend through the whole model (eager, CPU: decode runs the CPU implementation
     of flare::paged_decode_attention -- fp32 softmax and P @ V, keys < seq_lens only -- prefill the reference
@@ -244,15 +266,16 @@ def test_catalog_stages_and_capacities(ckpt):
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):
     """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
     norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:
-    64 columns here); prefill chunks fuse nothing.  The greedy-vs-canonical tests above check the results."""
+    64 columns here), down then taking gate/up's packed output with the SiLU gate in its prologue; prefill chunks
+    fuse nothing.  The greedy-vs-canonical tests above check the results."""
     from ignition.components import fused_linear as fl
 
     calls = []
     real = fl.fused_linear
 
-    def counting(x, weight, norm_weight, eps, residual, gated):
-        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated))
-        return real(x, weight, norm_weight, eps, residual, gated)
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False):
+        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated, gated_input))
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input)
 
     monkeypatch.setattr(fl, "fused_linear", counting)
     model, graphs = prepare(ckpt, decode=(1, 4), prefill=(8,))
@@ -262,9 +285,11 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     assert calls == []
     width = graphs.steps[0].max_pages
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
-    assert sorted(set(calls)) == sorted({(1, True, False, False), (1, False, True, False), (1, True, False, True)})
+    assert sorted(set(calls)) == sorted({(1, True, False, False, False), (1, False, True, False, False),
+                                         (1, True, False, True, False)})
     assert len(calls) == 4 * layers
     calls.clear()
     graphs.step("decode", 4).run(**row.inputs([PROMPT[9]], width))  # one row loaded, four in the step
     # every ungated output here is narrow (<= 1024 columns): QKV, o_proj and down fuse; gate/up does not
-    assert len(calls) == 3 * layers and set(calls) == {(4, True, False, False), (4, False, True, False)}
+    assert len(calls) == 3 * layers
+    assert set(calls) == {(4, True, False, False, False), (4, False, True, False, False), (4, False, True, False, True)}

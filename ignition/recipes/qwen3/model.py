@@ -3,7 +3,9 @@
 Composition (what is reused, what is replaced, and why):
 
 * The canonical ``Qwen3ForCausalLM`` is built on the meta device.  Its embedding, norms' weights, the
-  activation and ``apply_rotary_pos_emb`` / ``rotary_emb`` are reused as they are.
+  activation and ``rotary_emb`` are reused as they are; ``apply_rotary_pos_emb``'s expression (same rounding
+  points, tested against it) runs inside ``flare::rope_write_`` together with ``q_norm`` / ``k_norm`` and the
+  K/V write -- one launch per layer instead of five.
 * Per instance (no class or module-global patch), ``self_attn`` becomes ``PagedQwen3Attention`` and ``mlp``
   becomes ``PackedQwen3MLP``: the smallest modules that own the dataflow we must change -- Q/K/V and gate/up
   fused into one projection each (packed once at load), the KV state in the paged pool instead of a
@@ -38,12 +40,12 @@ from typing import Callable
 import torch
 from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
-from transformers.models.qwen3 import modeling_qwen3
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
-from ignition.components.fused_linear import linear_block
+from ignition.components.fused_linear import gated_mlp_block, linear_block
 from ignition.components.norms import RMSNorm
+from ignition.components.rope_write import rope_write_
 from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
@@ -66,6 +68,11 @@ def greedy(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     return torch.where(active, argmax_last(logits), torch.full_like(active, -1, dtype=torch.long))
 
 
+def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
+    """A per-head norm's weight for ``flare::rope_write_``; None for ``nn.Identity`` (no norm)."""
+    return None if isinstance(norm, nn.Identity) else norm.weight
+
+
 class PagedQwen3Attention(nn.Module):
     """Replaces one ``Qwen3Attention``: fused QKV, canonical q/k norms and rotary, paged attention, o_proj."""
 
@@ -75,8 +82,11 @@ class PagedQwen3Attention(nn.Module):
         self.head_dim = canonical.head_dim
         self.scaling = canonical.scaling
         self.qkv_proj = qkv_proj
-        self.q_norm = RMSNorm.from_canonical(canonical.q_norm)  # same weights, the opaque flare::rms_norm
+        self.q_norm = RMSNorm.from_canonical(canonical.q_norm)  # same weights (applied by flare::rope_write_)
         self.k_norm = RMSNorm.from_canonical(canonical.k_norm)
+        if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
+            raise ValueError("q_norm and k_norm eps differ: flare::rope_write_ takes one")
+        self.eps = self.q_norm.variance_epsilon
         self.o_proj = o_proj
         self.backend = backend
 
@@ -93,14 +103,15 @@ class PagedQwen3Attention(nn.Module):
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
-        q, k, v = linear_block(hidden_states, self.qkv_proj, norm=input_norm)
-        q = self.q_norm(q.view(b, t, -1, self.head_dim))
-        k = self.k_norm(k.view(b, t, -1, self.head_dim))
-        v = v.view(b, t, -1, self.head_dim)
+        q, k, v = (x.view(b, t, -1, self.head_dim) for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm))
         cos, sin = position_embeddings
-        # canonical rotary on the [B, T, heads, D] layout: cos/sin [B, T, D] broadcast over heads
-        q, k = modeling_qwen3.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
-        out = self.backend(self.layer_idx if kv_layer is None else kv_layer, q, k, v, paged_batch)
+        layer = self.layer_idx if kv_layer is None else kv_layer
+        cache = paged_batch.cache
+        # q_norm / k_norm, the canonical rotary on the [B, T, heads, D] layout (cos/sin [B, T, D] broadcast over
+        # heads) and the K/V write into the pools: one launch (flare::rope_write_, the same rounding points)
+        q = rope_write_(q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps, cos, sin,
+                        cache.k[layer], cache.v[layer], paged_batch.slots)
+        out = self.backend.attend(layer, q, paged_batch)
         return linear_block(out, self.o_proj, residual=residual), None
 
 
@@ -117,9 +128,8 @@ class PackedQwen3MLP(nn.Module):
     def forward(self, x: torch.Tensor, input_norm: nn.Module | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention)."""
-        act = linear_block(x, self.gate_up_proj, norm=input_norm, gated=True, act_fn=self.act_fn,
-                           act_name=self.act_name)
-        return linear_block(act, self.down_proj, residual=residual)
+        return gated_mlp_block(x, self.gate_up_proj, self.down_proj, norm=input_norm, residual=residual,
+                               act_fn=self.act_fn, act_name=self.act_name)
 
 
 class PreparedQwen3DecoderLayer(nn.Module):
