@@ -35,12 +35,14 @@ from ignition.components.norms import rms_norm_reference  # noqa: E402
 from ignition.components.triton_kernels import (  # noqa: E402
     GEMV_MAX_ROWS, fused_linear_triton, gemv_config)
 
-# (model, name, N weight rows, K, gated, norm, residual): the flags mirror how a decoder layer would call it
+# (model, name, N weight rows, K, gated, norm, residual[, gated input]): the flags mirror how a decoder layer calls
+# it; "down-gi" is down taking gate/up's packed [gate; up] output (x [M, 2K], silu(gate) * up in the prologue)
 SHAPES = [
     ("qwen3-8b", "qkv", 6144, 4096, False, True, False),
     ("qwen3-8b", "o_proj", 4096, 4096, False, False, True),
     ("qwen3-8b", "gate_up", 24576, 4096, True, True, False),
     ("qwen3-8b", "down", 4096, 12288, False, False, True),
+    ("qwen3-8b", "down-gi", 4096, 12288, False, False, True, True),
     ("qwen3-0.6b", "qkv", 4096, 1024, False, True, False),
     ("qwen3-0.6b", "o_proj", 1024, 2048, False, False, True),
     ("qwen3-0.6b", "gate_up", 6144, 1024, True, True, False),
@@ -131,6 +133,8 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="time the whole config grid (ignores --budget-s)")
     ap.add_argument("--no-sweep", action="store_true", help="heuristic config and cuBLAS only")
     ap.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
+    ap.add_argument("--names", default="", help="only these shape names (comma-separated; default all)")
+    ap.add_argument("--rows", default="1,4,8", help="M values (comma-separated)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing (no numbers)")
     args = ap.parse_args()
@@ -146,39 +150,45 @@ def main() -> int:
             return 2
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False  # the reference: fp32 sums
         dev = torch.device("cuda")
-        shapes = [s for s in SHAPES if s[0] in args.models.split(",")]
+        shapes = [s for s in SHAPES if s[0] in args.models.split(",")
+                  and (not args.names or s[1] in args.names.split(","))]
     t0 = time.time()
-    cases = [(s, m) for s in shapes for m in MS]
+    cases = [(s, m) for s in shapes for m in (MS if args.smoke else [int(r) for r in args.rows.split(",")])]
     results, failures = [], 0
     gen = torch.Generator(device=dev).manual_seed(0)
     print(f"{'shape':<22}{'M':>3} {'config':<34}{'us':>8}{'GB/s':>8}{'vs F.linear':>12}{'max ulp':>9}  ok")
-    for idx, ((model, name, n, k, gated, norm, residual), m) in enumerate(cases):
+    for idx, ((model, name, n, k, gated, norm, residual, *gi), m) in enumerate(cases):
+        gated_input = bool(gi and gi[0])
         n_out = n // 2 if gated else n
-        x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
+        x = torch.randn(m, 2 * k if gated_input else k, device=dev, generator=gen).to(torch.bfloat16)
         w = (torch.randn(n, k, device=dev, generator=gen) / k ** 0.5).to(torch.bfloat16)
         nw = (torch.rand(k, device=dev, generator=gen) + 0.5).to(torch.bfloat16) if norm else None
         r = torch.randn(m, n_out, device=dev, generator=gen).to(torch.bfloat16) if residual else None
-        ref = fused_linear_reference(x, w, nw, 1e-6, r, gated)
-        y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated) if residual else ref
+        ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
+        y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated, gated_input) if residual else ref
         xn = rms_norm_reference(x, nw, 1e-6) if norm else x
+        if gated_input:  # the activation the kernel forms (its bf16 may differ by an ulp: bounded as a norm's)
+            xn = F.silu(x[:, :k]) * x[:, k:]
         wbytes = w.numel() * w.element_size()
-        t_cublas = graph_time_us(lambda: F.linear(x, w), args.launches, args.replays)
+        t_cublas = graph_time_us(lambda: F.linear(xn if gated_input else x, w), args.launches, args.replays)
         label = f"{model}/{name}"
         heur = gemv_config(m, n, k, gated)
         row = {"model": model, "name": name, "M": m, "N": n, "K": k, "gated": gated, "norm": norm,
-               "residual": residual, "weight_bytes": wbytes, "cublas_us": t_cublas,
+               "residual": residual, "gated_input": gated_input, "weight_bytes": wbytes, "cublas_us": t_cublas,
                "cublas_gbs": wbytes / t_cublas / 1e3, "heuristic": heur, "configs": []}
         print(f"{label:<22}{m:>3} {'F.linear (cuBLAS)':<34}{t_cublas:>8.2f}{wbytes / t_cublas / 1e3:>8.0f}"
               f"{1.0:>12.2f}{'':>9}")
 
         def measure(cfg, tag):
             try:
-                got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, config=cfg)
-                again = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, config=cfg)
-                ok, max_ulps = within_bound(got, ref, y_ref, xn, w, gated, norm)
+                got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,
+                                          gated_input=gated_input, config=cfg)
+                again = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,
+                                          gated_input=gated_input, config=cfg)
+                ok, max_ulps = within_bound(got, ref, y_ref, xn, w, gated, norm or gated_input)
                 ok = ok and torch.equal(got.view(torch.int16), again.view(torch.int16))
                 t = graph_time_us(lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r,
-                                                              gated=gated, config=cfg),
+                                                              gated=gated, gated_input=gated_input, config=cfg),
                                   args.launches, args.replays)
             except Exception as e:  # a config that fails to compile (out of resources): recorded, skipped
                 row["configs"].append({"config": cfg, "error": repr(e)[:200]})

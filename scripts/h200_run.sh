@@ -32,7 +32,7 @@ git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null
 for s in ${STAGES:?set STAGES}; do
   stage "$s"; t0=$(date +%s); g=${s#*-}
   case $s in
-    gemv) timeout 150 python3 scripts/bench_gemv.py --budget-s ${GEMV_S:-70} --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
+    gemv) timeout 150 python3 scripts/bench_gemv.py --budget-s ${GEMV_S:-70} ${GEMV_ARGS:-} --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
           tail -n 45 "$OUT/gemv.log" ;;
     core-*)
       timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1

@@ -233,7 +233,8 @@ def paged_decode_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_po
     """The numerics of the Triton decode kernel in PyTorch: ``q [B, 1, H, D]``, pools ``[pages + 1, page, KV, D]``,
     ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]`` in q's dtype.  Row b attends keys
     ``0 .. min(seq_lens[b], P * page) - 1``; scores, softmax and ``P @ V`` in fp32 (probabilities are not rounded
-    to q's dtype, unlike :func:`paged_attention_reference`), the output rounded once; a row with no keys
+    to q's dtype, unlike :func:`paged_attention_reference`; the kernel's ``P @ V`` is tf32x3, fp32-level), the
+    output rounded once; a row with no keys
     (seq_lens 0: inactive) is zeros.  It gathers the full block-table width (static shapes) and masks the keys
     past seq_len (scores -inf, values 0: whatever the pool holds there never reaches the output)."""
     b, t, h, d, kvh, g, idx, s, key = _context_geometry(q, k_pool, block_tables)

@@ -192,15 +192,49 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
 # Paged decode attention (flash-decoding): one query token per row, reads only each row's seq_lens[b] keys.
 #
 # Pass 1, grid (B, KV heads, splits): program (b, kvh, s) takes the G = H / KV query heads that share K/V
-# head kvh, and the s-th share of the row's n_pages = ceil(seq_lens[b] / page) pages (the share is computed on
+# head kvh, and the s-th share of the row's n_blocks = ceil(seq_lens[b] / BLOCK_N) key blocks (the share is computed on
 # the device from seq_lens, so the loop bound is data-dependent while every shape stays static: no host sync,
-# capturable).  Scores are a G x page x D broadcast multiply + sum in fp32 (G can be 2..8, below tl.dot's 16),
-# softmax is online in fp32 in the log2 domain, P @ V is fp32 (probabilities are *not* rounded to bf16).  The
-# split writes its partial (max, sum, acc) to fp32 workspaces; an empty split writes (-inf, 0, 0).
+# capturable).  The G query heads are the rows of a [QR >= 16, D] tile (zero rows past G: tl.dot's minimum), keys
+# come in blocks of BLOCK_N = max(16, page) gathered through the block table.  Scores by tl.dot on the bf16 inputs
+# (exact products, fp32 accumulation), softmax online in fp32 in the log2 domain, P @ V by tl.dot in tf32x3 on the
+# fp32 probabilities (three tf32 products: fp32-level accuracy; probabilities are *not* rounded to bf16).  Tensor
+# cores instead of broadcast multiply + cross-warp sums (22 barriers per page before: ~12 us per layer on the
+# H200 for a 1024-token row, ``results/20261130T211410Z-sm90-run3``).  The split writes its partial (max, sum,
+# acc) to fp32 workspaces; an empty split writes (-inf, 0, 0).
 # Pass 2, grid (B, H): combine the splits, divide, round to the output dtype once; a row without keys
 # (seq_lens 0: inactive) writes zeros.
 
 _LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
+    tok = blk * BLOCK_N + offs_n
+    n_mask = tok < seq_len
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
+    in_page = (tok % PAGE).to(tl.int64)
+    # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
+    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+                 mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)  # bf16 x bf16 products are exact in fp32; fp32 accumulation
+    s = tl.where(n_mask[None, :], s * qk_scale_log2, float("-inf"))  # [QR, BLOCK_N], log2 units
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: a block below n_blocks holds at least one key
+    alpha = tl.math.exp2(m_i - m_new)
+    prob = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(prob, axis=1)
+    if DOT_F32:
+        pv = tl.dot(prob, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(prob, v.to(tl.float32), input_precision="tf32x3")  # fp32 P (3 tf32 products: ~fp32 exact)
+    return m_new, l_i, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -209,60 +243,54 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                stride_kp, stride_kt, stride_kh,
                                stride_vp, stride_vt, stride_vh,
                                stride_bt, max_pages, qk_scale_log2,
-                               KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-                               DP: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
+                               KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
+                               D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                               SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
+                               USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    offs_g = tl.arange(0, GP)
+    offs_g = tl.arange(0, QR)  # the group's G query heads, zero rows up to QR (>= 16: tl.dot's minimum)
     offs_d = tl.arange(0, DP)
-    offs_n = tl.arange(0, PAGE)
+    offs_n = tl.arange(0, BLOCK_N)
     g_mask = offs_g < G
     d_mask = offs_d < D
 
-    seq_len = tl.maximum(tl.load(SL + b).to(tl.int32), 0)
-    n_pages = tl.minimum((seq_len + PAGE - 1) // PAGE, max_pages)
-    per_split = (n_pages + SPLITS - 1) // SPLITS
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
+    n_blocks = (seq_len + BLOCK_N - 1) // BLOCK_N
+    per_split = (n_blocks + SPLITS - 1) // SPLITS
     start = split * per_split
-    end = tl.minimum(start + per_split, n_pages)
+    end = tl.minimum(start + per_split, n_blocks)
 
     b64 = b.to(tl.int64)
     heads = kvh * G + offs_g
     q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0).to(tl.float32)  # [GP, DP]
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
 
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, DP], dtype=tl.float32)
-    # A while loop: the bound is a device value.  (Triton 3.6's interpreter cannot take a tensor bound in
-    # range() under NumPy 2.4 -- its __index__ calls int() on a 1-element array -- so the loop the interpreter
-    # tests is the loop the GPU runs.  The compiler does not software-pipeline a while loop.)
-    p = start
-    while p < end:
-        page = tl.load(BT + b64 * stride_bt + p).to(tl.int64)
-        tok = p * PAGE + offs_n
-        n_mask = tok < seq_len
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K + page * stride_kp + offs_n[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # [PAGE, DP]
-        # V issued with K (both depend only on the page id): one memory latency per page, not two
-        v = tl.load(V + page * stride_vp + offs_n[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0).to(tl.float32)  # [PAGE, DP]
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * qk_scale_log2  # [GP, PAGE], log2 units
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: page p < n_pages holds at least one key
-        alpha = tl.math.exp2(m_i - m_new)
-        prob = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(prob, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(prob[:, :, None] * v[None, :, :], axis=1)
-        m_i = m_new
-        p += 1
+    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([QR], dtype=tl.float32)
+    acc = tl.zeros([QR, DP], dtype=tl.float32)
+    # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
+    # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
+    if PIPELINE:
+        for blk in range(start, end):
+            m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                                          stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
+    else:
+        blk = start
+        while blk < end:
+            m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                                          stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
+            blk += 1
 
+    keep = offs_g < GP  # workspace rows: the GP padded heads
     row = ((b64 * KVH + kvh) * SPLITS + split) * GP + offs_g  # workspace [B, KV, SPLITS, GP(, D)]
-    tl.store(M_ws + row, m_i)
-    tl.store(L_ws + row, l_i)
-    tl.store(ACC_ws + row[:, None] * D + offs_d[None, :], acc, mask=d_mask[None, :])
+    tl.store(M_ws + row, m_i, mask=keep)
+    tl.store(L_ws + row, l_i, mask=keep)
+    tl.store(ACC_ws + row[:, None] * D + offs_d[None, :], acc, mask=keep[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -305,14 +333,15 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     return page, kvh
 
 
-def paged_decode_num_splits(batch: int, kv_heads: int, max_pages: int, target_programs: int = 1024,
+def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_programs: int = 1024,
                             max_splits: int = 64) -> int:
     """Splits per (row, KV head), from static shapes only (capturable): ~1024 programs (about 8 per SM of a
-    132-SM GPU), never more than the block-table width (a split covers at least one page at full width).
+    132-SM GPU), never more than the key blocks of the block-table width (a split covers at least one block at
+    full width).
     Each program walks its pages one dependent load chain at a time, so the page loop is latency-bound: on the
     H200 (results/20261130T205344Z-sm90-run2) 256 programs took 14 us per layer at B=1 and 36 us at B=4 for
     1024-token contexts (2 and 8 pages per program); more, shorter splits keep more loads in flight."""
-    return max(1, min(max_pages, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
+    return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
 def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -332,7 +361,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     g = h // kvh
     gp, dp = triton.next_power_of_2(g), triton.next_power_of_2(d)
     p = block_tables.shape[1]
-    splits = num_splits or paged_decode_num_splits(b, kvh, p)
+    block_n = max(16, page)  # keys per block (tl.dot's minimum N), whole pages when pages are larger
+    splits = num_splits or paged_decode_num_splits(b, kvh, triton.cdiv(p * page, block_n))
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
@@ -352,14 +382,16 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
             raise ValueError("paged_decode_attention_triton: workspace shapes/dtypes do not match")
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
-    num_warps = 4 if gp * dp <= 512 else 8
+    qr = max(16, gp)
+    num_warps = 4
     _paged_decode_split_kernel[(b, kvh, splits)](
         q, k_pool, v_pool, block_tables, seq_lens, m_ws, l_ws, acc_ws,
         q.stride(0), q.stride(2),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         block_tables.stride(0), p, float(scaling) * _LOG2E,
-        KVH=kvh, G=g, GP=gp, D=d, DP=dp, PAGE=page, SPLITS=splits, num_warps=num_warps, **_pdl(q.device))
+        KVH=kvh, G=g, GP=gp, QR=qr, D=d, DP=dp, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), num_warps=num_warps, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=g, GP=gp, D=d, DP=dp, SPLITS=splits,
         SP=triton.next_power_of_2(splits), num_warps=4, **_pdl(q.device))
