@@ -510,14 +510,16 @@ GEMV_PREFETCH_TILES = 2
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
 #: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
-#: more than 3 %.  A table, not runtime autotuning: equal shapes always run the same summation order.
+#: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
+#: (``results/20261201T000448Z-sm90-run6/gemv.json``).  A table, not runtime autotuning: equal shapes always run the same summation order.
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
-    (1, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 15.84 us (heuristic 21.52)
+    (1, 6144, 4096, False): (8, 512, 4, 2),  # Qwen3-8B qkv: 13.78 us (run 1's entry 16x512 w8 now 14.5+) [6]
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
-    (1, 4096, 4096, False): (8, 256, 8, 2),  # Qwen3-8B o_proj: 7.87 us (heuristic 9.80)
+    (1, 4096, 4096, False): (8, 1024, 4, 2),  # Qwen3-8B o_proj: 8.44 us (run 1's entry 8x256 w8 not in the top 3) [6]
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
-    (1, 4096, 12288, False): (32, 1024, 8, 2),  # Qwen3-8B down: 32.10 us (heuristic 35.77)
+    (1, 4096, 12288, False): (8, 1024, 4, 2),  # Qwen3-8B down: 24.95 us, with the gated input 27.35 (32x1024 w8
+    #                                            spilled at 255 registers: 29.87 / 31.52) [6]
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
     (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
 }
