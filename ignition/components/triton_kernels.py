@@ -111,6 +111,17 @@ def _norm_rope_halves(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.const
 
 
 @triton.jit
+def _norm_rope_heads(src, dst, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
+                     NORM: tl.constexpr):
+    """Load one token's heads (``src``: pointers to the first halves, [heads, HALF]), norm + rotary, store to ``dst``."""
+    x1 = tl.load(src, mask=mask, other=0.0)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0)
+    o1, o2 = _norm_rope_halves(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM)
+    tl.store(dst, o1, mask=mask)
+    tl.store(dst + HALF, o2, mask=mask)
+
+
+@triton.jit
 def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
                        stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                        stride_vb, stride_vt, stride_vh, stride_cb, stride_ct, stride_sb, stride_st,
@@ -131,27 +142,18 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
     sin2 = tl.load(s_row + HALF + offs).to(tl.float32)[None, :]
 
     hq = tl.arange(0, HP)
-    qm = (hq < H)[:, None]
-    q_ptr = Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh + offs[None, :]
-    q1 = tl.load(q_ptr, mask=qm, other=0.0)
-    q2 = tl.load(q_ptr + HALF, mask=qm, other=0.0)
-    o1, o2 = _norm_rope_halves(q1, q2, QW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
-    qo_ptr = QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :]
-    tl.store(qo_ptr, o1, mask=qm)
-    tl.store(qo_ptr + HALF, o2, mask=qm)
+    _norm_rope_heads(Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh + offs[None, :],
+                     QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :], (hq < H)[:, None],
+                     QW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
 
     slot = tl.load(SLOTS + n).to(tl.int64)
     page = slot // PAGE
     within = slot % PAGE
     hk = tl.arange(0, KVP)
     km = (hk < KVH)[:, None]
-    k_ptr = K + b * stride_kb + t * stride_kt + hk[:, None] * stride_kh + offs[None, :]
-    k1 = tl.load(k_ptr, mask=km, other=0.0)
-    k2 = tl.load(k_ptr + HALF, mask=km, other=0.0)
-    r1, r2 = _norm_rope_halves(k1, k2, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-    kp_ptr = KP + page * stride_kpp + within * stride_kps + hk[:, None] * stride_kph + offs[None, :]
-    tl.store(kp_ptr, r1, mask=km)
-    tl.store(kp_ptr + HALF, r2, mask=km)
+    _norm_rope_heads(K + b * stride_kb + t * stride_kt + hk[:, None] * stride_kh + offs[None, :],
+                     KP + page * stride_kpp + within * stride_kps + hk[:, None] * stride_kph + offs[None, :], km,
+                     KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
     v_ptr = V + b * stride_vb + t * stride_vt + hk[:, None] * stride_vh + offs[None, :]
     vp_ptr = VP + page * stride_vpp + within * stride_vps + hk[:, None] * stride_vph + offs[None, :]
     tl.store(vp_ptr, tl.load(v_ptr, mask=km, other=0.0), mask=km)
