@@ -6,6 +6,7 @@ Triton is not installed) and on the H200 by the GPU conformance matrix.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -29,11 +30,17 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def _sm90_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
 def pdl_enabled(device: torch.device) -> bool:
-    """Whether the kernels below launch with programmatic dependent launch on ``device``."""
+    """Whether the kernels below launch with programmatic dependent launch on ``device`` (``FLARE_PDL`` is read at
+    each launch, so side-by-side runs may switch it; the device capability is queried once per device)."""
     if os.environ.get("FLARE_PDL", "1") in ("0", "", "false") or _interpreting() or device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _pdl(device: torch.device) -> dict:
