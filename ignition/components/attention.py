@@ -173,6 +173,18 @@ class PyTorchPagedAttention:
         batch.cache.write(layer, k.reshape(b * t, kvh, d), v.reshape(b * t, kvh, d), batch.slots)
         return self.attend(layer, q, batch)
 
+    def rope_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` straight from the QKV projection (views are fine), per-head
+        norm weights ``[D]`` or None, ``cos, sin [B, T, D]`` -> ``[B, T, H * D]``: the per-head norms, the rotary
+        embedding and the KV write (``flare::rope_write_``), then :meth:`attend`."""
+        from ignition.components.rope_write import rope_write_  # rope_write imports this module
+
+        q = rope_write_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer], batch.cache.v[layer],
+                        batch.slots)
+        return self.attend(layer, q, batch)
+
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Attention of ``q [B, T, H, D]`` over the pools, this step's K/V already written (by :meth:`__call__` or
         by a fused write such as ``flare::rope_write_``) -> ``[B, T, H * D]``: the opaque ``flare::paged_attention``
@@ -338,6 +350,21 @@ class TritonPagedAttention(PyTorchPagedAttention):
     name = "triton"
     features = frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"})
     prefill_kernel = True  # T > 1 through flare::paged_prefill_attention (False: the reference flare::paged_attention)
+    fused_decode = True  # T == 1 through flare::rope_decode_attention_ (False: rope_write_, then the decode op)
+
+    def rope_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        """Decode steps (T == 1, a static shape): norms, rotary, KV write and attention as ONE op
+        (``flare::rope_decode_attention_``: the composition of ``rope_write_`` and ``paged_decode_attention``);
+        other steps as the base class."""
+        if q.shape[1] != 1 or not self.fused_decode:
+            return super().rope_attend(layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch)
+        from ignition.components.decode_attention import rope_decode_attention_
+
+        return rope_decode_attention_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer],
+                                      batch.cache.v[layer], batch.slots, batch.block_tables, batch.decode_lens(),
+                                      self.scaling)
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]
@@ -358,3 +385,11 @@ class TritonDecodePagedAttention(TritonPagedAttention):
     name = "triton-decode"
     prefill_kernel = False
 
+
+class TritonUnfusedPagedAttention(TritonPagedAttention):
+    """Attention backend "triton-unfused": "triton" with a decode step's ``rope_write_`` and decode attention as
+    separate launches (three kernels per layer instead of one) -- the side-by-side baseline of the fused decode op;
+    the same bits."""
+
+    name = "triton-unfused"
+    fused_decode = False

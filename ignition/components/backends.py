@@ -236,6 +236,11 @@ REGISTRY.register(Backend(
     priority=-11, requires=("triton",), entry="ignition.components.attention:TritonDecodePagedAttention",
     numerics="decode: as 'triton'; prefill (T > 1): the torch reference (flare::paged_attention)"))
 REGISTRY.register(Backend(
+    "triton-unfused", "attention", _GPU, _HALF,
+    frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"}),
+    priority=-12, requires=("triton",), entry="ignition.components.attention:TritonUnfusedPagedAttention",
+    numerics="as 'triton' (the same bits): a decode step's rope_write and decode attention as separate launches"))
+REGISTRY.register(Backend(
     "flashinfer", "attention", frozenset({"sm90", "sm100"}), _HALF,
     frozenset({"paged_decode", "chunked_prefill", "gqa", "sliding_window", "softcap", "fp8_kv", "capturable"}),
     priority=20, requires=("flashinfer",), numerics="FlashInfer kernels: own split-KV reduction order"))

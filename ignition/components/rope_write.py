@@ -19,6 +19,9 @@ harmless) and ``q_out`` is returned.
   modules' bit for bit (tests compare against transformers' ``apply_rotary_pos_emb`` itself).
 - CUDA: one Triton program per token (``rope_write_triton``): the norms' fp32 sums in Triton's order (as
   ``flare::rms_norm``'s kernel), every other step exactly the rounding above.  Deterministic (no atomics).
+
+At a decode step the attention backend may run this together with decode attention as one launch
+(``flare::rope_decode_attention_``, ``decode_attention.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ignition.components.attention import kv_write_
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 
-__all__ = ["rope_write_", "rope_write_reference", "rotary_reference"]
+__all__ = ["rope_write_", "rope_write_reference", "rotary_reference", "check_rope_write_args"]
 
 
 def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -43,7 +46,8 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return (x * cos) + (rotated * sin)
 
 
-def _checked(q, k, v, cos, sin, k_pool, v_pool, slots):
+def check_rope_write_args(q, k, v, cos, sin, k_pool, v_pool, slots) -> None:
+    """Raises naming the argument whose shape does not fit ``q [B, T, H, D]`` (shared with the fused decode op)."""
     b, t, h, d = q.shape
     if k.dim() != 4 or k.shape[:2] != (b, t) or k.shape[-1] != d or v.shape != k.shape:
         raise ValueError(f"rope_write_: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -61,7 +65,7 @@ def rope_write_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_no
                          k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
                          k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The canonical composition (the op's CPU path); see the module docstring."""
-    _checked(q, k, v, cos, sin, k_pool, v_pool, slots)
+    check_rope_write_args(q, k, v, cos, sin, k_pool, v_pool, slots)
     b, t, _, d = q.shape
     if q_norm is not None:
         q = rms_norm_reference(q, q_norm, eps)
@@ -88,6 +92,6 @@ def rope_write_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: Optio
     if q.is_cuda:
         from ignition.components.triton_kernels import rope_write_triton  # imports triton: CUDA only
 
-        _checked(q, k, v, cos, sin, k_pool, v_pool, slots)
+        check_rope_write_args(q, k, v, cos, sin, k_pool, v_pool, slots)
         return rope_write_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)
     return rope_write_reference(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)

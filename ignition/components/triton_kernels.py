@@ -93,39 +93,44 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 # ------------------------------------------------------------------------------------------------------------
 # Per-head norms + rotary + paged K/V write (``flare::rope_write_``, ``ignition/components/rope_write.py`` states the
-# rounding points).  One program per token: its H query heads and KV key heads as [heads, D/2] halves (rotate_half
-# pairs element i with i + D/2), each head's RMSNorm statistics in fp32, every product rounded where the canonical
-# modules round; the rotated queries to a new [N, H, D], the rotated keys and the values to the pools at the token's
-# slot.
+# rounding points).  One program per token: its H query heads and KV key heads as [heads, D] rows (rotate_half pairs
+# element i with i ^ D/2), each head's RMSNorm statistics in fp32, every product rounded where the canonical modules
+# round; the rotated queries to a new [N, H, D], the rotated keys and the values to the pools at the token's slot.
+# The same row helpers serve the fused decode kernel below (``flare::rope_decode_attention_``).
 
 
 @triton.jit
-def _norm_rope_halves(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                      NORM: tl.constexpr):
-    """``(out1, out2)`` of one token's heads, halves ``x1, x2 [heads, HALF]`` (bf16); see the module comment."""
-    dt = x1.dtype
+def _norm_rope_rows(src, mask, NW, offs, cos, sin, eps, D: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr):
+    """One token's heads ``[R, D]`` (``src``: ``[R, 1]`` pointers to each head's first element), RMSNorm'ed when
+    ``NORM`` and rotated (``cos, sin [1, D]`` fp32); see the module comment for the rounding points.  Each element's
+    rotate_half partner (``i ^ HALF``: D is a power of two) is a second load of the same row (L1-resident)."""
+    partner = offs ^ HALF
+    x = tl.load(src + offs[None, :], mask=mask, other=0.0)
+    xp = tl.load(src + partner[None, :], mask=mask, other=0.0)
+    dt = x.dtype
     if NORM:
-        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D + eps)[:, None]
-        w1 = tl.load(NW + offs).to(tl.float32)[None, :]
-        w2 = tl.load(NW + HALF + offs).to(tl.float32)[None, :]
-        x1 = (w1 * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
-        x2 = (w2 * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
-    h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
-    out1 = ((h1 * cos1).to(dt).to(tl.float32) + (-h2 * sin1).to(dt).to(tl.float32)).to(dt)
-    out2 = ((h2 * cos2).to(dt).to(tl.float32) + (h1 * sin2).to(dt).to(tl.float32)).to(dt)
-    return out1, out2
+        f, fp = x.to(tl.float32), xp.to(tl.float32)
+        rstd = tl.math.rsqrt(tl.sum(f * f, axis=1) / D + eps)[:, None]
+        x = (tl.load(NW + offs).to(tl.float32)[None, :] * (f * rstd).to(dt).to(tl.float32)).to(dt)
+        xp = (tl.load(NW + partner).to(tl.float32)[None, :] * (fp * rstd).to(dt).to(tl.float32)).to(dt)
+    h, hp = x.to(tl.float32), xp.to(tl.float32)
+    rot = tl.where(offs[None, :] < HALF, -hp, hp)  # rotate_half: cat(-x2, x1)
+    return ((h * cos).to(dt).to(tl.float32) + (rot * sin).to(dt).to(tl.float32)).to(dt)
 
 
 @triton.jit
-def _norm_rope_heads(src, dst, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                     NORM: tl.constexpr):
-    """Load one token's heads (``src``: pointers to the first halves, [heads, HALF]), norm + rotary, store to ``dst``."""
-    x1 = tl.load(src, mask=mask, other=0.0)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0)
-    o1, o2 = _norm_rope_halves(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM)
-    tl.store(dst, o1, mask=mask)
-    tl.store(dst + HALF, o2, mask=mask)
+def _rope_cos_sin(COS, SIN, offs):
+    """``(cos, sin)`` of one token as ``[1, D]`` fp32 (``COS``/``SIN`` point at the token's row)."""
+    return tl.load(COS + offs).to(tl.float32)[None, :], tl.load(SIN + offs).to(tl.float32)[None, :]
+
+
+@triton.jit
+def _rope_write_kv(K, V, KP, VP, KW, offs, cos, sin, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
+                   K_NORM: tl.constexpr):
+    """The new keys (normed, rotated) and values ``[R, D]`` of one token from ``K, V`` (``[R, 1]`` row pointers) to
+    the pool rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
+    tl.store(KP + offs[None, :], _norm_rope_rows(K, kmask, KW, offs, cos, sin, eps, D, HALF, K_NORM), mask=kmask)
+    tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
 
 
 @triton.jit
@@ -140,31 +145,23 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
     n = tl.program_id(0)
     b = (n // T).to(tl.int64)
     t = (n % T).to(tl.int64)
-    offs = tl.arange(0, HALF)
-    c_row = COS + b * stride_cb + t * stride_ct
-    s_row = SIN + b * stride_sb + t * stride_st
-    cos1 = tl.load(c_row + offs).to(tl.float32)[None, :]
-    cos2 = tl.load(c_row + HALF + offs).to(tl.float32)[None, :]
-    sin1 = tl.load(s_row + offs).to(tl.float32)[None, :]
-    sin2 = tl.load(s_row + HALF + offs).to(tl.float32)[None, :]
+    offs = tl.arange(0, D)
+    cos, sin = _rope_cos_sin(COS + b * stride_cb + t * stride_ct, SIN + b * stride_sb + t * stride_st, offs)
 
     hq = tl.arange(0, HP)
-    _norm_rope_heads(Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh + offs[None, :],
-                     QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :], (hq < H)[:, None],
-                     QW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
+    qm = (hq < H)[:, None]
+    q = _norm_rope_rows(Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh, qm, QW, offs, cos, sin, eps,
+                        D, HALF, Q_NORM)
+    tl.store(QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :], q, mask=qm)
 
     slot = tl.load(SLOTS + n).to(tl.int64)
     page = slot // PAGE
     within = slot % PAGE
-    hk = tl.arange(0, KVP)
-    km = (hk < KVH)[:, None]
-    _norm_rope_heads(K + b * stride_kb + t * stride_kt + hk[:, None] * stride_kh + offs[None, :],
-                     KP + page * stride_kpp + within * stride_kps + hk[:, None] * stride_kph + offs[None, :], km,
-                     KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-    v_ptr = V + b * stride_vb + t * stride_vt + hk[:, None] * stride_vh + offs[None, :]
-    vp_ptr = VP + page * stride_vpp + within * stride_vps + hk[:, None] * stride_vph + offs[None, :]
-    tl.store(vp_ptr, tl.load(v_ptr, mask=km, other=0.0), mask=km)
-    tl.store(vp_ptr + HALF, tl.load(v_ptr + HALF, mask=km, other=0.0), mask=km)
+    hk = tl.arange(0, KVP)[:, None]
+    _rope_write_kv(K + b * stride_kb + t * stride_kt + hk * stride_kh, V + b * stride_vb + t * stride_vt + hk * stride_vh,
+                   KP + page * stride_kpp + within * stride_kps + hk * stride_kph,
+                   VP + page * stride_vpp + within * stride_vps + hk * stride_vph,
+                   KW, offs, cos, sin, eps, hk < KVH, D, HALF, K_NORM)
 
 
 def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -247,36 +244,21 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
 
 
 @triton.jit
-def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
-                               stride_qb, stride_qh,
-                               stride_kp, stride_kt, stride_kh,
-                               stride_vp, stride_vt, stride_vh,
-                               stride_bt, max_pages, qk_scale_log2,
-                               KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
-                               D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                               SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                               USE_PDL: tl.constexpr):
-    _pdl_enter(USE_PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    offs_g = tl.arange(0, QR)  # the group's G query heads, zero rows up to QR (>= 16: tl.dot's minimum)
-    offs_d = tl.arange(0, DP)
-    offs_n = tl.arange(0, BLOCK_N)
-    g_mask = offs_g < G
-    d_mask = offs_d < D
-
+def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
     n_blocks = (seq_len + BLOCK_N - 1) // BLOCK_N
     per_split = (n_blocks + SPLITS - 1) // SPLITS
     start = split * per_split
-    end = tl.minimum(start + per_split, n_blocks)
+    return seq_len, n_blocks, per_split, start, tl.minimum(start + per_split, n_blocks)
 
-    b64 = b.to(tl.int64)
-    heads = kvh * G + offs_g
-    q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
 
+@triton.jit
+def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                   QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_F32: tl.constexpr, PIPELINE: tl.constexpr):
+    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
     acc = tl.zeros([QR, DP], dtype=tl.float32)
@@ -294,12 +276,67 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                                           stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
             blk += 1
+    return m_i, l_i, acc
 
-    keep = offs_g < GP  # workspace rows: the GP padded heads
-    row = ((b64 * KVH + kvh) * SPLITS + split) * GP + offs_g  # workspace [B, KV, SPLITS, GP(, D)]
+
+@triton.jit
+def _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask,
+                          KVH: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+    """A split's partial ``(max, sum, acc)`` of its GP padded heads to the workspaces ``[B, KV, SPLITS, GP(, D)]``."""
+    keep = offs_g < GP
+    row = ((b64 * KVH + kvh) * SPLITS + split) * GP + offs_g
     tl.store(M_ws + row, m_i, mask=keep)
     tl.store(L_ws + row, l_i, mask=keep)
     tl.store(ACC_ws + row[:, None] * D + offs_d[None, :], acc, mask=keep[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask,
+                    H: tl.constexpr, KVH: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                    SP: tl.constexpr, G: tl.constexpr, CACHE: tl.constexpr):
+    """Head ``kvh * G + g`` of row b: combine the splits' partials in split order, divide, round once, store."""
+    offs_s = tl.arange(0, SP)
+    s_mask = offs_s < SPLITS
+    row = ((b64 * KVH + kvh) * SPLITS + offs_s) * GP + g  # [SP]
+    m = tl.load(M_ws + row, mask=s_mask, other=float("-inf"), cache_modifier=CACHE)
+    l = tl.load(L_ws + row, mask=s_mask, other=0.0, cache_modifier=CACHE)
+    acc = tl.load(ACC_ws + row[:, None] * D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0,
+                  cache_modifier=CACHE)
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row without keys: every weight below is 0
+    w = tl.math.exp2(m - m_max)  # empty splits (m = -inf) weigh 0
+    denom = tl.sum(w * l, axis=0)
+    num = tl.sum(w[:, None] * acc, axis=0)  # [DP]
+    out = tl.where(denom > 0.0, num / tl.where(denom > 0.0, denom, 1.0), 0.0)
+    tl.store(Out + b64 * (H * D) + (kvh * G + g) * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
+def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
+                               stride_qb, stride_qh,
+                               stride_kp, stride_kt, stride_kh,
+                               stride_vp, stride_vt, stride_vh,
+                               stride_bt, max_pages, qk_scale_log2,
+                               KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
+                               D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                               SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
+                               USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_g = tl.arange(0, QR)  # the group's G query heads, zero rows up to QR (>= 16: tl.dot's minimum)
+    offs_d = tl.arange(0, DP)
+    d_mask = offs_d < D
+    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
+    b64 = b.to(tl.int64)
+    q = tl.load(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                mask=(offs_g < G)[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
+    m_i, l_i, acc = _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
+                                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
+                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+    _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
+                          SPLITS)
 
 
 @triton.jit
@@ -308,26 +345,91 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
                                 USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
-    b = tl.program_id(0)
     h = tl.program_id(1)
-    kvh = h // G
-    g = h % G
-    offs_s = tl.arange(0, SP)
     offs_d = tl.arange(0, DP)
-    s_mask = offs_s < SPLITS
-    d_mask = offs_d < D
+    _decode_combine(M_ws, L_ws, ACC_ws, Out, tl.program_id(0).to(tl.int64), h // G, h % G, offs_d, offs_d < D,
+                    H, KVH, GP, D, SPLITS, SP, G, "")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Fused decode step of one layer (``flare::rope_decode_attention_``, ``ignition/components/decode_attention.py``):
+# q_norm / k_norm, the rotary embedding, the paged K/V write and the decode attention above in ONE launch, grid
+# (B, KV heads, splits) as pass 1.  Each program forms its group's rotated query rows itself (the rows helper of
+# ``flare::rope_write_``: the same bits), so nothing waits for another kernel's q.
+# - The K/V write: the program whose share holds the row's last key block (split 0 when the row has no key) writes
+#   the new key and value of its KV head to the token's slot, then a CTA barrier, then reads its blocks: the only
+#   reader of that slot in this launch is that program (the step's new token is its row's last key; other splits
+#   read earlier blocks; a sink slot is read by nobody), and a barrier orders a CTA's global writes before its
+#   later reads.
+# - The combine: each program stores its partial, then (fence, CTA barrier) adds one to its (row, KV head)'s
+#   counter with acq_rel semantics at GPU scope; the program that sees SPLITS - 1 is the last of its group: it
+#   resets the counter to 0 and combines the SPLITS partials in split order (``_decode_combine``, L2 loads).  Which
+#   program combines changes nothing in the result: the order is the split order, so the output is the two-pass
+#   kernels' to the bit, deterministic.  One split: no workspace, the program divides and stores directly.
+# The counters are a persistent int32 buffer per device (zero between launches: every launch leaves them 0), made
+# before the first launch outside CUDA-graph capture (``_split_counters``).
+
+
+@triton.jit
+def _gpu_fence(x):
+    """``fence.acq_rel.gpu`` in every thread (orders the thread's earlier global writes before its later ones)."""
+    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
+def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, L_ws, ACC_ws, CNT, Out,
+                        stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cb, stride_sb,
+                        stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                        stride_bt, max_pages, qk_scale_log2, eps,
+                        H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
+                        D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        SPLITS: tl.constexpr, SP: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
     b64 = b.to(tl.int64)
-    row = ((b64 * KVH + kvh) * SPLITS + offs_s) * GP + g  # [SP]
-    m = tl.load(M_ws + row, mask=s_mask, other=float("-inf"))
-    l = tl.load(L_ws + row, mask=s_mask, other=0.0)
-    acc = tl.load(ACC_ws + row[:, None] * D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
-    m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row without keys: every weight below is 0
-    w = tl.math.exp2(m - m_max)  # empty splits (m = -inf) weigh 0
-    denom = tl.sum(w * l, axis=0)
-    num = tl.sum(w[:, None] * acc, axis=0)  # [DP]
-    out = tl.where(denom > 0.0, num / tl.where(denom > 0.0, denom, 1.0), 0.0)
-    tl.store(Out + b64 * (H * D) + h * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+    offs_g = tl.arange(0, QR)
+    offs_d = tl.arange(0, D)
+    d_mask = offs_d < D
+    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
+    cos, sin = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_d)
+    q = _norm_rope_rows(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None], QW,
+                        offs_d, cos, sin, eps, D, HALF, Q_NORM)  # [QR, D], zero rows past G
+
+    writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+    if split == writer:
+        slot = tl.load(SLOTS + b).to(tl.int64)
+        one = tl.arange(0, 1)[:, None]
+        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                       KW, offs_d, cos, sin, eps, one < 1, D, HALF, K_NORM)
+        tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+
+    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
+                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+    if SPLITS == 1:
+        out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
+        tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=(offs_g < G)[:, None])
+    else:
+        _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
+                              SPLITS)
+        if FENCE:
+            _gpu_fence(split)
+        tl.debug_barrier()  # every thread's partial is stored (and fenced) before the counter moves
+        counter = CNT + b64 * KVH + kvh
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:  # the group's last program
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+            if FENCE:
+                _gpu_fence(split)
+            for g in tl.static_range(G):
+                _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask, H, KVH, GP, D, SPLITS, SP, G,
+                                ".cg")
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -353,6 +455,36 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
+def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     block_tables: torch.Tensor, num_splits: int | None) -> dict:
+    """The decode kernels' shape constants for ``q [B, 1, H, D]`` and one layer's pools (raises naming ``what``)."""
+    b, t, h, d = q.shape
+    if t != 1:
+        raise ValueError(f"{what}: one query token per row, got T={t}")
+    page, kvh = _check_pools(what, q, k_pool, v_pool)
+    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
+        raise ValueError(f"{what}: pools must be contiguous in head_dim")
+    g = h // kvh
+    block_n = max(16, page)  # keys per block (tl.dot's minimum N), whole pages when pages are larger
+    splits = num_splits or paged_decode_num_splits(b, kvh, triton.cdiv(block_tables.shape[1] * page, block_n))
+    gp = triton.next_power_of_2(g)
+    return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+                SP=triton.next_power_of_2(splits))
+
+
+def _decode_workspace(geo: dict, device, workspace=None):
+    """The fp32 split workspaces ``(m, l [B, KV, S, GP], acc [B, KV, S, GP, D])``: ``workspace`` checked, or new."""
+    shape = (geo["B"], geo["KVH"], geo["SPLITS"], geo["GP"])
+    if workspace is None:
+        m_ws = torch.empty(shape, dtype=torch.float32, device=device)
+        return m_ws, torch.empty_like(m_ws), torch.empty((*shape, geo["D"]), dtype=torch.float32, device=device)
+    m_ws, l_ws, acc_ws = workspace
+    if (tuple(m_ws.shape) != shape or tuple(l_ws.shape) != shape or tuple(acc_ws.shape) != (*shape, geo["D"])
+            or any(w.dtype != torch.float32 or not w.is_contiguous() for w in workspace)):
+        raise ValueError("paged decode attention: workspace shapes/dtypes do not match")
+    return workspace
+
+
 def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                   num_splits: int | None = None,
@@ -363,47 +495,91 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     ``[B, 1, H * D]`` in q's dtype.  ``workspace``: optional caller-owned fp32 ``(m [B, KV, S, GP],
     l [B, KV, S, GP], acc [B, KV, S, GP, D])`` (S = ``num_splits``, GP = next power of two >= H / KV);
     allocated here when omitted."""
-    b, t, h, d = q.shape
-    if t != 1:
-        raise ValueError(f"paged_decode_attention_triton: one query token per row, got T={t}")
-    page, kvh = _check_pools("paged_decode_attention_triton", q, k_pool, v_pool)
-    g = h // kvh
-    gp, dp = triton.next_power_of_2(g), triton.next_power_of_2(d)
-    p = block_tables.shape[1]
-    block_n = max(16, page)  # keys per block (tl.dot's minimum N), whole pages when pages are larger
-    splits = num_splits or paged_decode_num_splits(b, kvh, triton.cdiv(p * page, block_n))
+    geo = _decode_geometry("paged_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
+    b, h, d = geo["B"], geo["H"], geo["D"]
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
-        raise ValueError("paged_decode_attention_triton: pools must be contiguous in head_dim")
     out = torch.empty((b, 1, h * d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
-    if workspace is None:
-        m_ws = torch.empty((b, kvh, splits, gp), dtype=torch.float32, device=q.device)
-        l_ws = torch.empty_like(m_ws)
-        acc_ws = torch.empty((b, kvh, splits, gp, d), dtype=torch.float32, device=q.device)
-    else:
-        m_ws, l_ws, acc_ws = workspace
-        if (tuple(m_ws.shape) != (b, kvh, splits, gp) or tuple(l_ws.shape) != (b, kvh, splits, gp)
-                or tuple(acc_ws.shape) != (b, kvh, splits, gp, d)
-                or any(w.dtype != torch.float32 or not w.is_contiguous() for w in workspace)):
-            raise ValueError("paged_decode_attention_triton: workspace shapes/dtypes do not match")
+    m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device, workspace)
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
-    qr = max(16, gp)
-    num_warps = 4
-    _paged_decode_split_kernel[(b, kvh, splits)](
+    dp = triton.next_power_of_2(d)
+    _paged_decode_split_kernel[(b, geo["KVH"], geo["SPLITS"])](
         q, k_pool, v_pool, block_tables, seq_lens, m_ws, l_ws, acc_ws,
         q.stride(0), q.stride(2),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2),
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
-        block_tables.stride(0), p, float(scaling) * _LOG2E,
-        KVH=kvh, G=g, GP=gp, QR=qr, D=d, DP=dp, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), num_warps=num_warps, **_pdl(q.device))
+        block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E,
+        KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
+        BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=not _interpreting(),
+        num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
-        m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=g, GP=gp, D=d, DP=dp, SPLITS=splits,
-        SP=triton.next_power_of_2(splits), num_warps=4, **_pdl(q.device))
+        m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
+        SP=geo["SP"], num_warps=4, **_pdl(q.device))
+    return out
+
+
+#: int32 counters per device for the fused decode kernel's last-program combine (zero between launches).
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS_MIN = 1 << 16
+
+
+def _split_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least ``n`` zeroed int32 counters on ``device``, made once (outside capture: a buffer made while a CUDA
+    graph is captured would hold garbage until the first replay, so that is refused with what to do)."""
+    key = torch.device(device)
+    if key.type == "cuda" and key.index is None:
+        key = torch.device("cuda", torch.cuda.current_device())
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < n:
+        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("rope_decode_attention_triton: its split counters are made on the first call, which "
+                               "must not be inside CUDA-graph capture (run the step once before capturing it)")
+        _COUNTERS[key] = have = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=key)
+    return have
+
+
+def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
+                                 k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                                 k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
+                                 num_splits: int | None = None) -> torch.Tensor:
+    """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
+    output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
+    ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
+    ``paged_decode_attention_triton`` in one launch (the same bits: same row helpers, same block order, the combine
+    in split order).  Shapes are checked by the op (``decode_attention.py``)."""
+    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
+    b, h, d = geo["B"], geo["H"], geo["D"]
+    if d & (d - 1) or d < 4:
+        raise ValueError(f"rope_decode_attention_triton: head_dim {d} must be a power of two (>= 4)")
+    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)) or any(
+            w is not None and not w.is_contiguous() for w in (q_norm, k_norm)):
+        raise ValueError("rope_decode_attention_triton: head_dim (the last axis) must be contiguous")
+    out = torch.empty((b, 1, h * d), dtype=q.dtype, device=q.device)
+    if b == 0:
+        return out
+    splits = geo["SPLITS"]
+    if splits > 1:
+        m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device)
+        counters = _split_counters(q.device, b * geo["KVH"])
+    else:
+        m_ws = l_ws = acc_ws = counters = out  # never read
+    if block_tables.stride(-1) != 1:
+        block_tables = block_tables.contiguous()
+    slots = slots if slots.is_contiguous() else slots.contiguous()
+    _rope_decode_kernel[(b, geo["KVH"], splits)](
+        q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
+        slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, counters, out,
+        q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0), sin.stride(0),
+        k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
+        block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
+        H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=geo["PAGE"],
+        BLOCK_N=geo["BLOCK_N"], SPLITS=splits, SP=geo["SP"], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
+        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), FENCE=not _interpreting(), num_warps=4,
+        **_pdl(q.device))
     return out
 
 

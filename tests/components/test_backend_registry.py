@@ -47,7 +47,7 @@ def test_import_probes_nothing():
 
 def test_declarations():
     attention = {b.name: b for b in REGISTRY.of_kind("attention")}
-    assert list(attention) == ["b12x", "flashinfer", "torch", "triton", "triton-decode"]  # priority order
+    assert list(attention) == ["b12x", "flashinfer", "torch", "triton", "triton-decode", "triton-unfused"]  # priority
     assert attention["torch"].gpu_classes == set(backends.GPU_CLASSES)
     assert attention["torch"].load().__name__ == "PyTorchPagedAttention"
     # "triton" / "triton-decode": below "torch" (which qualifies wherever they do, and which the GPU matrix runs),
@@ -56,6 +56,9 @@ def test_declarations():
     assert attention["triton"].load().__name__ == "TritonPagedAttention"
     assert attention["triton-decode"].load().__name__ == "TritonDecodePagedAttention"
     assert attention["triton-decode"].load().prefill_kernel is False
+    assert attention["triton"].load().fused_decode is True
+    assert attention["triton-unfused"].load().fused_decode is False
+    assert attention["triton-unfused"].priority < attention["triton-decode"].priority
     assert attention["triton"].gpu_classes == {"sm90", "sm100", "sm120", "sm121"}
     assert attention["flashinfer"].gpu_classes == {"sm90", "sm100"}
     assert attention["b12x"].gpu_classes == {"sm120", "sm121"}

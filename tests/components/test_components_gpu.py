@@ -170,3 +170,38 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
     q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.cuda() if isinstance(x, torch.Tensor) else x for x in case]
     got = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
     check_triton(got, kp, vp, case)
+
+
+@pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33))])
+def test_fused_decode_kernel_on_this_gpu_equals_the_two_kernels(heads, kv_heads, seq_lens):
+    """``flare::rope_decode_attention_``'s kernel against rope_write + the two-pass decode kernels: output and pools
+    bit for bit (so no split read the new slot before its write, and the last-program combine is the reduce
+    kernel's), the same bits over repeated launches and CUDA-graph replays (the split counters reset), and within
+    the fp64 decode bound."""
+    from test_decode_attention import EPS, assert_same_bits, fused_vs_two_kernels, make_decode_case
+    from test_triton_attention import check
+
+    from ignition.components import triton_kernels as tk
+
+    case = [x.cuda() if isinstance(x, torch.Tensor) else x for x in
+            make_decode_case(heads, kv_heads, 128, seq_lens, width=64, seed=heads + len(seq_lens))]
+    scaling = 128 ** -0.5
+    fused, two = fused_vs_two_kernels(case, scaling, None)
+    assert_same_bits(fused, two)
+    for _ in range(3):
+        assert_same_bits(fused_vs_two_kernels(case, scaling, None)[0], fused)
+    assert not tk._COUNTERS[torch.device("cuda", torch.cuda.current_device())].any()
+
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
+    kp_g, vp_g = kp.clone(), vp.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp_g, vp_g, slots, bt, lens, scaling)
+    for _ in range(5):
+        kp_g.copy_(kp), vp_g.copy_(vp)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same_bits((out_g, kp_g, vp_g), fused)
+
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp.clone(), vp.clone(), slots)
+    check(fused[0].cpu(), q_rot.cpu(), fused[1].cpu(), fused[2].cpu(), bt.cpu(), lens.cpu(), scaling, 2.0 ** -8)

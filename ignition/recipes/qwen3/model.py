@@ -45,7 +45,6 @@ from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
 from ignition.components.fused_linear import gated_mlp_block, linear_block
 from ignition.components.norms import RMSNorm
-from ignition.components.rope_write import rope_write_
 from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
@@ -106,12 +105,11 @@ class PagedQwen3Attention(nn.Module):
         q, k, v = (x.view(b, t, -1, self.head_dim) for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm))
         cos, sin = position_embeddings
         layer = self.layer_idx if kv_layer is None else kv_layer
-        cache = paged_batch.cache
         # q_norm / k_norm, the canonical rotary on the [B, T, heads, D] layout (cos/sin [B, T, D] broadcast over
-        # heads) and the K/V write into the pools: one launch (flare::rope_write_, the same rounding points)
-        q = rope_write_(q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps, cos, sin,
-                        cache.k[layer], cache.v[layer], paged_batch.slots)
-        out = self.backend.attend(layer, q, paged_batch)
+        # heads), the K/V write into the pools (flare::rope_write_, the same rounding points) and attention: the
+        # backend's rope_attend (a decode step of the "triton" backend runs all of it as one launch)
+        out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
+                                       cos, sin, paged_batch)
         return linear_block(out, self.o_proj, residual=residual), None
 
 

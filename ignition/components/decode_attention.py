@@ -1,0 +1,75 @@
+"""A layer's whole decode-step attention as one opaque op: ``flare::rope_decode_attention_``.
+
+At a decode step (one query token per row) a Qwen3-style layer runs, between its QKV and output projections:
+``flare::rope_write_`` (q_norm / k_norm, the rotary embedding, the paged K/V write) and decode attention (split
+pass and combine pass) -- three launches, each a few microseconds of mostly launch latency and ramp at batch 1
+(Qwen3-8B on the H200: 100 + 253 + 76 us of a 4.7 ms step over 36 layers,
+``results/20261201T000848Z-sm90-run7``).  This op is their composition in one launch:
+
+    q_rot = rope_write_(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)
+    out   = paged_decode_attention(q_rot, k_pool, v_pool, block_tables, seq_lens, scaling)
+
+- CPU: exactly that composition of the two references (:func:`rope_write_reference`,
+  :func:`paged_decode_attention_reference`), so it is what the two ops compute, bit for bit.
+- CUDA: ``rope_decode_attention_triton`` -- one program per (row, KV head, split): each forms its query rows with
+  the rope_write kernel's row helper, the program owning the row's last key block writes the new K/V before it
+  reads, and the last program of each (row, KV head) to finish combines the splits in split order (a counter per
+  group; ``triton_kernels.py`` states the memory ordering).  Its output and pools are the two-kernel path's to the
+  bit (the GPU test compares them); deterministic.
+
+It assumes what a decode step is: each row's new token is the last key it attends (position ``seq_lens - 1``), and
+no row reads another row's new slot.  The recipe calls it through the attention backend's ``rope_attend`` (T == 1
+only); prefill and verify steps keep ``rope_write_`` + attention.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ignition.components.attention import _attention_output_fake, paged_decode_attention_reference
+from ignition.components.custom_ops import opaque_op
+from ignition.components.rope_write import check_rope_write_args, rope_write_reference
+
+__all__ = ["rope_decode_attention_", "rope_decode_attention_reference"]
+
+
+def _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens):
+    check_rope_write_args(q, k, v, cos, sin, k_pool, v_pool, slots)
+    b = q.shape[0]
+    if q.shape[1] != 1:
+        raise ValueError(f"rope_decode_attention_: one query token per row, got q {tuple(q.shape)}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or seq_lens.shape != (b,):
+        raise ValueError(f"rope_decode_attention_: block_tables {tuple(block_tables.shape)}, seq_lens "
+                         f"{tuple(seq_lens.shape)} for {b} rows")
+
+
+def rope_decode_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
+                                    cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                                    slots: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                    scaling: float) -> torch.Tensor:
+    """The composition (the op's CPU path); see the module docstring."""
+    _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
+    q_rot = rope_write_reference(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)
+    return paged_decode_attention_reference(q_rot, k_pool, v_pool, block_tables, seq_lens, scaling).contiguous()
+
+
+@opaque_op("rope_decode_attention_", mutates_args=("k_pool", "v_pool"), fake=_attention_output_fake)
+def rope_decode_attention_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: Optional[torch.Tensor],
+                           k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                           k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV output are fine), per-head norm weights
+    ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools ``[pages + 1, page, KV, D]``, sanitized ``slots [B]``,
+    ``block_tables [B, P]``, ``seq_lens [B]`` -> a new contiguous ``[B, 1, H * D]``; writes the rotated key and the
+    value of each row into the pools (see the module docstring)."""
+    if q.is_cuda:
+        from ignition.components.triton_kernels import rope_decode_attention_triton  # imports triton: CUDA only
+
+        _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
+        return rope_decode_attention_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
+                                            block_tables, seq_lens, scaling)
+    return rope_decode_attention_reference(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
+                                           block_tables, seq_lens, scaling)

@@ -1,0 +1,201 @@
+"""``flare::rope_decode_attention_``: a decode step's norms, rotary, K/V write and attention as one op.
+
+- CPU (everywhere): the op against independent references -- transformers' ``Qwen3RMSNorm`` /
+  ``apply_rotary_pos_emb`` and an ``index_put_`` write (the pools, bit for bit), then an fp64 evaluation of the
+  attention over those pools (within the decode kernel's derived bound, ``test_triton_attention.check``).
+- Interpreter (``TRITON_INTERPRET=1``, CPU machines with Triton): the fused kernel against the two-kernel path
+  (``rope_write_triton``, then ``paged_decode_attention_triton``) -- output and pools bit for bit -- and the
+  fp64 bound; the split counters are back to zero after every launch.
+- The H200 half is ``test_components_gpu.py`` (same comparisons, compiled).
+
+Cases follow a decode step: each active row's new token sits at position ``seq_lens - 1`` of its block table, an
+inactive row (seq_lens 0) writes to the sink; pools hold random old values everywhere (the new slot too, so a read
+before the write shows), NaN where no row may read.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ignition.components.attention import AttentionBatch, PagedKVCache
+from ignition.components.custom_ops import op_effects
+from ignition.components.decode_attention import rope_decode_attention_, rope_decode_attention_reference
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton (as test_triton_kernels.py)
+try:
+    import triton  # noqa: F401
+    _HAVE_TRITON = True
+except Exception:
+    _HAVE_TRITON = False
+
+interpreter = pytest.mark.skipif(
+    torch.cuda.is_available() or not _HAVE_TRITON,
+    reason="interpreter tests run on CPU machines with Triton installed; the GPU matrix runs the compiled kernels")
+
+EPS = 1e-6
+PAGE = 16
+WIDTH = 6  # block-table width: 96 keys
+SEQ_LENS = (1, 17, 96, 40, 0)  # ragged, full width, an inactive row
+
+
+def make_decode_case(heads, kv_heads, d, seq_lens=SEQ_LENS, *, norms=True, page=PAGE, width=WIDTH, seed=0):
+    """``[q, k, v, q_norm, k_norm, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens]`` of one decode step
+    (see the module docstring); q/k/v are views of a packed QKV output."""
+    from test_triton_attention import poison_past_seq_lens
+
+    gen = torch.Generator().manual_seed(seed)
+    b = len(seq_lens)
+    qkv = (torch.randn(b, 1, (heads + 2 * kv_heads) * d, generator=gen) * 3).to(torch.bfloat16)
+    q, k, v = (x.view(b, 1, -1, d) for x in qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1))
+    qw = (torch.rand(d, generator=gen) + 0.5).to(torch.bfloat16) if norms else None
+    kw = (torch.rand(d, generator=gen) + 0.5).to(torch.bfloat16) if norms else None
+    pages = b * width + 3
+    k_pool = torch.randn((pages + 1, page, kv_heads, d), generator=gen).to(torch.bfloat16)
+    v_pool = torch.randn((pages + 1, page, kv_heads, d), generator=gen).to(torch.bfloat16)
+    bt = torch.randperm(pages, generator=gen)[:b * width].view(b, width).to(torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int64)
+    poison_past_seq_lens(k_pool, v_pool, bt, lens)
+    pos = (lens - 1).clamp(min=0)
+    slots = bt[torch.arange(b), pos // page].long() * page + pos % page
+    slots = torch.where(lens > 0, slots, torch.full_like(slots, pages * page))  # inactive: the sink
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2).float() / d))
+    ang = pos[:, None, None].float() * inv
+    emb = torch.cat((ang, ang), dim=-1)  # [B, 1, D]
+    return [q, k, v, qw, kw, emb.cos().to(torch.bfloat16), emb.sin().to(torch.bfloat16), k_pool, v_pool, slots, bt,
+            lens]
+
+
+def _bits(a, b):
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def check_against_canonical(got, k_pool, v_pool, case, scaling, g_round):
+    """Pools: transformers' norm + rotary + index_put_ write, bit for bit; output: the decode bound against fp64
+    over those pools with the canonical rotated queries (``test_triton_attention.check``)."""
+    from test_rope_write import canonical
+    from test_triton_attention import check
+
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot, want_k, want_v = canonical(q, k, v, qw, kw, cos, sin, kp0, vp0, slots)
+    assert _bits(k_pool, want_k) and _bits(v_pool, want_v)
+    check(got, q_rot, want_k, want_v, bt, lens, scaling, g_round)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,norms", [(4, 2, 16, True), (8, 2, 32, False), (32, 8, 128, True)])
+def test_cpu_path_equals_the_canonical_modules_and_fp64(heads, kv_heads, d, norms):
+    case = make_decode_case(heads, kv_heads, d, norms=norms, seed=heads + d)
+    run = [x.clone() if isinstance(x, torch.Tensor) else x for x in case]
+    got = rope_decode_attention_(*run[:5], EPS, *run[5:], d ** -0.5)
+    assert got.shape == (len(SEQ_LENS), 1, heads * d) and got.is_contiguous()
+    assert (got[-1] == 0).all()  # the inactive row
+    check_against_canonical(got, run[7], run[8], case, d ** -0.5, 2.0 ** -8)
+
+
+def test_op_declares_the_pools_it_writes_and_rejects_bad_shapes():
+    assert op_effects(torch.ops.flare.rope_decode_attention_)["writes"] == ["k_pool", "v_pool"]
+    case = make_decode_case(4, 2, 16)
+    with pytest.raises(ValueError, match="seq_lens"):
+        rope_decode_attention_reference(*case[:5], EPS, *case[5:11], case[11][:2], 0.25)
+    two = [x.expand(-1, 2, -1, -1) if i < 3 else x for i, x in enumerate(case[:3])]
+    with pytest.raises(ValueError, match="one query token"):
+        rope_decode_attention_reference(*two, *case[3:5], EPS, case[5].expand(-1, 2, -1), case[6].expand(-1, 2, -1),
+                                        *case[7:9], torch.cat([case[9], case[9]]), *case[10:], 0.25)
+    with pytest.raises(ValueError, match="slots"):
+        rope_decode_attention_reference(*case[:5], EPS, *case[5:9], case[9][:1], *case[10:], 0.25)
+
+
+def test_backends_route_decode_through_the_op_and_agree():
+    """"triton" runs a decode step through the fused op, "triton-unfused" through rope_write_ + decode attention:
+    on CPU both are the references' composition, so equal bit for bit; "torch" keeps its own (eager) numerics."""
+    from ignition.components.attention import TritonPagedAttention, TritonUnfusedPagedAttention
+
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(8, 2, 32, seed=5)
+    outs, pools = [], []
+    for cls in (TritonPagedAttention, TritonUnfusedPagedAttention):
+        cache = PagedKVCache(kp.clone()[None], vp.clone()[None], PAGE, WIDTH)
+        batch = AttentionBatch.build(cache, (lens - 1).clamp(min=0)[:, None], torch.where(
+            lens > 0, slots, torch.full_like(slots, -1))[:, None], bt, lens, lens > 0)
+        assert torch.equal(batch.slots, slots)
+        outs.append(cls(8, 2, 32, 32 ** -0.5).rope_attend(0, q, k, v, qw, kw, EPS, cos, sin, batch))
+        pools.append((cache.k, cache.v))
+    assert _bits(outs[0], outs[1]) and _bits(pools[0][0], pools[1][0]) and _bits(pools[0][1], pools[1][1])
+
+
+# ---------------------------------------------------------------------------------- interpreter (the fused kernel)
+
+def fused_vs_two_kernels(case, scaling, num_splits):
+    """Run the fused kernel and the two-kernel path on copies of ``case``: ``(fused out, pools), (two-kernel out,
+    pools)`` (device of the case)."""
+    from ignition.components.triton_kernels import (paged_decode_attention_triton, rope_decode_attention_triton,
+                                                    rope_write_triton)
+
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
+    kp1, vp1, kp2, vp2 = kp.clone(), vp.clone(), kp.clone(), vp.clone()
+    fused = rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp1, vp1, slots, bt, lens, scaling,
+                                         num_splits=num_splits)
+    q_rot = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp2, vp2, slots)
+    two = paged_decode_attention_triton(q_rot, kp2, vp2, bt, lens, scaling, num_splits=num_splits)
+    return (fused, kp1, vp1), (two, kp2, vp2)
+
+
+def assert_same_bits(a, b):
+    for x, y in zip(a, b):
+        assert _bits(x.cpu(), y.cpu()), "fused and two-kernel paths differ"
+
+
+@interpreter
+@pytest.mark.parametrize("heads,kv_heads,d,norms", [(8, 2, 32, True), (4, 4, 16, False), (16, 2, 64, True)])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d, norms, num_splits):
+    from ignition.components import triton_kernels as tk
+
+    case = make_decode_case(heads, kv_heads, d, norms=norms, seed=heads * d + (num_splits or 0))
+    if num_splits is None:
+        assert tk.paged_decode_num_splits(len(SEQ_LENS), kv_heads, WIDTH) > 1
+    (got, kp, vp), two = fused_vs_two_kernels(case, d ** -0.5, num_splits)
+    assert_same_bits((got, kp, vp), two)
+    if (num_splits or 2) > 1:
+        assert not tk._COUNTERS[torch.device("cpu")].any()  # every counter back to zero
+    # (the rope half is rope_write_triton's bits: test_triton_kernels.py bounds those against transformers)
+    # the attention half: within the decode bound of fp64 over the pools the kernel wrote
+    from test_triton_attention import check
+
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, d ** -0.5, 2.0 ** -7)
+
+
+@interpreter
+def test_fused_kernel_on_a_single_split_per_group_and_an_all_inactive_batch():
+    from ignition.components import triton_kernels as tk
+
+    case = make_decode_case(8, 2, 32, seq_lens=(0, 0), seed=11)
+    (got, kp, vp), two = fused_vs_two_kernels(case, 0.2, None)
+    assert_same_bits((got, kp, vp), two)
+    assert (got == 0).all()
+    case = make_decode_case(8, 2, 32, seq_lens=(5, 80), width=5, seed=12)
+    assert_same_bits(*fused_vs_two_kernels(case, 0.2, 1))
+
+
+def test_split_counters_are_not_made_during_capture(monkeypatch):
+    """The counters' first allocation inside CUDA-graph capture is refused with what to do (it would hold garbage
+    until the first replay)."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(tk, "_COUNTERS", {})
+    with pytest.raises(RuntimeError, match="before capturing"):
+        tk._split_counters(torch.device("cuda", 0), 8)
+
+
+def test_the_cases_are_decode_steps():
+    """Each active row's slot is its position seq_lens - 1 through the block table; an inactive row's the sink."""
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(4, 2, 16)
+    for row, n in enumerate(lens.tolist()):
+        want = int(bt[row, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE if n else (kp.shape[0] - 1) * PAGE
+        assert int(slots[row]) == want
