@@ -17,8 +17,10 @@
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
+#   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run); when the Triton prefill
-#                   kernel's GPU test fails, later stages use ATTN=triton-decode (its decode kernel only)
+#                   kernel's GPU test fails, later stages use ATTN=triton-decode (its decode kernel only); when the
+#                   fused decode kernel's fails, ATTN=triton-unfused
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
@@ -68,7 +70,11 @@ for s in ${STAGES:?set STAGES}; do
           --durations=15 2>&1 | log > "$OUT/gpu_tests.log"
           tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*prefill_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
-            ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi ;;
+            ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi
+          if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*fused_decode_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
+            ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
+    prefillparts) timeout 200 python3 scripts/bench_prefill_parts.py --tokens 4096 --json "$OUT/prefill-parts.json" \
+          > "$OUT/prefill-parts.log" 2>&1; tail -n 20 "$OUT/prefill-parts.log" ;;
     *) echo "unknown stage $s" ;;
   esac
   echo "   $s took $(( $(date +%s) - t0 )) s" | tee -a "$OUT/stages.log"

@@ -811,28 +811,43 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
 @triton.jit
 def _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                   PAGE: tl.constexpr, DOT_F32: tl.constexpr):
-    """One key block (keys n0 .. n0 + BLOCK_N - 1) of the online softmax: the updated ``(m_i, l_i, acc)``."""
+                   PAGE: tl.constexpr, DOT_F32: tl.constexpr, MASKED: tl.constexpr):
+    """One key block (keys n0 .. n0 + BLOCK_N - 1) of the online softmax: the updated ``(m_i, l_i, acc)``.
+    ``MASKED=False``: every key of the block is below ``hi`` and visible to every row of the tile (no masks, no
+    guard for rows that saw no key yet: the same values as the masked body, fewer instructions)."""
     tok = n0 + offs_n  # [BLOCK_N] key indices
-    n_mask = tok < hi
-    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
+    if MASKED:
+        n_mask = tok < hi
+        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        page = tl.load(BT + b64 * stride_bt + tok // PAGE).to(tl.int64)
     in_page = (tok % PAGE).to(tl.int64)
-    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh
-                 + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [DP, BLOCK_N]
+    k_ptrs = K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None]
+    v_ptrs = V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+    if MASKED:
+        kt = tl.load(k_ptrs, mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [DP, BLOCK_N]
+    else:
+        kt = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
     if DOT_F32:  # interpreter only: exact fp32 products of the bf16 values (see paged_prefill_attention_triton)
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
         s = tl.dot(q, kt)
     s = s * qk_scale_log2  # [BLOCK_M, BLOCK_N] fp32, log2 units
-    vis = (tok[None, :] <= pos[:, None]) & n_mask[None, :]
-    s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+    if MASKED:
+        vis = (tok[None, :] <= pos[:, None]) & n_mask[None, :]
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every row sees every key of the block
+        m_safe = m_new
     alpha = tl.math.exp2(m_i - m_safe)
     p = tl.math.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh
-                + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, DP]
+    if MASKED:
+        v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, DP]
+    else:
+        v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
     if DOT_F32:
         pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
     else:
@@ -851,7 +866,7 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
                           PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
-    mb = tl.program_id(0)
+    mb = tl.num_programs(0) - 1 - tl.program_id(0)  # the longest (last, causal) query tiles launch first
     bk = tl.program_id(1)
     b = bk // KVH
     kvh = bk % KVH
@@ -869,6 +884,9 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
     pos = tl.load(POS + b64 * stride_pb + tok_q, mask=r_mask, other=-1)  # int64 [BLOCK_M]
     pos = tl.minimum(tl.maximum(pos, -1), max_pages * PAGE).to(tl.int32)  # any padding value: no OOB, no overflow
     hi = tl.minimum(tl.max(pos, axis=0) + 1, seq_len)  # keys 0 .. hi - 1 can be visible to this tile
+    # keys 0 .. lo - 1 are visible to every row of the tile; whole blocks below lo run the unmasked body
+    lo = tl.minimum(tl.min(tl.where(r_mask, pos, max_pages * PAGE), axis=0) + 1, seq_len)
+    full = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
 
     q_ptrs = (Q + b64 * stride_qb + tok_q.to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh
               + offs_d[None, :])
@@ -877,21 +895,30 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DP], dtype=tl.float32)
-    # The key-block loop, bound a device value.  Compiled: a range() loop, software-pipelined (the next block's page
-    # ids and K/V tiles load while this block's dots run).  The interpreter (Triton 3.6 under NumPy 2.4) cannot
-    # take a tensor bound in range(): a while loop over the same block body there -- same blocks, same order, same
-    # bits.
+    # The key-block loops, bounds device values: the fully visible blocks, then the rest (the causal diagonal and
+    # the context's end).  Compiled: range() loops, software-pipelined (the next block's page ids and K/V tiles load
+    # while this block's dots run).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a tensor bound in
+    # range(): while loops over the same block bodies there -- same blocks, same order, same bits.
     if PIPELINE:
-        for n0 in range(0, hi, BLOCK_N):
+        for n0 in range(0, full, BLOCK_N):
             m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
                                            stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                           stride_bt, qk_scale_log2, PAGE, DOT_F32)
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32, False)
+        for n0 in range(full, hi, BLOCK_N):
+            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32, True)
     else:
         n0 = 0
         while n0 < hi:
-            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
-                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                           stride_bt, qk_scale_log2, PAGE, DOT_F32)
+            if n0 < full:
+                m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d,
+                                               d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+                                               stride_vh, stride_bt, qk_scale_log2, PAGE, DOT_F32, False)
+            else:
+                m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d,
+                                               d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
+                                               stride_vh, stride_bt, qk_scale_log2, PAGE, DOT_F32, True)
             n0 += BLOCK_N
 
     out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
