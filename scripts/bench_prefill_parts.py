@@ -74,8 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--intermediate", type=int, default=12288)
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--configs", default="128x64w8s2,128x64w8s3,128x128w8s2,128x128w8s3,128x64w4s3,64x64w4s2,"
-                                         "64x64w4s3,64x128w4s2",
+    ap.add_argument("--configs", default="128x64w8s2,128x128w8s2,128x128w8s3,64x64w4s2,64x128w8s3",
                     help="BLOCK_MxBLOCK_N w WARPS s STAGES, comma-separated (the first row of the table is the "
                          "default config, whatever is listed)")
     ap.add_argument("--json", default=None)

@@ -17,6 +17,7 @@
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
+#   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run); when the Triton prefill
 #                   kernel's GPU test fails, later stages use ATTN=triton-decode (its decode kernel only); when the
@@ -73,6 +74,8 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*fused_decode_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
+    decodeattn) timeout 200 python3 scripts/bench_decode_attention.py ${DECODEATTN_ARGS:-} --json "$OUT/decode-attn.json" \
+          > "$OUT/decode-attn.log" 2>&1; tail -n 50 "$OUT/decode-attn.log" ;;
     prefillparts) timeout 200 python3 scripts/bench_prefill_parts.py --tokens 4096 --json "$OUT/prefill-parts.json" \
           > "$OUT/prefill-parts.log" 2>&1; tail -n 20 "$OUT/prefill-parts.log" ;;
     *) echo "unknown stage $s" ;;

@@ -385,7 +385,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, SP: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, FENCE: tl.constexpr, USE_PDL: tl.constexpr):
+                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, FENCE: tl.constexpr, COMBINE: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -419,17 +420,18 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               SPLITS)
-        if FENCE:
-            _gpu_fence(split)
-        tl.debug_barrier()  # every thread's partial is stored (and fenced) before the counter moves
-        counter = CNT + b64 * KVH + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:  # the group's last program
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+        if COMBINE:  # else the reduce kernel combines (a second launch)
             if FENCE:
                 _gpu_fence(split)
-            for g in tl.static_range(G):
-                _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask, H, KVH, GP, D, SPLITS, SP, G,
-                                ".cg")
+            tl.debug_barrier()  # every thread's partial is stored (and fenced) before the counter moves
+            counter = CNT + b64 * KVH + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:  # the group's last program
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                if FENCE:
+                    _gpu_fence(split)
+                for g in tl.static_range(G):
+                    _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask, H, KVH, GP, D, SPLITS, SP, G,
+                                    ".cg")
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -545,12 +547,14 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
-                                 num_splits: int | None = None) -> torch.Tensor:
+                                 num_splits: int | None = None, combine: str | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in one launch (the same bits: same row helpers, same block order, the combine
-    in split order).  Shapes are checked by the op (``decode_attention.py``)."""
+    in split order).  ``combine``: "last" (the last program of each group combines, one launch) or "kernel" (the
+    reduce kernel, a second launch); default :func:`fused_decode_plan`.  Shapes are checked by the op
+    (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
     b, h, d = geo["B"], geo["H"], geo["D"]
     if d & (d - 1) or d < 4:
@@ -562,11 +566,15 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if b == 0:
         return out
     splits = geo["SPLITS"]
+    combine = combine or fused_decode_plan(b, geo["KVH"], splits)
+    if combine not in ("last", "kernel"):
+        raise ValueError(f"rope_decode_attention_triton: combine {combine!r}: 'last' or 'kernel'")
+    in_kernel = combine == "last" or splits == 1
+    m_ws = l_ws = acc_ws = counters = out  # never read with one split
     if splits > 1:
         m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device)
-        counters = _split_counters(q.device, b * geo["KVH"])
-    else:
-        m_ws = l_ws = acc_ws = counters = out  # never read
+        if in_kernel:
+            counters = _split_counters(q.device, b * geo["KVH"])
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
@@ -578,9 +586,18 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=geo["PAGE"],
         BLOCK_N=geo["BLOCK_N"], SPLITS=splits, SP=geo["SP"], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
-        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), FENCE=not _interpreting(), num_warps=4,
-        **_pdl(q.device))
+        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), FENCE=not _interpreting(), COMBINE=in_kernel,
+        num_warps=4, **_pdl(q.device))
+    if not in_kernel:
+        _paged_decode_reduce_kernel[(b, h)](
+            m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
+            SP=geo["SP"], num_warps=4, **_pdl(q.device))
     return out
+
+
+def fused_decode_plan(batch: int, kv_heads: int, splits: int) -> str:
+    """How the fused decode kernel combines its splits: "last" (in the kernel) or "kernel" (the reduce kernel)."""
+    return "last"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -929,14 +946,17 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
 
 def paged_prefill_config(t: int, groups: int, head_dim: int, page: int) -> dict:
     """The launch config, a pure function of the static shapes (deterministic, no autotuning).  BLOCK_M = 128
-    packed query rows (64 when head_dim > 128, fewer for short chunks: never below 16, tl.dot's minimum) and
-    BLOCK_N = 64 keys (at least one page), the FlashAttention-2 forward tiles for head_dim 128 on Hopper-class
-    GPUs; 8 warps for 128-row tiles, else 4."""
+    packed query rows (64 when head_dim > 128, fewer for short chunks: never below 16, tl.dot's minimum); BLOCK_N =
+    128 keys with 128-row tiles of head_dim <= 128 (8 warps, 3 stages), else 64 (at least one page; 4 warps below
+    128 rows).  Measured on the H200 for a 4096-token Qwen3-8B chunk (``scripts/bench_prefill_parts.py``,
+    ``results/20261201T025351Z-sm90-run8``): 128x128 w8 s3 0.467 ms (294 TFLOP/s) against 128x64 w8 s2 0.567 ms."""
     rows = t * groups
     block_m = 128 if head_dim <= 128 else 64
     block_m = max(16, min(block_m, triton.next_power_of_2(rows)))
-    block_n = max(64 if head_dim <= 128 else 32, page)
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 8 if block_m >= 128 else 4, "num_stages": 2}
+    wide = block_m >= 128 and head_dim <= 128
+    block_n = max(128 if wide else (64 if head_dim <= 128 else 32), page)
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 8 if block_m >= 128 else 4,
+            "num_stages": 3 if wide else 2}
 
 
 def paged_prefill_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
