@@ -1,6 +1,5 @@
 """A decode step's attention per layer, side by side on this GPU: ``rope_write`` + the two-pass decode kernels
-(three launches) against the fused ``rope_decode_attention`` kernel at several split counts, combining in the
-kernel ("last") or in the reduce kernel ("kernel").
+(three launches) against the fused ``rope_decode_attention`` kernel + the reduce kernel at several split counts.
 
     python scripts/bench_decode_attention.py [--layers 36] [--context 1024] [--max-context 4096] [--rows 1,4]
         [--shapes 32x8,16x8] [--splits auto,8,16,32,64] [--samples 30] [--json OUT]
@@ -57,10 +56,10 @@ def three_launches(layer, scaling):
     return tk.paged_decode_attention_triton(q_rot, kp, vp, bt, lens, scaling)
 
 
-def fused(layer, scaling, splits, combine):
+def fused(layer, scaling, splits):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = layer
     return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, scaling,
-                                           num_splits=splits, combine=combine)
+                                           num_splits=splits)
 
 
 def graph_time(fn, layers, samples):
@@ -96,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--shapes", default="32x8,16x8", help="HEADSxKV_HEADS, comma-separated (head_dim 128)")
-    ap.add_argument("--splits", default="auto,8,16,32,64")
+    ap.add_argument("--splits", default="auto,16,32,64")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -111,14 +110,12 @@ def main(argv=None) -> int:
         heads, kvh = (int(x) for x in shape.split("x"))
         for b in (int(r) for r in args.rows.split(",")):
             layers = make_layers(args.layers, b, heads, kvh, d, args.context, args.max_context, args.page, gen)
-            auto = tk.paged_decode_num_splits(b, kvh, args.max_context // max(16, args.page))
+            auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, args.max_context // max(16, args.page))
             print(f"H={heads} KV={kvh} rows={b} context={args.context} (auto splits {auto}), {args.layers} layers:")
             variants = [("three launches", lambda layer: three_launches(layer, scaling))]
             for sp in args.splits.split(","):
                 s = auto if sp == "auto" else int(sp)
-                for combine in ("last", "kernel"):
-                    variants.append((f"fused s={s} combine={combine}",
-                                     lambda layer, s=s, c=combine: fused(layer, scaling, s, c)))
+                variants.append((f"fused s={s}", lambda layer, s=s: fused(layer, scaling, s)))
             ref = None
             for name, fn in variants:
                 try:

@@ -4,18 +4,19 @@ At a decode step (one query token per row) a Qwen3-style layer runs, between its
 ``flare::rope_write_`` (q_norm / k_norm, the rotary embedding, the paged K/V write) and decode attention (split
 pass and combine pass) -- three launches, each a few microseconds of mostly launch latency and ramp at batch 1
 (Qwen3-8B on the H200: 100 + 253 + 76 us of a 4.7 ms step over 36 layers,
-``results/20261201T000848Z-sm90-run7``).  This op is their composition in one launch:
+``results/20261201T000848Z-sm90-run7``).  This op is their composition in two launches:
 
     q_rot = rope_write_(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)
     out   = paged_decode_attention(q_rot, k_pool, v_pool, block_tables, seq_lens, scaling)
 
 - CPU: exactly that composition of the two references (:func:`rope_write_reference`,
   :func:`paged_decode_attention_reference`), so it is what the two ops compute, bit for bit.
-- CUDA: ``rope_decode_attention_triton`` -- one program per (row, KV head, split): each forms its query rows with
-  the rope_write kernel's row helper, the program owning the row's last key block writes the new K/V before it
-  reads, and the last program of each (row, KV head) to finish combines the splits in split order (a counter per
-  group; ``triton_kernels.py`` states the memory ordering).  Its output and pools are the two-kernel path's to the
-  bit (the GPU test compares them); deterministic.
+- CUDA: ``rope_decode_attention_triton`` -- one program per (row, KV head, split) forms its query rows with the
+  rope_write kernel's row helper, the program owning the row's last key block writes the new K/V before it reads
+  (``triton_kernels.py`` states why no other program reads that slot), then the decode reduce kernel combines the
+  splits.  The same numerics as the two ops (the norm statistics may sum in another order on the GPU: ulp-level
+  differences, bounded in ``test_components_gpu.py``); deterministic.  Its split count is its own
+  (``fused_decode_num_splits``, measured).
 
 It assumes what a decode step is: each row's new token is the last key it attends (position ``seq_lens - 1``), and
 no row reads another row's new slot.  The recipe calls it through the attention backend's ``rope_attend`` (T == 1

@@ -293,15 +293,14 @@ def _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, of
 @triton.jit
 def _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask,
                     H: tl.constexpr, KVH: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                    SP: tl.constexpr, G: tl.constexpr, CACHE: tl.constexpr):
+                    SP: tl.constexpr, G: tl.constexpr):
     """Head ``kvh * G + g`` of row b: combine the splits' partials in split order, divide, round once, store."""
     offs_s = tl.arange(0, SP)
     s_mask = offs_s < SPLITS
     row = ((b64 * KVH + kvh) * SPLITS + offs_s) * GP + g  # [SP]
-    m = tl.load(M_ws + row, mask=s_mask, other=float("-inf"), cache_modifier=CACHE)
-    l = tl.load(L_ws + row, mask=s_mask, other=0.0, cache_modifier=CACHE)
-    acc = tl.load(ACC_ws + row[:, None] * D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0,
-                  cache_modifier=CACHE)
+    m = tl.load(M_ws + row, mask=s_mask, other=float("-inf"))
+    l = tl.load(L_ws + row, mask=s_mask, other=0.0)
+    acc = tl.load(ACC_ws + row[:, None] * D + offs_d[None, :], mask=s_mask[:, None] & d_mask[None, :], other=0.0)
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row without keys: every weight below is 0
     w = tl.math.exp2(m - m_max)  # empty splits (m = -inf) weigh 0
@@ -348,45 +347,32 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
     h = tl.program_id(1)
     offs_d = tl.arange(0, DP)
     _decode_combine(M_ws, L_ws, ACC_ws, Out, tl.program_id(0).to(tl.int64), h // G, h % G, offs_d, offs_d < D,
-                    H, KVH, GP, D, SPLITS, SP, G, "")
+                    H, KVH, GP, D, SPLITS, SP, G)
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Fused decode step of one layer (``flare::rope_decode_attention_``, ``ignition/components/decode_attention.py``):
-# q_norm / k_norm, the rotary embedding, the paged K/V write and the decode attention above in ONE launch, grid
-# (B, KV heads, splits) as pass 1.  Each program forms its group's rotated query rows itself (the rows helper of
-# ``flare::rope_write_``: the same bits), so nothing waits for another kernel's q.
-# - The K/V write: the program whose share holds the row's last key block (split 0 when the row has no key) writes
-#   the new key and value of its KV head to the token's slot, then a CTA barrier, then reads its blocks: the only
-#   reader of that slot in this launch is that program (the step's new token is its row's last key; other splits
-#   read earlier blocks; a sink slot is read by nobody), and a barrier orders a CTA's global writes before its
-#   later reads.
-# - The combine: each program stores its partial, then (fence, CTA barrier) adds one to its (row, KV head)'s
-#   counter with acq_rel semantics at GPU scope; the program that sees SPLITS - 1 is the last of its group: it
-#   resets the counter to 0 and combines the SPLITS partials in split order (``_decode_combine``, L2 loads).  Which
-#   program combines changes nothing in the result: the order is the split order, so the output is the two-pass
-#   kernels' to the bit, deterministic.  One split: no workspace, the program divides and stores directly.
-# The counters are a persistent int32 buffer per device (zero between launches: every launch leaves them 0), made
-# before the first launch outside CUDA-graph capture (``_split_counters``).
+# q_norm / k_norm, the rotary embedding, the paged K/V write and pass 1 of the decode attention above in ONE launch,
+# grid (B, KV heads, splits); pass 2 is the reduce kernel above.  Each program forms its group's rotated query rows
+# itself (the row helper of ``flare::rope_write_``), so nothing waits for another kernel's q.  The K/V write: the
+# program whose share holds the row's last key block (split 0 when the row has no key) writes the new key and value
+# of its KV head to the token's slot, then a CTA barrier, then reads its blocks -- the only reader of that slot in
+# this launch is that program (the step's new token is its row's last key; other splits read earlier blocks; a sink
+# slot is read by nobody), and a barrier orders a CTA's global writes before its later reads.
+# Side by side on the H200 (``scripts/bench_decode_attention.py``, ``results/20261201T031427Z-sm90-run9``): a combine
+# in the kernel by the last program of each group (atomic counter) lost to the reduce kernel at every shape (the
+# last program reads all partials of its group alone), so pass 2 stays a kernel.
 
 
 @triton.jit
-def _gpu_fence(x):
-    """``fence.acq_rel.gpu`` in every thread (orders the thread's earlier global writes before its later ones)."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [x], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
-@triton.jit
-def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, L_ws, ACC_ws, CNT, Out,
+def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, L_ws, ACC_ws, Out,
                         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cb, stride_sb,
                         stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
                         stride_bt, max_pages, qk_scale_log2, eps,
                         H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, SP: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, FENCE: tl.constexpr, COMBINE: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
+                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -420,18 +406,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               SPLITS)
-        if COMBINE:  # else the reduce kernel combines (a second launch)
-            if FENCE:
-                _gpu_fence(split)
-            tl.debug_barrier()  # every thread's partial is stored (and fenced) before the counter moves
-            counter = CNT + b64 * KVH + kvh
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:  # the group's last program
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-                if FENCE:
-                    _gpu_fence(split)
-                for g in tl.static_range(G):
-                    _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask, H, KVH, GP, D, SPLITS, SP, G,
-                                    ".cg")
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -523,42 +497,37 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     return out
 
 
-#: int32 counters per device for the fused decode kernel's last-program combine (zero between launches).
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_COUNTERS_MIN = 1 << 16
-
-
-def _split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """At least ``n`` zeroed int32 counters on ``device``, made once (outside capture: a buffer made while a CUDA
-    graph is captured would hold garbage until the first replay, so that is refused with what to do)."""
-    key = torch.device(device)
-    if key.type == "cuda" and key.index is None:
-        key = torch.device("cuda", torch.cuda.current_device())
-    have = _COUNTERS.get(key)
-    if have is None or have.numel() < n:
-        if key.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("rope_decode_attention_triton: its split counters are made on the first call, which "
-                               "must not be inside CUDA-graph capture (run the step once before capturing it)")
-        _COUNTERS[key] = have = torch.zeros(max(n, _COUNTERS_MIN), dtype=torch.int32, device=key)
-    return have
+def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
+    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most 64
+    splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two -- the reduce kernel reads
+    ``splits * GP`` partial rows per group), never more than the block-table width's key blocks.  Fit to the H200
+    side by side (``results/20261201T031427Z-sm90-run9``, 1024-token contexts, per layer in a 36-layer graph):
+    Qwen3-8B (G=4) B=1: 32 splits 10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2)
+    B=1: 64 splits 9.3 us (32: 10.3), B=4: 16 splits 16.8 us -- the three-launch path took 13.5, 22.5, 11.3 and
+    20.4 us."""
+    gp = triton.next_power_of_2(max(1, groups))
+    return max(1, min(max_blocks, 64, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
                                  k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
-                                 num_splits: int | None = None, combine: str | None = None) -> torch.Tensor:
+                                 num_splits: int | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
-    ``paged_decode_attention_triton`` in one launch (the same bits: same row helpers, same block order, the combine
-    in split order).  ``combine``: "last" (the last program of each group combines, one launch) or "kernel" (the
-    reduce kernel, a second launch); default :func:`fused_decode_plan`.  Shapes are checked by the op
+    ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
+    unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`.  Shapes are checked by the op
     (``decode_attention.py``)."""
-    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
-    b, h, d = geo["B"], geo["H"], geo["D"]
+    b, _, h, d = q.shape
     if d & (d - 1) or d < 4:
         raise ValueError(f"rope_decode_attention_triton: head_dim {d} must be a power of two (>= 4)")
+    page, kvh = _check_pools("rope_decode_attention_triton", q, k_pool, v_pool)
+    if num_splits is None:
+        num_splits = fused_decode_num_splits(b, kvh, h // kvh, triton.cdiv(block_tables.shape[1] * page,
+                                                                           max(16, page)))
+    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
     if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)) or any(
             w is not None and not w.is_contiguous() for w in (q_norm, k_norm)):
         raise ValueError("rope_decode_attention_triton: head_dim (the last axis) must be contiguous")
@@ -566,38 +535,24 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if b == 0:
         return out
     splits = geo["SPLITS"]
-    combine = combine or fused_decode_plan(b, geo["KVH"], splits)
-    if combine not in ("last", "kernel"):
-        raise ValueError(f"rope_decode_attention_triton: combine {combine!r}: 'last' or 'kernel'")
-    in_kernel = combine == "last" or splits == 1
-    m_ws = l_ws = acc_ws = counters = out  # never read with one split
-    if splits > 1:
-        m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device)
-        if in_kernel:
-            counters = _split_counters(q.device, b * geo["KVH"])
+    m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device) if splits > 1 else (out, out, out)  # one split: unused
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
-    _rope_decode_kernel[(b, geo["KVH"], splits)](
+    _rope_decode_kernel[(b, kvh, splits)](
         q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
-        slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, counters, out,
+        slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, out,
         q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
-        H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=geo["PAGE"],
-        BLOCK_N=geo["BLOCK_N"], SPLITS=splits, SP=geo["SP"], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
-        DOT_F32=_interpreting(), PIPELINE=not _interpreting(), FENCE=not _interpreting(), COMBINE=in_kernel,
-        num_warps=4, **_pdl(q.device))
-    if not in_kernel:
+        H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
+        SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
+        PIPELINE=not _interpreting(), num_warps=4, **_pdl(q.device))
+    if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
-            m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
+            m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
             SP=geo["SP"], num_warps=4, **_pdl(q.device))
     return out
-
-
-def fused_decode_plan(batch: int, kv_heads: int, splits: int) -> str:
-    """How the fused decode kernel combines its splits: "last" (in the kernel) or "kernel" (the reduce kernel)."""
-    return "last"
 
 
 # ------------------------------------------------------------------------------------------------------------
