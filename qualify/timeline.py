@@ -120,11 +120,6 @@ def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) ->
     """Kernel timeline of the decode graph of ``capacity`` rows or, with ``width``, of the verification round
     ``(capacity, width)`` loaded as ``bench.time_round`` loads it (its acceptance, commit and sampling-state
     advance are traced code outside the layer/head/sampler regions: they land in the unranged bucket)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from qualify.timing import summarize, time_samples
-
     if width is None:
         step = bench.graphs.step("decode", capacity)
         bench.fill_context(0)
@@ -132,7 +127,22 @@ def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) ->
     else:
         step = bench.load_round(capacity, width, 0)
     tag = f"b{capacity}" + ("" if width is None else f"-w{width}")
-    elapsed = summarize(time_samples(step.execute, samples=50, warmup=10, device=bench.device))
+    result = profile_step(step, tag, trace_dir, round_model=step.model if width is not None else None)
+    result.update(capacity=capacity, width=width)
+    result["table"] = _table(result)
+    return result
+
+
+def profile_step(step, tag: str, trace_dir: Path, round_model=None, samples: int = 50) -> dict:
+    """Graph elapsed (CUDA events), the replay profile and the attributed profile of a loaded, captured ``step``
+    (see the module docstring); ``round_model``: the model of a round step (its head, acceptance and advance get
+    ranges).  Used by :func:`timeline` and by ``scripts/prefill_profile.py`` (a prefill chunk)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from qualify.timing import summarize, time_samples
+
+    elapsed = summarize(time_samples(step.execute, samples=samples, warmup=10, device=step.model.device))
     trace_dir = Path(trace_dir)
     acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with profile(activities=acts) as prof:
@@ -146,7 +156,7 @@ def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) ->
     graph, fn = step.graph, step.fn
     step.graph, step.fn = None, _attributed_fn(step)
     try:
-        with _round_ranges(step.model if width is not None else None):
+        with _round_ranges(round_model):
             for _ in range(3):
                 step.execute()
             torch.cuda.synchronize()
@@ -161,16 +171,15 @@ def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) ->
 
     replay_kernel_us = sum(k.get("dur", 0.0) for k in kernels) / REPLAYS
     layers = {k: v for k, v in attr["per_range"].items() if k.startswith("layer.")}
-    result = {
-        "capacity": capacity, "width": width, "graph_elapsed": elapsed, "replays_profiled": REPLAYS,
+    return {
+        "capacity": getattr(getattr(step, "shape", None), "rows", None), "width": None, "graph_elapsed": elapsed,
+        "replays_profiled": REPLAYS,
         "replay_kernels_per_step": len(kernels) / REPLAYS, "replay_kernel_us_per_step": replay_kernel_us,
         "attributed": attr, "layers": len(layers),
         "per_layer_mean": {"kernels": sum(v["kernels"] for v in layers.values()) / max(len(layers), 1),
                            "us": sum(v["us"] for v in layers.values()) / max(len(layers), 1)},
         "traces": [replay_path.name, attributed_path.name],
     }
-    result["table"] = _table(result)
-    return result
 
 
 def _table(r: dict) -> str:

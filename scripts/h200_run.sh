@@ -18,6 +18,7 @@
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
 #   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
+#   prefillprof     scripts/prefill_profile.py: kernel timeline of a Qwen3-8B prefill chunk (4 layers, chunks $PROF_CHUNKS)
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run); when the Triton prefill
 #                   kernel's GPU test fails, later stages use ATTN=triton-decode (its decode kernel only); when the
@@ -76,6 +77,9 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
     decodeattn) timeout 200 python3 scripts/bench_decode_attention.py ${DECODEATTN_ARGS:-} --json "$OUT/decode-attn.json" \
           > "$OUT/decode-attn.log" 2>&1; tail -n 50 "$OUT/decode-attn.log" ;;
+    prefillprof) for chunk in ${PROF_CHUNKS:-4096}; do
+          timeout 200 python3 scripts/prefill_profile.py --chunk $chunk --layers 4 --attention $ATTN --json "$OUT/prefill-prof-$chunk.json" \
+            2>&1 | log | tail -n 30 > "$OUT/prefill-prof-$chunk.log"; cat "$OUT/prefill-prof-$chunk.log"; done ;;
     prefillparts) timeout 200 python3 scripts/bench_prefill_parts.py --tokens 4096 --json "$OUT/prefill-parts.json" \
           > "$OUT/prefill-parts.log" 2>&1; tail -n 20 "$OUT/prefill-parts.log" ;;
     *) echo "unknown stage $s" ;;
