@@ -4,7 +4,9 @@ A run is a folder written by the results plugin (``conformance/plugin.py``): ``e
 ``samples.jsonl`` (one record per sample: ``case`` dict, ``seed``, metric fields).  A run is named by its
 path or by its folder name under ``results/``.
 
-Samples are grouped by case: the JSON of the ``case`` dict without run-specific fields (``RUN_SPECIFIC``).
+Samples are grouped by case: the JSON of the ``case`` dict without run-specific fields (``RUN_SPECIFIC``) and
+without the fields named by ``--ignore`` (side-by-side variants that differ in one field, e.g. ``--ignore attention``
+to compare two attention backends measured in one run; the report states what was ignored).
 The metric is ``--metric NAME`` or, by default, the first numeric field (in sorted key order) whose name
 ends in ``_s`` or ``_ns``, ``duration_s``, the floor's own fields (``floor_*``) and rates (``*_per_s``)
 excepted.  A metric field may hold one number or a
@@ -76,9 +78,9 @@ def class_baseline(cls: str, baselines: Path | None = None) -> str | None:
     return json.loads(path.read_text())["run"]
 
 
-def case_key(case) -> str:
+def case_key(case, ignore: frozenset[str] = frozenset()) -> str:
     if isinstance(case, dict):
-        case = {k: v for k, v in case.items() if k not in RUN_SPECIFIC}
+        case = {k: v for k, v in case.items() if k not in RUN_SPECIFIC and k not in ignore}
     return json.dumps(case, sort_keys=True, default=str)
 
 
@@ -102,13 +104,13 @@ def default_metric(samples: list[dict]) -> str:
     raise ReportError("no numeric field ending in _s or _ns in the samples: pass --metric NAME")
 
 
-def group(samples: list[dict], metric: str) -> dict[str, dict]:
+def group(samples: list[dict], metric: str, ignore: frozenset[str] = frozenset()) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for s in samples:
         vals = _numbers(s.get(metric))
         if not vals:
             continue
-        g = out.setdefault(case_key(s.get("case")), {"values": [], "floor_s": []})
+        g = out.setdefault(case_key(s.get("case"), ignore), {"values": [], "floor_s": []})
         g["values"].extend(vals)
         g["floor_s"].extend(_numbers(s.get("floor_s")))
     return out
@@ -123,7 +125,7 @@ def verdict(base: list[float], cand: list[float]) -> str:
 
 
 def compare(baseline: str | Path, candidate: str | Path, metric: str | None = None,
-            results: Path | None = None) -> dict:
+            results: Path | None = None, ignore: frozenset[str] = frozenset()) -> dict:
     bdir, cdir = resolve_run(baseline, results), resolve_run(candidate, results)
     benv, bs = load_run(bdir)
     cenv, cs = load_run(cdir)
@@ -132,7 +134,8 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
         raise ReportError(f"refusing to compare runs of different GPU classes: baseline {bdir.name} is {bcls}, "
                           f"candidate {cdir.name} is {ccls} (classes are never compared with each other)")
     metric = metric or default_metric(bs + cs)
-    bg, cg = group(bs, metric), group(cs, metric)
+    ignore = frozenset(ignore)
+    bg, cg = group(bs, metric, ignore), group(cs, metric, ignore)
     if not bg and not cg:
         raise ReportError(f"no sample in either run carries a numeric {metric!r}")
     rows = []
@@ -153,7 +156,7 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
             row["verdict"] = "only in baseline" if b else "only in candidate"
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
-            "cases": rows}
+            "ignored_fields": sorted(ignore), "cases": rows}
 
 
 def _fmt(x) -> str:
@@ -165,7 +168,10 @@ def markdown(rep: dict, png_note: str) -> str:
     lines = [f"# Report: {Path(rep['candidate']).name} vs {Path(rep['baseline']).name}", "",
              f"- GPU class: `{rep['gpu_class']}`", f"- baseline: `{rep['baseline']}`",
              f"- candidate: `{rep['candidate']}`", f"- metric: `{m}` (median per case; noise = min–max)",
-             f"- verdict rule: {rep['rule']}", f"- plot: {png_note}", "",
+             f"- verdict rule: {rep['rule']}", f"- plot: {png_note}"]
+    if rep.get("ignored_fields"):
+        lines.append(f"- case fields ignored (side-by-side variants): {', '.join(rep['ignored_fields'])}")
+    lines += ["",
              "| case | baseline median | baseline min–max | candidate median | candidate min–max | ratio c/b "
              "| floor_s | verdict |",
              "|---|---|---|---|---|---|---|---|"]
@@ -228,9 +234,12 @@ def main(argv=None) -> int:
     p.add_argument("--metric", default=None, help="metric field (default: first numeric *_s / *_ns field)")
     p.add_argument("--results", default=None, help="folder holding the runs (default: <repo>/results)")
     p.add_argument("--out", default=None, help="output folder (default: <candidate run>/report-vs-<baseline>)")
+    p.add_argument("--ignore", default="", metavar="FIELD[,FIELD]",
+                   help="case fields left out of the matching (side-by-side variants, e.g. attention)")
     args = p.parse_args(argv)
     try:
-        rep = compare(args.baseline, args.candidate, args.metric, args.results)
+        rep = compare(args.baseline, args.candidate, args.metric, args.results,
+                      frozenset(f for f in args.ignore.split(",") if f))
     except ReportError as exc:
         print(f"qualify.report: error: {exc}", file=sys.stderr)
         return 2

@@ -106,7 +106,7 @@ def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.co
     ``[R, HALF]`` each (rotate_half pairs element i with i + HALF; ``offs`` = 0 .. HALF - 1), RMSNorm'ed when
     ``NORM`` and rotated (``cos*, sin* [1, HALF]`` fp32); see the module comment for the rounding points.  Two
     contiguous loads per row (a gather of each element's partner, ``i ^ HALF``, loses vectorized loads: 112 us per
-    layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run12``)."""
+    layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run11``)."""
     x1 = tl.load(src + offs[None, :], mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs[None, :], mask=mask, other=0.0)
     dt = x1.dtype

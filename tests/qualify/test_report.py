@@ -116,3 +116,20 @@ def test_every_accepted_baseline_names_a_committed_run_of_its_class():
         assert (run / "samples.jsonl").is_file() and (run / "environment.json").is_file(), f"{path.name}: {run}"
         env = json.loads((run / "environment.json").read_text())
         assert env["gpu"]["gpu_class"] == path.stem, f"{path.name} names a run of class {env['gpu']['gpu_class']}"
+
+
+def test_ignored_fields_match_side_by_side_variants(tmp_path):
+    """Two variants of one run that differ in one case field (the attention backend): matched only when that field
+    is ignored, and the report says so."""
+    for name, backend, values in (("a", "triton-unfused", [2.0, 2.1]), ("b", "triton", [1.0, 1.1])):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "environment.json").write_text(json.dumps({"gpu": {"gpu_class": "sm90"}}))
+        (d / "samples.jsonl").write_text("".join(json.dumps({"case": {"capacity": 1, "attention": backend},
+                                                             "replay_s": v}) + "\n" for v in values))
+    apart = rp.compare(tmp_path / "a", tmp_path / "b")
+    assert sorted(r["verdict"] for r in apart["cases"]) == ["only in baseline", "only in candidate"]
+    rep = rp.compare(tmp_path / "a", tmp_path / "b", ignore=frozenset({"attention"}))
+    (row,) = rep["cases"]
+    assert row["verdict"] == "faster" and row["ratio"] == pytest.approx(1.05 / 2.05)
+    assert "case fields ignored (side-by-side variants): attention" in rp.markdown(rep, "none")
