@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
+from qualify.timing import time_samples  # noqa: E402
 
 EPS = 1e-6
 
@@ -73,17 +74,7 @@ def graph_time(fn, layers, samples):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = [fn(layer) for layer in layers]
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
+    times = time_samples(graph.replay, samples=samples, warmup=3, device="cuda")
     return times, outs[-1].clone()
 
 

@@ -24,21 +24,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
+from qualify.timing import time_samples  # noqa: E402
 
 
-def timed(fn, samples: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e-3)
-    return out
+def timed(fn, samples: int) -> list[float]:
+    """Seconds per launch of ``fn`` between CUDA events, after warm-up (``qualify.timing``)."""
+    return time_samples(fn, samples=samples, warmup=3, device="cuda")
 
 
 def summary(samples: list[float], flops: float) -> dict:

@@ -16,26 +16,13 @@ before the write shows), NaN where no row may read.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from ignition.components.attention import AttentionBatch, PagedKVCache
 from ignition.components.custom_ops import op_effects
 from ignition.components.decode_attention import rope_decode_attention_, rope_decode_attention_reference
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton (as test_triton_kernels.py)
-try:
-    import triton  # noqa: F401
-    _HAVE_TRITON = True
-except Exception:
-    _HAVE_TRITON = False
-
-interpreter = pytest.mark.skipif(
-    torch.cuda.is_available() or not _HAVE_TRITON,
-    reason="interpreter tests run on CPU machines with Triton installed; the GPU matrix runs the compiled kernels")
+from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
 
 EPS = 1e-6
 PAGE = 16
