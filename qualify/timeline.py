@@ -129,7 +129,7 @@ def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) ->
     tag = f"b{capacity}" + ("" if width is None else f"-w{width}")
     result = profile_step(step, tag, trace_dir, round_model=step.model if width is not None else None)
     result.update(capacity=capacity, width=width)
-    result["table"] = _table(result)
+    result["table"] = format_table(result)
     return result
 
 
@@ -182,7 +182,7 @@ def profile_step(step, tag: str, trace_dir: Path, round_model=None, samples: int
     }
 
 
-def _table(r: dict) -> str:
+def format_table(r: dict) -> str:
     label = f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']} round")
     lines = [f"timeline {label}: graph elapsed median {r['graph_elapsed']['median_ms'] * 1e3:.1f} us; "
              f"replay: {r['replay_kernels_per_step']:.0f} kernels, {r['replay_kernel_us_per_step']:.1f} us summed "

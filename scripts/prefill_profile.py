@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from ignition.components.attention import slot_mapping_for
     from ignition.recipes.qwen3.model import PreparedQwen3
     from ignition.recipes.qwen3.recipe import graph_catalog  # the recipe's catalog, with this chunk
-    from qualify.timeline import _table, profile_step
+    from qualify.timeline import format_table, profile_step
 
     dev = args.device
     if dev == "cuda" and not torch.cuda.is_available():
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     trace_dir = Path(args.trace_dir or tempfile.mkdtemp(prefix="flare-prefill-"))
     trace_dir.mkdir(parents=True, exist_ok=True)
     result = profile_step(step, f"prefill-{n}", trace_dir)
-    table = _table(result).replace("timeline B=1", f"prefill chunk {n} ({args.layers} layers)")
+    table = format_table(result).replace("timeline B=1", f"prefill chunk {n} ({args.layers} layers)")
     print(table)
     result.update(config=args.hub_model, layers=args.layers, chunk=n, attention=args.attention, table=table)
     if args.json:

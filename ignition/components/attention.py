@@ -388,8 +388,8 @@ class TritonDecodePagedAttention(TritonPagedAttention):
 
 class TritonUnfusedPagedAttention(TritonPagedAttention):
     """Attention backend "triton-unfused": "triton" with a decode step's ``rope_write_`` and decode attention as
-    separate launches (three kernels per layer instead of one) -- the side-by-side baseline of the fused decode op;
-    the same bits."""
+    separate launches (three kernels per layer instead of two) -- the side-by-side baseline of the fused decode op;
+    the same numerics (on the GPU the norm statistics may sum in another order: ulp-level differences)."""
 
     name = "triton-unfused"
     fused_decode = False

@@ -239,7 +239,8 @@ REGISTRY.register(Backend(
     "triton-unfused", "attention", _GPU, _HALF,
     frozenset({"paged_decode", "chunked_prefill", "gqa", "capturable"}),
     priority=-12, requires=("triton",), entry="ignition.components.attention:TritonUnfusedPagedAttention",
-    numerics="as 'triton' (the same bits): a decode step's rope_write and decode attention as separate launches"))
+    numerics="as 'triton' (ulp-level differences on the GPU: norm sum order); a decode step's rope_write and "
+             "decode attention as separate launches"))
 REGISTRY.register(Backend(
     "flashinfer", "attention", frozenset({"sm90", "sm100"}), _HALF,
     frozenset({"paged_decode", "chunked_prefill", "gqa", "sliding_window", "softcap", "fp8_kv", "capturable"}),

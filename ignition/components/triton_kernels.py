@@ -174,6 +174,14 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
                    KW, offs, cos1, cos2, sin1, sin2, eps, hk < KVH, D, HALF, K_NORM)
 
 
+def _check_rope_inputs(what: str, d: int, tensors, norms) -> None:
+    """The rope kernels' layout: head_dim a power of two (the halves), the last axis of every tensor contiguous."""
+    if d & (d - 1) or d < 4:
+        raise ValueError(f"{what}: head_dim {d} must be a power of two (>= 4)")
+    if any(x.stride(-1) != 1 for x in tensors) or any(w is not None and not w.is_contiguous() for w in norms):
+        raise ValueError(f"{what}: head_dim (the last axis) must be contiguous")
+
+
 def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
                       k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                       k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -183,11 +191,7 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
     Shapes are checked by the op (``rope_write.py``)."""
     b, t, h, d = q.shape
     kvh = k.shape[2]
-    if d & (d - 1) or d < 4:
-        raise ValueError(f"rope_write_triton: head_dim {d} must be a power of two (>= 4)")
-    tensors = [q, k, v, cos, sin, k_pool, v_pool]
-    if any(x.stride(-1) != 1 for x in tensors) or any(w is not None and not w.is_contiguous() for w in (q_norm, k_norm)):
-        raise ValueError("rope_write_triton: head_dim (the last axis) must be contiguous")
+    _check_rope_inputs("rope_write_triton", d, (q, k, v, cos, sin, k_pool, v_pool), (q_norm, k_norm))
     out = torch.empty((b, t, h, d), dtype=q.dtype, device=q.device)
     if b * t == 0:
         return out
@@ -444,8 +448,9 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
 
 
 def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     block_tables: torch.Tensor, num_splits: int | None) -> dict:
-    """The decode kernels' shape constants for ``q [B, 1, H, D]`` and one layer's pools (raises naming ``what``)."""
+                     block_tables: torch.Tensor, num_splits: int | None, fused: bool = False) -> dict:
+    """The decode kernels' shape constants for ``q [B, 1, H, D]`` and one layer's pools (raises naming ``what``);
+    ``num_splits`` None: :func:`fused_decode_num_splits` when ``fused``, else :func:`paged_decode_num_splits`."""
     b, t, h, d = q.shape
     if t != 1:
         raise ValueError(f"{what}: one query token per row, got T={t}")
@@ -454,7 +459,9 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
     block_n = max(16, page)  # keys per block (tl.dot's minimum N), whole pages when pages are larger
-    splits = num_splits or paged_decode_num_splits(b, kvh, triton.cdiv(block_tables.shape[1] * page, block_n))
+    max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
+    splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
+                            else paged_decode_num_splits(b, kvh, max_blocks))
     gp = triton.next_power_of_2(g)
     return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                 SP=triton.next_power_of_2(splits))
@@ -532,17 +539,9 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`.  Shapes are checked by the op
     (``decode_attention.py``)."""
-    b, _, h, d = q.shape
-    if d & (d - 1) or d < 4:
-        raise ValueError(f"rope_decode_attention_triton: head_dim {d} must be a power of two (>= 4)")
-    page, kvh = _check_pools("rope_decode_attention_triton", q, k_pool, v_pool)
-    if num_splits is None:
-        num_splits = fused_decode_num_splits(b, kvh, h // kvh, triton.cdiv(block_tables.shape[1] * page,
-                                                                           max(16, page)))
-    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
-    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin)) or any(
-            w is not None and not w.is_contiguous() for w in (q_norm, k_norm)):
-        raise ValueError("rope_decode_attention_triton: head_dim (the last axis) must be contiguous")
+    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True)
+    b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
+    _check_rope_inputs("rope_decode_attention_triton", d, (q, k, v, cos, sin), (q_norm, k_norm))
     out = torch.empty((b, 1, h * d), dtype=q.dtype, device=q.device)
     if b == 0:
         return out
@@ -894,15 +893,15 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
                                            stride_bt, qk_scale_log2, PAGE, DOT_F32, True)
     else:
         n0 = 0
+        while n0 < full:
+            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32, False)
+            n0 += BLOCK_N
         while n0 < hi:
-            if n0 < full:
-                m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d,
-                                               d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
-                                               stride_vh, stride_bt, qk_scale_log2, PAGE, DOT_F32, False)
-            else:
-                m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d,
-                                               d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt,
-                                               stride_vh, stride_bt, qk_scale_log2, PAGE, DOT_F32, True)
+            m_i, l_i, acc = _prefill_block(n0, q, pos, hi, m_i, l_i, acc, K, V, BT, b64, kvh, offs_n, offs_d, d_mask,
+                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                           stride_bt, qk_scale_log2, PAGE, DOT_F32, True)
             n0 += BLOCK_N
 
     out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)

@@ -124,8 +124,7 @@ def fused_vs_two_kernels(case, scaling, num_splits):
 
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
     if num_splits is None:  # the fused kernel's own choice, for both paths (the split count sets the sum order)
-        page, heads, kvh = kp.shape[1], q.shape[2], kp.shape[2]
-        num_splits = tk.fused_decode_num_splits(q.shape[0], kvh, heads // kvh, -(-bt.shape[1] * page // max(16, page)))
+        num_splits = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"]
     kp1, vp1, kp2, vp2 = kp.clone(), vp.clone(), kp.clone(), vp.clone()
     fused = rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp1, vp1, slots, bt, lens, scaling,
                                          num_splits=num_splits)
