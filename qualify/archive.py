@@ -50,6 +50,7 @@ def environment(command_line: list[str], cwd: str | None = None) -> dict:
         "command_line": list(command_line), "cwd": cwd or os.getcwd(),
         "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "packages": {d: _version(d) for d in PACKAGES}, "gpu": gpu_description(),
+        "flare_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("FLARE_")},  # switches of the run
     }
 
 

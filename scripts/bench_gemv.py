@@ -41,6 +41,7 @@ SHAPES = [
     ("qwen3-8b", "qkv", 6144, 4096, False, True, False),
     ("qwen3-8b", "o_proj", 4096, 4096, False, False, True),
     ("qwen3-8b", "gate_up", 24576, 4096, True, True, False),
+    ("qwen3-8b", "gate_up-packed", 24576, 4096, False, True, False),  # ungated: the packed [gate; up] for down-gi
     ("qwen3-8b", "down", 4096, 12288, False, False, True),
     ("qwen3-8b", "down-gi", 4096, 12288, False, False, True, True),
     ("qwen3-0.6b", "qkv", 4096, 1024, False, True, False),

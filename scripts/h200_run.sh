@@ -12,8 +12,9 @@
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
 #   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy variant ($ATTN)
 #   replayab-G      qualify.gpu_replay on core G, plain timing, once per variant in $AB (side by side), each
-#                   ATTENTION[:separate][:nopdl] (separate: projections unfused, --no-fused-projections;
-#                   nopdl: FLARE_PDL=0, no programmatic dependent launch)
+#                   ATTENTION[:separate][:nopdl][:NAME=VALUE...] (separate: projections unfused,
+#                   --no-fused-projections; nopdl: FLARE_PDL=0, no programmatic dependent launch; NAME=VALUE: an
+#                   environment switch of that run, e.g. FLARE_PDL_EARLY=0 -- README, "Side-by-side switches")
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -57,10 +58,11 @@ for s in ${STAGES:?set STAGES}; do
     pdl) if ! timeout 150 python3 scripts/pdl_smoke.py --json "$OUT/pdl.json" > "$OUT/pdl.log" 2>&1; then
            export FLARE_PDL=0; echo "PDL smoke failed: FLARE_PDL=0 from here" | tee -a "$OUT/stages.log"; fi
          tail -n 5 "$OUT/pdl.log" ;;
-    replayab-*) for v in $AB; do  # ATTENTION[:separate][:nopdl]: the backend, projections unfused, PDL off
+    replayab-*) for v in $AB; do  # ATTENTION[:separate][:nopdl][:NAME=VALUE...]: backend, projections unfused, PDL off, env
           a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; n=${v//:/-}
           pdl=${FLARE_PDL:-1}; [[ "$v" == *:nopdl* ]] && pdl=0
-          FLARE_PDL=$pdl timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
+          envs=(); IFS=: read -ra parts <<< "$v"; for p in "${parts[@]:1}"; do [[ "$p" == *=* ]] && envs+=("$p"); done
+          env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; tail -n 12 "$OUT/replayab-$g-$n.log"; done ;;
     prefill-*) for chunk in 1024 4096; do

@@ -39,6 +39,7 @@ the grid, re-reading the weight).
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -52,6 +53,15 @@ __all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "linear_
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused).
 GATED_FUSED_MAX_ELEMENTS = 1 << 26
+#: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
+#: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed
+#: output either way.  ``FLARE_PACKED_GATE_UP=0/1`` overrides it (side-by-side runs; read when a step is traced).
+PACKED_GATE_UP_FUSED = False
+
+
+def _packed_gate_up_fused() -> bool:
+    env = os.environ.get("FLARE_PACKED_GATE_UP")
+    return PACKED_GATE_UP_FUSED if env in (None, "") else env not in ("0", "false")
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -173,14 +183,19 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     decoder layer's norm and skip connection) on ``x [..., K]``, by the measured rule of :func:`prefers_fused`:
 
     - gate/up fused (small gated weights): its launch applies the SiLU gate; ``down`` through :func:`linear_block`;
-    - gate/up on cuBLAS but ``down`` fused (Qwen3-8B at one row): gate/up's packed ``[gate; up]`` output goes
-      straight into down's launch, whose prologue computes ``silu(gate) * up`` (no activation kernel between);
+    - gate/up not fused with its gate (Qwen3-8B at one row) but ``down`` fused: gate/up's packed ``[gate; up]``
+      output -- from cuBLAS, or from an ungated fused launch with the norm prologue (:data:`PACKED_GATE_UP_FUSED`)
+      -- goes straight into down's launch, whose prologue computes ``silu(gate) * up`` (no activation kernel);
     - otherwise the separate modules (two :func:`linear_block` calls)."""
     gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
     rows = x.numel() // x.shape[-1]
     if (act_name == "silu" and gu_w is not None and down_w is not None and not prefers_fused(rows, gu_w, True)
             and prefers_fused(rows, down_w, False)):
-        packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
+        if _packed_gate_up_fused() and prefers_fused(rows, gu_w, False):  # one launch, norm in its prologue
+            packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
+                                  0.0 if norm is None else norm.variance_epsilon, None, False)
+        else:
+            packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
         return fused_linear(packed, down_w, None, 0.0, residual, False, True)
     act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name)
     return linear_block(act, down, residual=residual)

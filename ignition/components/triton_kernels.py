@@ -19,11 +19,23 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 # Programmatic dependent launch (PDL, sm90+).  Launched with ``launch_pdl=True``, a kernel may start while the
 # kernel before it on the stream is still finishing; the ``USE_PDL`` kernels below then run ``gdc_wait()`` (wait
 # for the previous kernel's completion and memory) before they read anything a kernel wrote, and let their own
-# dependents launch early (``gdc_launch_dependents()``).  Before the wait a kernel may only touch what no kernel of
-# the step writes -- weights -- so the decode GEMV issues L2 prefetches of its first weight tiles there, overlapping
-# the previous kernel's tail.  Captured into a CUDA graph as programmatic edges.  Every write happens after the wait,
-# and a kernel completes only after its wait returned, so the stream order of every earlier kernel is kept.
-# ``FLARE_PDL=0`` turns it off (side-by-side measurements); off in the interpreter and before sm90.
+# dependents launch early (``gdc_launch_dependents()``).  Captured into a CUDA graph as programmatic edges.  Every
+# write happens after the wait, and a kernel completes only after its wait returned, so the stream order of every
+# earlier kernel is kept.  What a kernel may do before its wait:
+#
+# - read weights (nothing in a step writes them): the decode GEMV prefetches its weight tiles into L2 there -- the
+#   whole weight when it fits the L2 budget (``GEMV_PREFETCH_FULL_BYTES``), else its first tiles;
+# - read what was written before the kernel two back on the stream, when that kernel ("the predecessor's
+#   predecessor") is known complete: a kernel lets its dependents launch only once it passed its own wait, so when
+#   a kernel starts, the one before its predecessor has completed -- EXCEPT after an ``EARLY`` kernel, which lets
+#   its dependents launch before its wait.  Such reads go through L2 (``cache_modifier=".cg"``).  The fused decode
+#   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
+#   predecessor is the qkv projection, never an ``EARLY`` kernel.
+# - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
+#   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
+#   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.
+#
+# ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
 
 def _interpreting() -> bool:
@@ -43,17 +55,31 @@ def pdl_enabled(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _pdl(device: torch.device) -> dict:
-    """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off)."""
-    return {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
+def _pdl(device: torch.device, early: bool = False) -> dict:
+    """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off); ``early``: the
+    kernel takes an ``EARLY`` constexpr too (on when :func:`pdl_early_enabled`)."""
+    opts = {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
+    if early:
+        opts["EARLY"] = opts["USE_PDL"] and pdl_early_enabled()
+    return opts
+
+
+def pdl_early_enabled() -> bool:
+    """Whether the kernels that may let their dependents launch before their own wait do so (``FLARE_PDL_EARLY``,
+    default on; read at each launch, for side-by-side runs)."""
+    return os.environ.get("FLARE_PDL_EARLY", "1") not in ("0", "", "false")
 
 
 @triton.jit
-def _pdl_enter(USE_PDL: tl.constexpr):
-    """Wait for the previous kernel (its writes visible after this) and let the next kernel launch."""
+def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
+    """Wait for the previous kernel (its writes visible after this) and let the next kernel launch -- after the wait,
+    or with ``EARLY`` before it (see the rules above)."""
     if USE_PDL:
+        if EARLY:
+            gdc_launch_dependents()
         gdc_wait()
-        gdc_launch_dependents()
+        if not EARLY:
+            gdc_launch_dependents()
 
 
 @triton.jit
@@ -260,7 +286,7 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
 @triton.jit
 def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
     n_blocks = (seq_len + BLOCK_N - 1) // BLOCK_N
     per_split = (n_blocks + SPLITS - 1) // SPLITS
     start = split * per_split
@@ -291,6 +317,23 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                                           stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
             blk += 1
     return m_i, l_i, acc
+
+
+@triton.jit
+def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, offs_n, stride_kp, stride_kt, stride_kh,
+                        stride_vp, stride_vt, stride_vh, stride_bt, D: tl.constexpr, PAGE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, LINES: tl.constexpr):
+    """L2 prefetch of key blocks ``start .. end - 1`` of K and V (``LINES`` 128-byte lines per key row); block-table
+    entries read through L2.  Keys past ``seq_len`` prefetch page 0's row (harmless, never read)."""
+    lines = tl.arange(0, LINES) * (D // LINES)
+    for blk in range(start, end):
+        tok = blk * BLOCK_N + offs_n
+        n_mask = tok < seq_len
+        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0, cache_modifier=".cg").to(tl.int64)
+        page = tl.where(n_mask, page, 0)
+        in_page = (tok % PAGE).to(tl.int64)
+        _prefetch_l2(K + page[:, None] * stride_kp + in_page[:, None] * stride_kt + kvh * stride_kh + lines[None, :])
+        _prefetch_l2(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + lines[None, :])
 
 
 @triton.jit
@@ -356,8 +399,8 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
-                                USE_PDL: tl.constexpr):
-    _pdl_enter(USE_PDL)
+                                USE_PDL: tl.constexpr, EARLY: tl.constexpr):
+    _pdl_enter(USE_PDL, EARLY)  # EARLY: the output projection after it starts streaming its weight meanwhile
     h = tl.program_id(1)
     offs_d = tl.arange(0, DP)
     _decode_combine(M_ws, L_ws, ACC_ws, Out, tl.program_id(0).to(tl.int64), h // G, h % G, offs_d, offs_d < D,
@@ -386,16 +429,22 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
-                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr):
-    _pdl_enter(USE_PDL)
+                        DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
+    # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
+    # L2 prefetch of its K/V blocks -- the old keys come from HBM while the qkv projection finishes.
+    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
+    if USE_PDL and KV_PREFETCH:
+        _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), stride_kp, stride_kt,
+                            stride_kph, stride_vp, stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES)
+    _pdl_enter(USE_PDL)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
-    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
     offs_h = tl.arange(0, HALF)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
@@ -512,8 +561,14 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
-        SP=geo["SP"], num_warps=4, **_pdl(q.device))
+        SP=geo["SP"], num_warps=4, **_pdl(q.device, early=True))
     return out
+
+
+def decode_kv_prefetch_enabled() -> bool:
+    """Whether the fused decode kernel prefetches its K/V blocks into L2 before its PDL wait
+    (``FLARE_DECODE_KV_PREFETCH``, default on; read at each launch, for side-by-side runs)."""
+    return os.environ.get("FLARE_DECODE_KV_PREFETCH", "1") not in ("0", "", "false")
 
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
@@ -558,11 +613,12 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=not _interpreting(), num_warps=4, **_pdl(q.device))
+        PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_enabled(),
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
-            SP=geo["SP"], num_warps=4, **_pdl(q.device))
+            SP=geo["SP"], num_warps=4, **_pdl(q.device, early=True))
     return out
 
 
@@ -672,8 +728,12 @@ GEMV_TARGET_SMS = 132
 GEMV_ACC_BUDGET = 16384
 #: rows of x per program (larger M: more row blocks on the grid's second axis).
 GEMV_MAX_ROWS = 16
-#: weight tiles per program prefetched into L2 before the PDL wait (overlapping the previous kernel's tail).
+#: weight tiles per program prefetched into L2 before the PDL wait (overlapping the previous kernel's tail) ...
 GEMV_PREFETCH_TILES = 2
+#: ... or all of them when the whole weight fits this many bytes (a fraction of the H200's 50 MB L2: Qwen3-8B's
+#: o_proj, 32 MiB, streams in while the attention before it runs; every Qwen3-0.6B projection fits).
+#: ``FLARE_GEMV_PREFETCH_MB`` overrides it (0: first tiles only; side-by-side runs).
+GEMV_PREFETCH_FULL_BYTES = 36 << 20
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -691,6 +751,18 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
     (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
 }
+
+
+def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
+    """Weight tiles (of ``bk`` columns) each GEMV program prefetches into L2 before its PDL wait: all of them when
+    the weight fits :data:`GEMV_PREFETCH_FULL_BYTES` (or ``FLARE_GEMV_PREFETCH_MB``), else
+    :data:`GEMV_PREFETCH_TILES`."""
+    tiles = triton.cdiv(weight.shape[1], bk)
+    env = os.environ.get("FLARE_GEMV_PREFETCH_MB")
+    budget = GEMV_PREFETCH_FULL_BYTES if env in (None, "") else int(float(env) * (1 << 20))
+    if weight.numel() * weight.element_size() <= budget:
+        return tiles
+    return min(GEMV_PREFETCH_TILES, tiles)
 
 
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
@@ -767,7 +839,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-        PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
+        PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
     return out
 
@@ -863,7 +935,7 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
     d_mask = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
 
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
     pos = tl.load(POS + b64 * stride_pb + tok_q, mask=r_mask, other=-1)  # int64 [BLOCK_M]
     pos = tl.minimum(tl.maximum(pos, -1), max_pages * PAGE).to(tl.int32)  # any padding value: no OOB, no overflow
     hi = tl.minimum(tl.max(pos, axis=0) + 1, seq_len)  # keys 0 .. hi - 1 can be visible to this tile

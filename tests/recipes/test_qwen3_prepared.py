@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from transformers import AutoConfig
 from transformers.models.qwen3 import modeling_qwen3
 
 from ignition.components.norms import RMSNorm
@@ -76,24 +77,30 @@ def test_greedy_matches_canonical(mode, ckpt, reference, request):
     assert len(PROMPT) + STEPS > 6 * PAGE  # the run crossed six page boundaries
 
 
-def test_gate_up_on_cublas_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, reference, monkeypatch):
-    """The Qwen3-8B decode path at one row (gate/up too large to fuse: cuBLAS, then down's launch forms
-    silu(gate) * up from the packed output) -- here forced by lowering the size threshold -- matches the
-    canonical forward like the default path."""
+@pytest.mark.parametrize("packed_fused", [False, True], ids=["gate_up-cublas", "gate_up-packed-fused"])
+def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, reference, monkeypatch, packed_fused):
+    """The Qwen3-8B decode path at one row (gate/up too large to fuse with its gate: its packed [gate; up] product
+    from cuBLAS, or from one ungated fused launch with the norm prologue; down's launch forms silu(gate) * up from
+    it) -- here forced by lowering the size threshold -- matches the canonical forward like the default path."""
     from ignition.components import fused_linear as fl
 
-    seen = []
+    calls = []  # (gated_input, norm weight given, weight rows) of every fused launch
     real = fl.fused_linear
 
     def recording(*args):
-        seen.append(args[6] if len(args) > 6 else False)
+        calls.append((args[6] if len(args) > 6 else False, args[2] is not None, args[1].shape[0]))
         return real(*args)
 
     monkeypatch.setattr(fl, "GATED_FUSED_MAX_ELEMENTS", 0)
+    monkeypatch.setattr(fl, "PACKED_GATE_UP_FUSED", packed_fused)
+    monkeypatch.delenv("FLARE_PACKED_GATE_UP", raising=False)
     monkeypatch.setattr(fl, "fused_linear", recording)
     ref_tokens, ref_logits = reference
     tokens, logits = prepared_greedy(prepare(ckpt)[1], Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
-    assert True in seen  # down took gate/up's packed output
+    assert any(gi for gi, _, _ in calls)  # down took gate/up's packed output
+    gate_up_rows = 2 * AutoConfig.from_pretrained(ckpt).intermediate_size
+    packed_launches = [c for c in calls if c == (False, True, gate_up_rows)]
+    assert bool(packed_launches) == packed_fused  # the packed product in one fused launch exactly when asked
     assert tokens == ref_tokens
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
