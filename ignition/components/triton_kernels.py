@@ -320,20 +320,20 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
 
 
 @triton.jit
-def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, offs_n, stride_kp, stride_kt, stride_kh,
+def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kh,
                         stride_vp, stride_vt, stride_vh, stride_bt, D: tl.constexpr, PAGE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, LINES: tl.constexpr):
-    """L2 prefetch of key blocks ``start .. end - 1`` of K and V (``LINES`` 128-byte lines per key row); block-table
-    entries read through L2.  Keys past ``seq_len`` prefetch page 0's row (harmless, never read)."""
+                        BLOCK_N: tl.constexpr, LINES: tl.constexpr, KEYS: tl.constexpr):
+    """L2 prefetch of the first ``KEYS`` keys of key blocks ``start .. end - 1`` in K and V (``LINES`` 128-byte lines
+    per key row): one block-table load through L2, one prefetch per line -- no loop, so no chain of dependent loads."""
     lines = tl.arange(0, LINES) * (D // LINES)
-    for blk in range(start, end):
-        tok = blk * BLOCK_N + offs_n
-        n_mask = tok < seq_len
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0, cache_modifier=".cg").to(tl.int64)
-        page = tl.where(n_mask, page, 0)
-        in_page = (tok % PAGE).to(tl.int64)
-        _prefetch_l2(K + page[:, None] * stride_kp + in_page[:, None] * stride_kt + kvh * stride_kh + lines[None, :])
-        _prefetch_l2(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + lines[None, :])
+    tok = start * BLOCK_N + tl.arange(0, KEYS)
+    keep = (tok < end * BLOCK_N) & (tok < seq_len)
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=keep, other=0, cache_modifier=".cg").to(tl.int64)
+    in_page = (tok % PAGE).to(tl.int64)
+    row_k = page * stride_kp + in_page * stride_kt + kvh * stride_kh
+    row_v = page * stride_vp + in_page * stride_vt + kvh * stride_vh
+    _prefetch_l2(K + tl.where(keep, row_k, 0)[:, None] + lines[None, :])  # dropped keys: page 0's first row
+    _prefetch_l2(V + tl.where(keep, row_v, 0)[:, None] + lines[None, :])
 
 
 @triton.jit
@@ -436,11 +436,11 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
     # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
-    # L2 prefetch of its K/V blocks -- the old keys come from HBM while the qkv projection finishes.
+    # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
-    if USE_PDL and KV_PREFETCH:
-        _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), stride_kp, stride_kt,
-                            stride_kph, stride_vp, stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES)
+    if USE_PDL and KV_PREFETCH > 0:
+        _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
+                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _pdl_enter(USE_PDL)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -565,10 +565,20 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     return out
 
 
-def decode_kv_prefetch_enabled() -> bool:
-    """Whether the fused decode kernel prefetches its K/V blocks into L2 before its PDL wait
-    (``FLARE_DECODE_KV_PREFETCH``, default on; read at each launch, for side-by-side runs)."""
-    return os.environ.get("FLARE_DECODE_KV_PREFETCH", "1") not in ("0", "", "false")
+#: Keys per program the fused decode kernel prefetches into L2 before its PDL wait, at batch 1 only.  The prefetch
+#: pays when the kernel launches early, during the qkv projection -- the fused GEMV, which Qwen3 runs at one row
+#: (``prefers_fused``); after cuBLAS (more rows) it only lengthens the critical path.  H200, Qwen3-8B, 1024-token
+#: context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 -> 4.779 ms; batch 4 5.524 -> 5.714 (slower: the
+#: first version looped over the blocks, there after cuBLAS).
+DECODE_KV_PREFETCH_KEYS = 64
+
+
+def decode_kv_prefetch_keys(batch: int) -> int:
+    """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows
+    (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; read at each launch, for side-by-side runs)."""
+    if batch != 1 or os.environ.get("FLARE_DECODE_KV_PREFETCH", "1") in ("0", "", "false"):
+        return 0
+    return DECODE_KV_PREFETCH_KEYS
 
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
@@ -613,7 +623,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_enabled(),
+        PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
@@ -739,13 +749,15 @@ GEMV_PREFETCH_FULL_BYTES = 36 << 20
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
 #: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
 #: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
-#: (``results/20261201T000448Z-sm90-run6/gemv.json``).  A table, not runtime autotuning: equal shapes always run the same summation order.
+#: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] from ``results/20261201T044049Z-sm90-run13/gemv.json``.  A table, not runtime autotuning: equal shapes always run the same summation order.
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     (1, 6144, 4096, False): (8, 512, 4, 2),  # Qwen3-8B qkv: 13.78 us (run 1's entry 16x512 w8 now 14.5+) [6]
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
     (1, 4096, 4096, False): (8, 1024, 4, 2),  # Qwen3-8B o_proj: 8.44 us (run 1's entry 8x256 w8 not in the top 3) [6]
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
+    (1, 24576, 4096, False): (16, 256, 4, 2),  # Qwen3-8B gate_up packed, norm prologue: 50.11 us, cuBLAS 49.22
+    #                                             (heuristic 32x512 w8 69.48) [13]
     (1, 4096, 12288, False): (8, 1024, 4, 2),  # Qwen3-8B down: 24.95 us, with the gated input 27.35 (32x1024 w8
     #                                            spilled at 255 registers: 29.87 / 31.52) [6]
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
