@@ -56,6 +56,9 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
 #: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed
 #: output either way.  ``FLARE_PACKED_GATE_UP=0/1`` overrides it (side-by-side runs; read when a step is traced).
+#: Off: slower in the captured step on the H200 (``results/20261201T044844Z-sm90-run14``, Qwen3-8B batch 1: 4.907 ms
+#: against 4.774; the packed launch took 54-57 us per layer where the norm kernel and cuBLAS took 52, and down after
+#: it was no faster) although alone it nearly matched cuBLAS (50.11 against 49.22 us, run 13's sweep).
 PACKED_GATE_UP_FUSED = False
 
 

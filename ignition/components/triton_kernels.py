@@ -749,7 +749,8 @@ GEMV_PREFETCH_FULL_BYTES = 36 << 20
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
 #: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
 #: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
-#: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] from ``results/20261201T044049Z-sm90-run13/gemv.json``.  A table, not runtime autotuning: equal shapes always run the same summation order.
+#: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
+#: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     (1, 6144, 4096, False): (8, 512, 4, 2),  # Qwen3-8B qkv: 13.78 us (run 1's entry 16x512 w8 now 14.5+) [6]
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
@@ -758,6 +759,10 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
     (1, 24576, 4096, False): (16, 256, 4, 2),  # Qwen3-8B gate_up packed, norm prologue: 50.11 us, cuBLAS 49.22
     #                                             (heuristic 32x512 w8 69.48) [13]
+    (1, 4096, 1024, False): (8, 1024, 4, 2),  # Qwen3-0.6B qkv: 3.61 us (heuristic 8x1024 w8 4.93) [14]
+    (1, 1024, 2048, False): (8, 1024, 4, 2),  # Qwen3-0.6B o_proj: 2.69 us (heuristic 4x1024 w8 2.99) [14]
+    (1, 6144, 1024, True): (8, 512, 4, 2),  # Qwen3-0.6B gate_up: 5.18 us (heuristic 8x1024 w8 6.22) [14]
+    (1, 1024, 3072, False): (4, 1024, 4, 2),  # Qwen3-0.6B down: 3.55 us (heuristic 4x1024 w8 4.13) [14]
     (1, 4096, 12288, False): (8, 1024, 4, 2),  # Qwen3-8B down: 24.95 us, with the gated input 27.35 (32x1024 w8
     #                                            spilled at 255 registers: 29.87 / 31.52) [6]
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
