@@ -33,7 +33,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 #   predecessor is the qkv projection, never an ``EARLY`` kernel.
 # - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
 #   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
-#   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.
+#   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
+#   with the whole-weight prefetch, side by side: Qwen3-8B batch 1 4.778 -> 4.774 ms (the attention 1.4 us per layer
+#   slower under the prefetch traffic, the reduce 1.0 and o_proj 0.6 faster; ``results/20261201T044844Z-sm90-run14``),
+#   Qwen3-0.6B 1.1217 -> 1.1090 (``results/20261201T045516Z-sm90-run15``).
 #
 # ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
@@ -569,7 +572,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: pays when the kernel launches early, during the qkv projection -- the fused GEMV, which Qwen3 runs at one row
 #: (``prefers_fused``); after cuBLAS (more rows) it only lengthens the critical path.  H200, Qwen3-8B, 1024-token
 #: context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 -> 4.779 ms; batch 4 5.524 -> 5.714 (slower: the
-#: first version looped over the blocks, there after cuBLAS).
+#: first version looped over the blocks, there after cuBLAS).  Qwen3-0.6B batch 1 (``results/20261201T045516Z-sm90-run15``):
+#: 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY reduce and the whole-weight GEMV prefetch.
 DECODE_KV_PREFETCH_KEYS = 64
 
 
