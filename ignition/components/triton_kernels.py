@@ -34,9 +34,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 # - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
 #   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
 #   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
-#   with the whole-weight prefetch, side by side: Qwen3-8B batch 1 4.778 -> 4.774 ms (the attention 1.4 us per layer
-#   slower under the prefetch traffic, the reduce 1.0 and o_proj 0.6 faster; ``results/20261201T044844Z-sm90-run14``),
-#   Qwen3-0.6B 1.1217 -> 1.1090 (``results/20261201T045516Z-sm90-run15``).
+#   (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``): EARLY without the whole-weight o_proj
+#   prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17); Qwen3-0.6B batch 1 with both
+#   1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).
 #
 # ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
@@ -744,10 +744,12 @@ GEMV_ACC_BUDGET = 16384
 GEMV_MAX_ROWS = 16
 #: weight tiles per program prefetched into L2 before the PDL wait (overlapping the previous kernel's tail) ...
 GEMV_PREFETCH_TILES = 2
-#: ... or all of them when the whole weight fits this many bytes (a fraction of the H200's 50 MB L2: Qwen3-8B's
-#: o_proj, 32 MiB, streams in while the attention before it runs; every Qwen3-0.6B projection fits).
-#: ``FLARE_GEMV_PREFETCH_MB`` overrides it (0: first tiles only; side-by-side runs).
-GEMV_PREFETCH_FULL_BYTES = 36 << 20
+#: ... or all of them when the whole weight fits this many bytes: every Qwen3-0.6B projection (<= 12 MiB; with the
+#: EARLY reduce 1.1217 -> 1.1090 ms, ``results/20261201T045516Z-sm90-run15``), no Qwen3-8B one.  Prefetching the
+#: 8B o_proj (32 MiB) whole during the attention cost more than it saved (B=1 4.748 ms without, 4.771 with,
+#: ``results/20261201T050909Z-sm90-run18``), its qkv (48 MiB) during the down projection more still (4.905,
+#: ``results/20261201T050720Z-sm90-run17``).  ``FLARE_GEMV_PREFETCH_MB`` overrides it (0: first tiles only).
+GEMV_PREFETCH_FULL_BYTES = 16 << 20
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
