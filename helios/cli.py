@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--attention", default=None,
                    help="attention backend by name (torch, triton, ...; default: the recipe's); refused at start, "
                         "with the reason, where it cannot run")
+    r.add_argument("--topk-variant", type=int, default=None, metavar="K",
+                   help="also capture decode steps whose sampler cuts with topk(K) instead of sorting the "
+                        "vocabulary, replayed for batches whose rows are all greedy or have 1 <= top_k <= K")
     r.add_argument("--eager", action="store_true",
                    help="CUDA: capture the uncompiled prepared steps (default: torch.compile them, then capture)")
     return p
@@ -65,7 +68,7 @@ def engine_config(args):
                         gpu_memory_fraction=args.gpu_memory_fraction,
                         embedding_table_storage=args.embedding_table_storage, compile=not args.eager,
                         speculative=args.speculative, speculative_width=args.speculative_width,
-                        attention=args.attention)
+                        attention=args.attention, topk_variant=args.topk_variant)
 
 
 def _serve(args) -> int:

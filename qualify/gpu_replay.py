@@ -1,7 +1,7 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--out DIR] [--no-archive]
+[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
 [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
@@ -64,7 +64,8 @@ class ReplayBench:
 
     def __init__(self, core: str, capacities, context: int, *, extra: int = 0, compile: bool = True,
                  device: str = "cuda", graph: bool | None = None, prefill=(), rows: int | None = None,
-                 widths=(), attention: str | None = None, greedy_variant: bool = False):
+                 widths=(), attention: str | None = None, greedy_variant: bool = False,
+                 topk_variant: int | None = None):
         """``prefill``: prefill chunk sizes (tokens) to prepare beside the decode steps (each must be declared
         by the core's catalog); ``rows``: KV rows to allocate (default the largest capacity, at least 1)."""
         import torch
@@ -76,6 +77,7 @@ class ReplayBench:
         self.prefill = tuple(prefill)
         self.widths = tuple(widths)  # speculative round widths prepared beside each decode capacity
         self.greedy_variant = greedy_variant  # also the greedy-only decode steps (catalog.DECODE_GREEDY)
+        self.topk_variant = topk_variant  # also the bounded top-k decode steps (catalog.DECODE_TOPK)
         self.model, self.loaded = load_prepared(core, device=device, attention_backend=attention)
         m = self.loaded.manifest
         self.manifest, self.page = m, m.kv_layout.page_size
@@ -100,7 +102,7 @@ class ReplayBench:
 
     def _prepare(self, module, compile: bool, graph: bool | None):
         graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill,
-                                                greedy_variant=self.greedy_variant)
+                                                greedy_variant=self.greedy_variant, topk_variant=self.topk_variant)
         if self.widths:
             from ignition.graphs.rounds import prepare_rounds
 
@@ -273,14 +275,16 @@ def run(args) -> dict:
         set_fused_projections(False)
     bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
                         device=args.device, extra=args.steps if args.check_compiled else 0,
-                        widths=_caps(args.widths), attention=args.attention, greedy_variant=args.greedy_variant)
+                        widths=_caps(args.widths), attention=args.attention, greedy_variant=args.greedy_variant,
+                        topk_variant=args.topk_variant)
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
         traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
         floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
-        for seed, kind in ((sd, k) for k in (("decode", "decode_greedy") if args.greedy_variant else ("decode",))
-                           for sd in _caps(args.seeds)):
+        kinds = ("decode",) + (("decode_greedy",) if args.greedy_variant else ()) + (
+            ("decode_topk",) if args.topk_variant else ())
+        for seed, kind in ((sd, k) for k in kinds for sd in _caps(args.seeds)):
             raw = bench.time_case(cap, seed, args.samples, args.warmup, kind)
             s = summarize(raw)
             case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context, "variant": kind,
@@ -378,6 +382,9 @@ def main(argv=None) -> int:
                         "baseline of flare::fused_linear")
     p.add_argument("--greedy-variant", action="store_true",
                    help="also time the greedy-only decode variant (argmax instead of the in-graph sampler)")
+    p.add_argument("--topk-variant", type=int, default=None, metavar="K",
+                   help="also time the bounded top-k decode variant (its sampler cuts with topk(K) instead of "
+                        "sorting the vocabulary; served to batches whose rows fit the bound)")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
                                                 "(each also against decode at the same batch)")
     p.add_argument("--device", default=None)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ignition.components.attention import slot_mapping_for
-from ignition.graphs.catalog import DECODE_GREEDY
+from ignition.graphs.catalog import DECODE_GREEDY, DECODE_TOPK
 
 log = logging.getLogger("flare.helios")
 
@@ -54,6 +54,7 @@ class EngineConfig:
     speculative: str | None = None  # "ngram": prompt-lookup proposals verified by round graphs (rounds.py)
     speculative_width: int = 4  # verification width W: the pending token + up to W - 1 proposals
     attention: str | None = None  # attention backend by name (ignition.components.backends); None: the recipe's
+    topk_variant: int | None = None  # K: also decode steps sampling with topk(K) for batches whose rows fit it
 
     def __post_init__(self):
         from .embeddings import STORAGES
@@ -71,6 +72,8 @@ class EngineConfig:
                              "drafts for itself: a correctness probe) or draft:CORE (a draft model's core)")
         if not 2 <= self.speculative_width <= 8:
             raise ValueError(f"--speculative-width must be 2..8, got {self.speculative_width}")
+        if self.topk_variant is not None and self.topk_variant < 1:
+            raise ValueError(f"--topk-variant must be positive, got {self.topk_variant}")
         if self.embedding_table_storage not in STORAGES:
             raise ValueError(f"--embedding-table-storage {self.embedding_table_storage!r}: expected one of "
                              f"{', '.join(STORAGES)}")
@@ -167,6 +170,8 @@ class StepDriver:
         self.sink = model.kv_cache.sink_page
         self.decode_caps = sorted(s.shape.rows for s in graphs.steps if s.shape.kind == "decode")
         self.has_greedy_variant = any(s.shape.kind == DECODE_GREEDY for s in graphs.steps)
+        #: the bound K of the decode_topk steps (None: not prepared); the scheduler asks whether its rows fit it
+        self.topk_bound = next((s.sampling.max_top_k for s in graphs.steps if s.shape.kind == DECODE_TOPK), None)
         self.prefill_chunks = sorted(s.shape.tokens for s in graphs.steps if s.shape.kind == "prefill")
         self.slots = max(self.decode_caps)
         self.on_replay = on_replay or (lambda kind, capacity: None)
@@ -177,7 +182,7 @@ class StepDriver:
         """A step's capacity label: rows for decode, tokens for prefill, ``"BxW"`` for a verification round."""
         if shape.kind == "round":
             return f"{shape.rows}x{shape.tokens}"
-        return shape.rows if shape.kind in ("decode", DECODE_GREEDY) else shape.tokens
+        return shape.rows if shape.kind in ("decode", DECODE_GREEDY, DECODE_TOPK) else shape.tokens
 
     def replay_keys(self) -> list[tuple[str, int]]:
         return [(s.shape.kind, self.capacity(s.shape)) for s in self.graphs.steps]
@@ -234,11 +239,20 @@ class StepDriver:
             _restore_row(state, 0, saved)
         return token
 
-    def decode(self, rows: list[tuple[list[int], int, int]], greedy: bool = False) -> list[int]:
+    def decode(self, rows: list[tuple[list[int], int, int]], greedy: bool = False, bounded: bool = False
+               ) -> list[int]:
         """``rows[i] = (pages, position, token)`` for slots ``0..n-1``; returns each row's next token.
-        ``greedy``: every row is plain greedy (``catalog.plain_greedy``): the greedy-only variant serves it."""
+        ``greedy``: every row is plain greedy (``catalog.plain_greedy``): the greedy-only variant serves it;
+        ``bounded``: every row fits the top-k bound (``catalog.within_top_k``): the decode_topk variant, if
+        prepared, serves it."""
         n = len(rows)
-        step = self.graphs.step(DECODE_GREEDY if greedy and self.has_greedy_variant else "decode", n)
+        if greedy and self.has_greedy_variant:
+            kind = DECODE_GREEDY
+        elif bounded and self.topk_bound is not None:
+            kind = DECODE_TOPK
+        else:
+            kind = "decode"
+        step = self.graphs.step(kind, n)
         bt = torch.stack([self._table(p) for p, _, _ in rows])
         pos = torch.tensor([[p] for _, p, _ in rows])
         valid = torch.ones_like(pos, dtype=torch.bool)
@@ -372,7 +386,7 @@ def load_engine(core_path: str | os.PathLike, config: EngineConfig, on_replay=No
     from ignition.graphs.catalog import GraphCatalog
 
     catalog = GraphCatalog(decode_capacities=tuple(decode), prefill_chunks=tuple(prefill))
-    graphs = catalog.prepare(model, greedy_variant=True)
+    graphs = catalog.prepare(model, greedy_variant=True, topk_variant=config.topk_variant)
     draft = None
     if config.speculative:
         from ignition.graphs.rounds import prepare_rounds

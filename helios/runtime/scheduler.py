@@ -22,7 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ignition.graphs.catalog import plain_greedy
+from ignition.graphs.catalog import plain_greedy, within_top_k
 
 from .detokenize import IncrementalText
 
@@ -269,7 +269,9 @@ class Scheduler:
                     if r.finish_reason is None:
                         self._accept(r, t)
         else:
-            tokens = self.driver.decode(heads, greedy=all(plain_greedy(r.resolved) for r in self.running))
+            bound = getattr(self.driver, "topk_bound", None)
+            tokens = self.driver.decode(heads, greedy=all(plain_greedy(r.resolved) for r in self.running),
+                                        bounded=all(within_top_k(r.resolved, bound) for r in self.running))
             if draft is not None:  # a source with its own state writes the committed token's K/V too
                 draft.follow_decode(heads)
             for r, t in zip(self.running, tokens):

@@ -43,6 +43,7 @@ filled by the caller with the rows of the step's tokens; every other model's ste
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -60,6 +61,12 @@ PREFILL = "prefill"
 #: every active row is greedy with neutral penalties (:func:`plain_greedy`): such rows never read the
 #: sampling state, so the variant leaves it untouched.
 DECODE_GREEDY = "decode_greedy"
+#: The bounded top-k decode variant: the same step, its sampler cutting with ``topk(K)`` instead of sorting the
+#: whole vocabulary (``SamplingTensors.max_top_k``; the sort and its scans are most of the sampler's cost on the
+#: H200).  Every active row must be greedy or have ``1 <= top_k <= K`` (:func:`within_top_k`): then its kept set
+#: lies inside the top K values and the variant draws from the same distribution as ``decode`` (the top-p masses
+#: are summed over K values instead of V -- another fp32 order).  It shares the sampling state with ``decode``.
+DECODE_TOPK = "decode_topk"
 INPUTS = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "active_rows")
 #: An extra static input of models prepared with ``takes_input_embeds`` (embedding rows gathered outside the
 #: step, e.g. from a host-side table): ``[rows, tokens, hidden]`` in the model's dtype, after ``INPUTS``.
@@ -100,12 +107,18 @@ class GraphCatalog:
 
     def prepare(self, model, decode: Iterable[int] | None = None, prefill: Iterable[int] | None = None,
                 max_pages_per_row: int | None = None, sampling: bool = True,
-                max_top_k: int | None = None, greedy_variant: bool = False) -> "PreparedGraphs":
+                max_top_k: int | None = None, greedy_variant: bool = False,
+                topk_variant: int | None = None) -> "PreparedGraphs":
         """Static buffers and eager step callables for each selected shape.  With ``sampling`` (default)
         every step samples in-graph from one shared :class:`SamplingTensors` (rows of the largest shape;
         smaller shapes use views of its first rows); without it the model's greedy hook decides.
         ``greedy_variant``: also a :data:`DECODE_GREEDY` step per decode capacity (its layers compile to the
-        decode step's graphs: same shapes)."""
+        decode step's graphs: same shapes).  ``topk_variant`` K: also a :data:`DECODE_TOPK` step per decode
+        capacity, sampling with the bound K over the same state."""
+        if topk_variant is not None and (not sampling or max_top_k is not None or not 1 <= topk_variant):
+            raise ValueError(f"topk_variant {topk_variant}: needs in-graph sampling without max_top_k and K >= 1")
+        if topk_variant is not None and model.vocab_size is not None and topk_variant > model.vocab_size:
+            raise ValueError(f"topk_variant {topk_variant} exceeds the vocabulary ({model.vocab_size})")
         cache = model.kv_cache
         if cache is None:
             raise RuntimeError("the model needs its KV cache allocated before the catalog is prepared")
@@ -121,6 +134,10 @@ class GraphCatalog:
         steps = [PreparedStep(s, model, pages, state) for s in shapes]
         if greedy_variant and sampling:
             steps += [PreparedStep(StepShape(DECODE_GREEDY, s.rows, 1), model, pages, None)
+                      for s in shapes if s.kind == DECODE]
+        if topk_variant is not None:
+            bounded = dataclasses.replace(state, max_top_k=int(topk_variant))  # the same tensors, another bound
+            steps += [PreparedStep(StepShape(DECODE_TOPK, s.rows, 1), model, pages, bounded)
                       for s in shapes if s.kind == DECODE]
         graphs = PreparedGraphs(self, model, steps)
         graphs.sampling = state
@@ -138,6 +155,17 @@ def plain_greedy(resolved: dict) -> bool:
 
     return (value("temperature", 1.0) < GREEDY_EPS and value("presence_penalty", 0.0) == 0.0
             and value("frequency_penalty", 0.0) == 0.0 and value("repetition_penalty", 1.0) == 1.0)
+
+
+def within_top_k(resolved: dict, k: int | None) -> bool:
+    """Whether a request's row may be served by the :data:`DECODE_TOPK` variant of bound ``k``: greedy (its token
+    is the argmax, before any filter) or ``1 <= top_k <= k``."""
+    from ignition.components.sampling import GREEDY_EPS
+
+    if k is None:
+        return False
+    temperature, top_k = resolved.get("temperature"), resolved.get("top_k")
+    return (temperature is not None and temperature < GREEDY_EPS) or (top_k is not None and 1 <= top_k <= k)
 
 
 def _inductor_options() -> dict:

@@ -21,13 +21,14 @@ def core():
 def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_path, capsys):
     rc = gpu_replay.main(["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
                           "--seeds", "0,1", "--check-compiled", "--steps", "4", "--device", "cpu", "--widths", "1,2", "--greedy-variant",
-                          "--out", str(tmp_path)])
+                          "--topk-variant", "8", "--out", str(tmp_path)])
     assert rc == 0
     (run,) = tmp_path.iterdir()
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     timed = [s for s in samples if s["case"]["tool"] == "gpu_replay"]
     assert [(s["case"]["variant"], s["seed"]) for s in timed] == [("decode", 0), ("decode", 1), ("decode_greedy", 0),
-                                                                  ("decode_greedy", 1)]
+                                                                  ("decode_greedy", 1), ("decode_topk", 0),
+                                                                  ("decode_topk", 1)]
     assert all(len(s["replay_s"]) == 4 and all(t > 0 for t in s["replay_s"]) for s in timed)
     rounds = [s for s in samples if s["case"]["tool"] == "gpu_replay.round"]
     assert sorted((s["case"]["width"], s["seed"]) for s in rounds) == [(1, 0), (1, 1), (2, 0), (2, 1)]

@@ -166,3 +166,39 @@ def test_a_different_draft_core_with_rejected_proposals_keeps_greedy_output(tmp_
     monkeypatch.setattr(StepDriver, "self_draft", corrupt_first)
     _, _, drafted, accepted = _speculative_equals_plain(f"draft:{tmp_path / 'draft-core'}")
     assert drafted > 0 and accepted < drafted
+
+
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "seed": 1234}
+
+
+def test_topk_variant_serves_bounded_sampled_batches_with_the_same_output():
+    """``--topk-variant K``: batches whose rows all have ``1 <= top_k <= K`` replay the decode_topk steps (the
+    sampler cuts with topk(K) instead of sorting the vocabulary) and draw the same tokens as the sorting decode
+    steps, seeded; a request without the bound keeps its batches on the sorting steps."""
+    base = dict(kv_tokens=4096, max_context=512, device="cpu")
+    plain_metrics, bounded_metrics, unbounded_metrics = Metrics(), Metrics(), Metrics()
+    plain, _ = _serve(EngineConfig(**base), plain_metrics, params=SAMPLED)
+    bounded, engine = _serve(EngineConfig(**base, topk_variant=32), bounded_metrics, params=SAMPLED)
+    assert engine.driver.topk_bound == 32
+    assert _replays(plain_metrics, "decode_topk") == 0 and _replays(plain_metrics, "decode") > 0
+    assert _replays(bounded_metrics, "decode_topk") > 0 and _replays(bounded_metrics, "decode") == 0
+    assert bounded == plain
+    assert len({tuple(g) for g in plain}) > 1 and any(len(set(g)) > 2 for g in plain)  # sampled, not constant
+    _serve(EngineConfig(**base, topk_variant=32), unbounded_metrics, params={**SAMPLED, "top_k": 0})
+    assert _replays(unbounded_metrics, "decode_topk") == 0 and _replays(unbounded_metrics, "decode") > 0
+
+
+@pytest.mark.parametrize("resolved,k,fits", [
+    ({"temperature": 0.8, "top_k": 20}, 32, True), ({"temperature": 0.8, "top_k": 32}, 32, True),
+    ({"temperature": 0.8, "top_k": 33}, 32, False), ({"temperature": 0.8, "top_k": 0}, 32, False),
+    ({"temperature": 0.8}, 32, False), ({"temperature": 0.0, "top_k": 0}, 32, True), ({"top_k": 20}, 32, True),
+    ({"temperature": 0.8, "top_k": 20}, None, False)])
+def test_within_top_k(resolved, k, fits):
+    from ignition.graphs.catalog import within_top_k
+
+    assert within_top_k(resolved, k) == fits
+
+
+def test_topk_variant_must_be_positive():
+    with pytest.raises(ValueError, match="--topk-variant must be positive"):
+        EngineConfig(topk_variant=0)
