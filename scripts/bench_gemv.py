@@ -3,7 +3,10 @@
 
 For Qwen3-8B and Qwen3-0.6B projection shapes and M in {1, 4, 8}: every variant is captured in a CUDA graph
 of ``--launches`` back-to-back launches (launch overhead amortized as in a captured decode step) and timed
-over ``--replays`` replays.  Reported per launch: microseconds, achieved GB/s (weight bytes / time) and the
+over ``--replays`` replays.  ``--weights cold`` (default): the launches cycle through identical copies of the
+weight, at least ``COLD_BYTES`` in all (more than the H200's 50 MB L2), so every launch streams its weight from
+HBM as in a decode step, where each layer's weights are read once; ``--weights warm``: one copy, as sweeps before
+2026-12-01 ran -- a weight below the L2 size is then partly served from L2 and reads faster than in a step.  Reported per launch: microseconds, achieved GB/s (weight bytes / time) and the
 ratio to ``F.linear`` on the same weight (cuBLAS alone: for gated shapes the bare [2I, K] projection without
 the silu-mul; with norm/residual flags the unfused torch ops are not counted -- the fused kernel's ratio is
 thus conservative).  The heuristic config (``gemv_config``) is timed first, then a bounded sweep of
@@ -50,6 +53,8 @@ SHAPES = [
     ("qwen3-0.6b", "down", 1024, 3072, False, False, True),
 ]
 MS = (1, 4, 8)
+#: ``--weights cold``: the copies of a weight the launches cycle through add up to at least this many bytes.
+COLD_BYTES = 128 << 20
 BNS, BKS, WARPS, STAGES = (4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 2, 3)
 
 
@@ -136,6 +141,9 @@ def main() -> int:
     ap.add_argument("--models", default="qwen3-8b,qwen3-0.6b")
     ap.add_argument("--names", default="", help="only these shape names (comma-separated; default all)")
     ap.add_argument("--rows", default="1,4,8", help="M values (comma-separated)")
+    ap.add_argument("--weights", choices=("cold", "warm"), default="cold",
+                    help="cold: launches cycle through weight copies (>= 128 MiB, streamed from HBM as in a step); "
+                         "warm: one copy (small weights partly L2-resident)")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing (no numbers)")
     args = ap.parse_args()
@@ -171,11 +179,21 @@ def main() -> int:
         if gated_input:  # the activation the kernel forms (its bf16 may differ by an ulp: bounded as a norm's)
             xn = F.silu(x[:, :k]) * x[:, k:]
         wbytes = w.numel() * w.element_size()
-        t_cublas = graph_time_us(lambda: F.linear(xn if gated_input else x, w), args.launches, args.replays)
+        copies = -(-COLD_BYTES // wbytes) if args.weights == "cold" and dev.type == "cuda" else 1
+        weights = [w] + [w.clone() for _ in range(copies - 1)]  # identical values: every launch checks the same
+        launches = max(args.launches, copies)
+
+        def cycling(call):
+            """``call(weight)`` as a no-argument launch, each call on the next copy."""
+            it = itertools.cycle(weights)
+            return lambda: call(next(it))
+
+        t_cublas = graph_time_us(cycling(lambda wc: F.linear(xn if gated_input else x, wc)), launches, args.replays)
         label = f"{model}/{name}"
         heur = gemv_config(m, n, k, gated)
         row = {"model": model, "name": name, "M": m, "N": n, "K": k, "gated": gated, "norm": norm,
-               "residual": residual, "gated_input": gated_input, "weight_bytes": wbytes, "cublas_us": t_cublas,
+               "residual": residual, "gated_input": gated_input, "weight_bytes": wbytes, "weights": args.weights,
+               "weight_copies": copies, "cublas_us": t_cublas,
                "cublas_gbs": wbytes / t_cublas / 1e3, "heuristic": heur, "configs": []}
         print(f"{label:<22}{m:>3} {'F.linear (cuBLAS)':<34}{t_cublas:>8.2f}{wbytes / t_cublas / 1e3:>8.0f}"
               f"{1.0:>12.2f}{'':>9}")
@@ -188,9 +206,10 @@ def main() -> int:
                                           gated_input=gated_input, config=cfg)
                 ok, max_ulps = within_bound(got, ref, y_ref, xn, w, gated, norm or gated_input)
                 ok = ok and torch.equal(got.view(torch.int16), again.view(torch.int16))
-                t = graph_time_us(lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r,
-                                                              gated=gated, gated_input=gated_input, config=cfg),
-                                  args.launches, args.replays)
+                t = graph_time_us(cycling(lambda wc: fused_linear_triton(x, wc, norm_weight=nw, eps=1e-6, residual=r,
+                                                                         gated=gated, gated_input=gated_input,
+                                                                         config=cfg)),
+                                  launches, args.replays)
             except Exception as e:  # a config that fails to compile (out of resources): recorded, skipped
                 row["configs"].append({"config": cfg, "error": repr(e)[:200]})
                 print(f"{'':<25}{json.dumps(cfg):<34} error: {repr(e)[:60]}")
