@@ -7,8 +7,8 @@ Two profiles of the same prepared step, each exported as a Chrome/Perfetto trace
    elapsed time (CUDA events).
 2. **attributed**: the same compiled step launched without its graph, each region inside a profiler range
    (``layer.<i>`` around each compiled decoder layer, ``head`` around the vocabulary projection, ``sampler``
-   around in-graph sampling; kernels outside any range are the eager glue: embedding, rotary, attention
-   metadata).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime`` or
+   around in-graph sampling, ``metadata`` around the compiled attention metadata; kernels outside any range
+   are the eager glue: embedding, rotary, and the attention metadata when it is not compiled).  Each kernel is attributed to the range that encloses its launch (the ``cuda_runtime`` or
    ``cuda_driver`` event with the same correlation id), so the table gives kernel count and summed time per layer and
    per operator (kernel name) -- the same kernels the graph replays.
 
@@ -53,7 +53,8 @@ def _attributed_fn(step):
     layer_fn = _ranged(kw["layer_fn"], lambda layer, *a: f"layer.{getattr(layer.self_attn, 'layer_idx', '?')}")
     head_fn = functools.partial(step_head, logits_fn=_ranged(hk["logits_fn"], lambda *a: "head"),
                                 sample_fn=_ranged(hk["sample_fn"], lambda *a: "sampler")) if hk else head
-    return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn)
+    batch_fn = _ranged(kw["batch_fn"], lambda *a: "metadata") if kw.get("batch_fn") is not None else None
+    return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -124,18 +125,12 @@ class AttentionBatch:
 
     @classmethod
     def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
-              block_tables: torch.Tensor, seq_lens: torch.Tensor, active: torch.Tensor) -> "AttentionBatch":
-        b, t = positions.shape
-        s = block_tables.shape[1] * cache.page_size
-        active = active.bool()
-        valid = (slot_mapping >= 0) & active[:, None]
-        sink = torch.full_like(slot_mapping, cache.sink_slot)
-        slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
-        key = torch.arange(s, device=positions.device)
-        visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
-        visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
-        lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
-        return cls(cache, slots, block_tables, visible, valid, active, lens, positions.long())
+              block_tables: torch.Tensor, seq_lens: torch.Tensor, active: torch.Tensor,
+              tensors_fn: Callable | None = None) -> "AttentionBatch":
+        """``tensors_fn``: :func:`batch_tensors` or a compiled form of it (a step's metadata region)."""
+        slots, visible, valid, active, lens, pos = (tensors_fn or batch_tensors)(
+            positions, slot_mapping, block_tables, seq_lens, active, cache.sink_slot, cache.page_size)
+        return cls(cache, slots, block_tables, visible, valid, active, lens, pos)
 
     def decode_lens(self) -> torch.Tensor:
         """``[B]`` int64: keys visible to each row's (single) decode query; static-shape, no host sync."""
@@ -150,6 +145,25 @@ class AttentionBatch:
         if self.positions is not None:
             return self.positions
         return self.visible[:, 0, 0].sum(dim=-1) - 1
+
+
+def batch_tensors(positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                  seq_lens: torch.Tensor, active: torch.Tensor, sink_slot: int, page_size: int
+                  ) -> tuple[torch.Tensor, ...]:
+    """The tensors of an :class:`AttentionBatch`: ``(slots, visible, valid, active, seq_lens, positions)``.  Pure,
+    integer and boolean ops only: compiled (the step's metadata region under regional compilation, one fused
+    launch or a few instead of a dozen) it equals the eager ops bit for bit."""
+    b, t = positions.shape
+    s = block_tables.shape[1] * page_size
+    active = active.bool()
+    valid = (slot_mapping >= 0) & active[:, None]
+    sink = torch.full_like(slot_mapping, sink_slot)
+    slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
+    key = torch.arange(s, device=positions.device)
+    visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
+    visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
+    lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
+    return slots, visible, valid, active, lens, positions.long()
 
 
 class PyTorchPagedAttention:

@@ -16,14 +16,16 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
      (last-token gather, final norm, vocabulary projection: :func:`head_logits`) is a second, and the
      in-graph sampler with its state update (:func:`sample_rows`) a third.  The sampler only sees
      ``[rows, vocab]`` logits, so every prefill chunk (one row) reuses the one-row decode sampler.
-     Embedding, rotary and the per-step attention metadata stay eager Python between the regions --
-     on a GPU the whole step is captured into one CUDA graph anyway, so that Python costs nothing at
-     replay.  Compile time scales with the number of shapes, not shapes x layers.
+     The per-step attention metadata (``attention.batch_tensors``: integer and boolean ops only, so
+     compiled equals eager bit for bit) is a fourth: eager it was a dozen small kernels per step on
+     the H200.  Embedding and rotary stay eager between the regions (the canonical rotary's cos/sin in
+     its own rounding) -- on a GPU the whole step is captured into one CUDA graph anyway, so that Python
+     costs nothing at replay.  Compile time scales with the number of shapes, not shapes x layers.
    * ``"whole"``: each step's complete forward is one graph (more fusion across layer boundaries, but
      Inductor sees every layer unrolled: compile time grows with depth).
 
-   Regional compilation needs the model to split its forward: ``body(*inputs, layer_fn=None) ->
-   (batch, hidden)``, the static ``run_layer(layer, hidden, position_embeddings, layer_batch)`` and
+   Regional compilation needs the model to split its forward: ``body(*inputs, layer_fn=None,
+   batch_fn=None) -> (batch, hidden)``, the static ``run_layer(layer, hidden, position_embeddings, layer_batch)`` and
    ``head(hidden, batch) -> logits``.
 3. ``capture()`` (CUDA only): each step is warmed up on a side stream and captured into a
    ``torch.cuda.CUDAGraph``; all graphs share one pool (``torch.cuda.graph_pool_handle()``), largest
@@ -248,11 +250,12 @@ class PreparedStep:
         in-graph update of the sampling state (counts, random step) when the catalog samples."""
         return self.regional_forward(*inputs)
 
-    def regional_forward(self, *inputs, layer_fn: Callable | None = None, head_fn: Callable | None = None):
-        """The step as its regions: the model's body (each decoder layer through ``layer_fn`` when given),
-        then ``head_fn`` (default :func:`step_head`, eager).  Compiled regions are passed in by
-        ``PreparedGraphs.compile(scope="regional")``."""
-        batch, hidden = self.model.body(*inputs, layer_fn=layer_fn)
+    def regional_forward(self, *inputs, layer_fn: Callable | None = None, head_fn: Callable | None = None,
+                         batch_fn: Callable | None = None):
+        """The step as its regions: the model's body (the attention metadata through ``batch_fn``, each decoder
+        layer through ``layer_fn`` when given), then ``head_fn`` (default :func:`step_head`, eager).  Compiled
+        regions are passed in by ``PreparedGraphs.compile(scope="regional")``."""
+        batch, hidden = self.model.body(*inputs, layer_fn=layer_fn, batch_fn=batch_fn)
         return (head_fn or step_head)(self.model, self.sampling, hidden, batch, inputs[INPUTS.index("active_rows")])
 
     def _body(self):
@@ -350,10 +353,13 @@ class PreparedGraphs:
             layer_fn = torch.compile(type(self.model).run_layer, **opts)
             head_fn = functools.partial(step_head, logits_fn=torch.compile(head_logits, **opts),
                                         sample_fn=torch.compile(sample_rows, **opts))
+            from ignition.components.attention import batch_tensors
+
+            batch_fn = torch.compile(batch_tensors, **opts)  # a dozen eager integer kernels -> a few fused
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
                 if scope == "regional":
-                    s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn)
+                    s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn)
                 else:
                     s.fn = torch.compile(s.forward, **opts)
                 s.mode, s.compile_scope = "compiled", scope

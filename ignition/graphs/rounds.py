@@ -52,14 +52,14 @@ class RoundStep(PreparedStep):
         self.emitted = torch.full((rows, width), -1, dtype=torch.long, device=dev)
         self.n_emitted = torch.zeros(rows, dtype=torch.long, device=dev)
 
-    def regional_forward(self, *inputs, layer_fn=None, head_fn=None):
+    def regional_forward(self, *inputs, layer_fn=None, head_fn=None, batch_fn=None):
         from ignition.components.speculative import accept, advance_accepted
 
         step_inputs, extra = inputs[:len(self.names)], inputs[len(self.names):]
         draft_tokens, n_proposals = extra[0], extra[1]
         draft_probs = extra[2] if len(extra) > 2 else None
         active = step_inputs[INPUTS.index("active_rows")]
-        batch, hidden = self.model.body(*step_inputs, layer_fn=layer_fn)
+        batch, hidden = self.model.body(*step_inputs, layer_fn=layer_fn, batch_fn=batch_fn)
         if self.width == 1:  # decode: the last-token head, nothing else
             logits = head_logits(self.model, hidden, batch)[:, None]
         else:

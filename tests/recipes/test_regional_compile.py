@@ -13,6 +13,7 @@ import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
+from ignition.components.attention import batch_tensors
 from ignition.graphs.catalog import GraphCatalog, head_logits
 from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, make_checkpoint, prefill
@@ -57,10 +58,11 @@ def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
     shapes = len(graphs.steps)
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # not shapes * LAYERS
     assert len(_debug_get_cache_entry_list(head_logits.__code__)) == shapes
-    assert counters["stats"]["unique_graphs"] == 2 * shapes  # one layer graph + one head graph per shape
+    assert len(_debug_get_cache_entry_list(batch_tensors.__code__)) == shapes
+    assert counters["stats"]["unique_graphs"] == 3 * shapes  # per shape: the metadata, one layer, the head
     compiled, compiled_cache = _run(graphs)
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # running: no recompile
-    assert counters["stats"]["unique_graphs"] == 2 * shapes
+    assert counters["stats"]["unique_graphs"] == 3 * shapes
     for (le, te), (lc, tc) in zip(eager, compiled):
         assert torch.equal(le, lc) and torch.equal(te, tc)
     assert torch.equal(eager_cache.k, compiled_cache.k) and torch.equal(eager_cache.v, compiled_cache.v)

@@ -307,14 +307,16 @@ class PreparedQwen3(nn.Module):
     def body(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
              block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor,
              input_embeds: torch.Tensor | None = None,
-             layer_fn: Callable | None = None) -> tuple[AttentionBatch, torch.Tensor]:
+             layer_fn: Callable | None = None, batch_fn: Callable | None = None) -> tuple[AttentionBatch, torch.Tensor]:
         """Embedding (or the given ``input_embeds``: rows gathered outside the step), rotary and every
         decoder layer -> ``(batch, hidden [B, T, H])``.  With ``layer_fn``
         (regional compilation: a compiled :meth:`run_layer`) each layer runs as
-        ``layer_fn(layer, hidden, position_embeddings, layer_batch)`` on a one-layer view of the KV pool."""
+        ``layer_fn(layer, hidden, position_embeddings, layer_batch)`` on a one-layer view of the KV pool;
+        ``batch_fn``: the attention metadata's tensors (a compiled ``attention.batch_tensors``)."""
         if self.kv_cache is None:
             raise RuntimeError("allocate_kv_cache() before running a step")
-        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows)
+        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
+                                     tensors_fn=batch_fn)
         m = self.hf.model
         hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
         position_embeddings = m.rotary_emb(hidden, positions)
