@@ -39,7 +39,6 @@ the grid, re-reading the weight).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -47,6 +46,7 @@ import torch.nn.functional as F
 
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
+from ignition.components.switches import switch
 
 __all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "linear_block", "prefers_fused",
            "reorder_bound"]
@@ -62,9 +62,6 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 PACKED_GATE_UP_FUSED = False
 
 
-def _packed_gate_up_fused() -> bool:
-    env = os.environ.get("FLARE_PACKED_GATE_UP")
-    return PACKED_GATE_UP_FUSED if env in (None, "") else env not in ("0", "false")
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -194,7 +191,8 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     rows = x.numel() // x.shape[-1]
     if (act_name == "silu" and gu_w is not None and down_w is not None and not prefers_fused(rows, gu_w, True)
             and prefers_fused(rows, down_w, False)):
-        if _packed_gate_up_fused() and prefers_fused(rows, gu_w, False):  # one launch, norm in its prologue
+        packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
+        if packed_fused and prefers_fused(rows, gu_w, False):  # one launch, norm in its prologue
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False)
         else:

@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.components.switches import switch
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Programmatic dependent launch (PDL, sm90+).  Launched with ``launch_pdl=True``, a kernel may start while the
@@ -53,7 +55,7 @@ def _sm90_or_newer(index: int) -> bool:
 def pdl_enabled(device: torch.device) -> bool:
     """Whether the kernels below launch with programmatic dependent launch on ``device`` (``FLARE_PDL`` is read at
     each launch, so side-by-side runs may switch it; the device capability is queried once per device)."""
-    if os.environ.get("FLARE_PDL", "1") in ("0", "", "false") or _interpreting() or device.type != "cuda":
+    if not switch("FLARE_PDL", True) or _interpreting() or device.type != "cuda":
         return False
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -70,7 +72,7 @@ def _pdl(device: torch.device, early: bool = False) -> dict:
 def pdl_early_enabled() -> bool:
     """Whether the kernels that may let their dependents launch before their own wait do so (``FLARE_PDL_EARLY``,
     default on; read at each launch, for side-by-side runs)."""
-    return os.environ.get("FLARE_PDL_EARLY", "1") not in ("0", "", "false")
+    return switch("FLARE_PDL_EARLY", True)
 
 
 @triton.jit
@@ -580,7 +582,7 @@ DECODE_KV_PREFETCH_KEYS = 64
 def decode_kv_prefetch_keys(batch: int) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows
     (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; read at each launch, for side-by-side runs)."""
-    if batch != 1 or os.environ.get("FLARE_DECODE_KV_PREFETCH", "1") in ("0", "", "false"):
+    if batch != 1 or not switch("FLARE_DECODE_KV_PREFETCH", True):
         return 0
     return DECODE_KV_PREFETCH_KEYS
 
@@ -958,7 +960,7 @@ def _paged_prefill_kernel(Q, K, V, BT, POS, SL, Out,
     d_mask = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
 
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
+    seq_len = tl.minimum(tl.maximum(tl.load(SL + b).to(tl.int32), 0), max_pages * PAGE)
     pos = tl.load(POS + b64 * stride_pb + tok_q, mask=r_mask, other=-1)  # int64 [BLOCK_M]
     pos = tl.minimum(tl.maximum(pos, -1), max_pages * PAGE).to(tl.int32)  # any padding value: no OOB, no overflow
     hi = tl.minimum(tl.max(pos, axis=0) + 1, seq_len)  # keys 0 .. hi - 1 can be visible to this tile

@@ -1,0 +1,16 @@
+"""Environment switches for side-by-side measurements (``FLARE_PDL``, ``FLARE_PDL_EARLY``,
+``FLARE_DECODE_KV_PREFETCH``, ``FLARE_PACKED_GATE_UP``; README, "Side-by-side switches").  Each is read where a launch
+or a trace decides, so one process can measure both settings; every archived run records the ``FLARE_*`` variables
+of its environment (``qualify.archive.environment``)."""
+
+from __future__ import annotations
+
+import os
+
+_OFF = ("0", "false", "off", "no")
+
+
+def switch(name: str, default: bool) -> bool:
+    """The switch ``name``: unset or empty -> ``default``; ``0``/``false``/``off``/``no`` -> off; anything else on."""
+    value = os.environ.get(name, "").strip().lower()
+    return default if value == "" else value not in _OFF
