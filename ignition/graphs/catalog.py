@@ -162,10 +162,10 @@ def plain_greedy(resolved: dict) -> bool:
 def within_top_k(resolved: dict, k: int | None) -> bool:
     """Whether a request's row may be served by the :data:`DECODE_TOPK` variant of bound ``k``: greedy (its token
     is the argmax, before any filter) or ``1 <= top_k <= k``."""
+    if k is None:  # no decode_topk steps: the scheduler's per-step question ends here
+        return False
     from ignition.components.sampling import GREEDY_EPS
 
-    if k is None:
-        return False
     temperature, top_k = resolved.get("temperature"), resolved.get("top_k")
     return (temperature is not None and temperature < GREEDY_EPS) or (top_k is not None and 1 <= top_k <= k)
 
