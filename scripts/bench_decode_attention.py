@@ -1,8 +1,9 @@
 """A decode step's attention per layer, side by side on this GPU: ``rope_write`` + the two-pass decode kernels
-(three launches) against the fused ``rope_decode_attention`` kernel + the reduce kernel at several split counts.
+(three launches) against the fused ``rope_decode_attention`` kernel + the reduce kernel at several split counts
+and keys per block.
 
     python scripts/bench_decode_attention.py [--layers 36] [--context 1024] [--max-context 4096] [--rows 1,4]
-        [--shapes 32x8,16x8] [--splits auto,8,16,32,64] [--samples 30] [--json OUT]
+        [--shapes 32x8,16x8] [--splits auto,8,16,32,64] [--block-n page,32,64] [--samples 30] [--json OUT]
 
 Each variant is captured as one CUDA graph of ``--layers`` consecutive layers (distinct pools, so K/V come from
 HBM as in a real step; programmatic dependent launch as the recipe runs it) and replayed ``--samples`` times between
@@ -57,10 +58,10 @@ def three_launches(layer, scaling):
     return tk.paged_decode_attention_triton(q_rot, kp, vp, bt, lens, scaling)
 
 
-def fused(layer, scaling, splits):
+def fused(layer, scaling, splits, block_n=None):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = layer
     return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, scaling,
-                                           num_splits=splits)
+                                           num_splits=splits, block_n=block_n)
 
 
 def graph_time(fn, layers, samples):
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--shapes", default="32x8,16x8", help="HEADSxKV_HEADS, comma-separated (head_dim 128)")
     ap.add_argument("--splits", default="auto,16,32,64")
+    ap.add_argument("--block-n", default="page",
+                    help="keys per block of the fused kernel, comma-separated (page: the default, whole pages)")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -101,12 +104,16 @@ def main(argv=None) -> int:
         heads, kvh = (int(x) for x in shape.split("x"))
         for b in (int(r) for r in args.rows.split(",")):
             layers = make_layers(args.layers, b, heads, kvh, d, args.context, args.max_context, args.page, gen)
-            auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, args.max_context // max(16, args.page))
-            print(f"H={heads} KV={kvh} rows={b} context={args.context} (auto splits {auto}), {args.layers} layers:")
+            print(f"H={heads} KV={kvh} rows={b} context={args.context}, {args.layers} layers:")
             variants = [("three launches", lambda layer: three_launches(layer, scaling))]
-            for sp in args.splits.split(","):
-                s = auto if sp == "auto" else int(sp)
-                variants.append((f"fused s={s}", lambda layer, s=s: fused(layer, scaling, s)))
+            for bn_arg in args.block_n.split(","):
+                bn = None if bn_arg == "page" else int(bn_arg)
+                blocks = args.max_context // tk.decode_block_n(args.page, bn)
+                auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, blocks)
+                for sp in args.splits.split(","):
+                    s = auto if sp == "auto" else int(sp)
+                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn)}"
+                    variants.append((name, lambda layer, s=s, bn=bn: fused(layer, scaling, s, bn)))
             ref = None
             for name, fn in variants:
                 try:

@@ -1,5 +1,5 @@
 """Environment switches for side-by-side measurements (``FLARE_PDL``, ``FLARE_PDL_EARLY``,
-``FLARE_DECODE_KV_PREFETCH``, ``FLARE_PACKED_GATE_UP``; README, "Side-by-side switches").  Each is read where a launch
+``FLARE_DECODE_KV_PREFETCH``, ``FLARE_PACKED_GATE_UP``; numbers: ``FLARE_GEMV_PREFETCH_MB``, ``FLARE_DECODE_BLOCK_N``; README, "Side-by-side switches").  Each is read where a launch
 or a trace decides, so one process can measure both settings; every archived run records the ``FLARE_*`` variables
 of its environment (``qualify.archive.environment``)."""
 
@@ -14,3 +14,14 @@ def switch(name: str, default: bool) -> bool:
     """The switch ``name``: unset or empty -> ``default``; ``0``/``false``/``off``/``no`` -> off; anything else on."""
     value = os.environ.get(name, "").strip().lower()
     return default if value == "" else value not in _OFF
+
+
+def number(name: str) -> float | None:
+    """The numeric switch ``name``: unset or empty -> None; raises naming the variable when it is not a number."""
+    value = os.environ.get(name, "").strip()
+    if value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number") from None

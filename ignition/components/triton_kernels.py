@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.components.switches import switch
+from ignition.components.switches import number, switch
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -501,10 +501,27 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
+def decode_block_n(page: int, block_n: int | None = None) -> int:
+    """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
+    multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
+    whole pages, at least 16 (``tl.dot``'s minimum N).  Raises naming the bad value."""
+    if block_n is None:
+        env = number("FLARE_DECODE_BLOCK_N")  # side-by-side runs; read at each launch
+        if env is None:
+            return max(16, page)
+        block_n = int(env)
+    if block_n < 16 or block_n & (block_n - 1) or block_n % page:
+        raise ValueError(f"decode block_n {block_n}: must be a power of two >= 16 and a multiple of the page size "
+                         f"{page}")
+    return block_n
+
+
 def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                     block_tables: torch.Tensor, num_splits: int | None, fused: bool = False) -> dict:
+                     block_tables: torch.Tensor, num_splits: int | None, fused: bool = False,
+                     block_n: int | None = None) -> dict:
     """The decode kernels' shape constants for ``q [B, 1, H, D]`` and one layer's pools (raises naming ``what``);
-    ``num_splits`` None: :func:`fused_decode_num_splits` when ``fused``, else :func:`paged_decode_num_splits`."""
+    ``num_splits`` None: :func:`fused_decode_num_splits` when ``fused``, else :func:`paged_decode_num_splits`;
+    ``block_n``: keys per block (:func:`decode_block_n`)."""
     b, t, h, d = q.shape
     if t != 1:
         raise ValueError(f"{what}: one query token per row, got T={t}")
@@ -512,7 +529,7 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
-    block_n = max(16, page)  # keys per block (tl.dot's minimum N), whole pages when pages are larger
+    block_n = decode_block_n(page, block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
@@ -537,14 +554,15 @@ def _decode_workspace(geo: dict, device, workspace=None):
 def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                   num_splits: int | None = None,
-                                  workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                                  ) -> torch.Tensor:
+                                  workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                                  block_n: int | None = None) -> torch.Tensor:
     """``q [B, 1, H, D]``, one layer's pools ``[pages + 1, page, KV, D]``, ``block_tables [B, P]`` int32,
     ``seq_lens [B]`` (keys ``0 .. seq_lens[b] - 1`` of row b are attended, 0: the row writes zeros) ->
     ``[B, 1, H * D]`` in q's dtype.  ``workspace``: optional caller-owned fp32 ``(m [B, KV, S, GP],
     l [B, KV, S, GP], acc [B, KV, S, GP, D])`` (S = ``num_splits``, GP = next power of two >= H / KV);
-    allocated here when omitted."""
-    geo = _decode_geometry("paged_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits)
+    allocated here when omitted.  ``block_n``: keys per block (:func:`decode_block_n`)."""
+    geo = _decode_geometry("paged_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits,
+                           block_n=block_n)
     b, h, d = geo["B"], geo["H"], geo["D"]
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -603,14 +621,15 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
-                                 num_splits: int | None = None) -> torch.Tensor:
+                                 num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
-    unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`.  Shapes are checked by the op
-    (``decode_attention.py``)."""
-    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True)
+    unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
+    (:func:`decode_block_n`).  Shapes are checked by the op (``decode_attention.py``)."""
+    geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
+                           block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
     _check_rope_inputs("rope_decode_attention_triton", d, (q, k, v, cos, sin), (q_norm, k_norm))
     out = torch.empty((b, 1, h * d), dtype=q.dtype, device=q.device)
@@ -783,8 +802,8 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
     the weight fits :data:`GEMV_PREFETCH_FULL_BYTES` (or ``FLARE_GEMV_PREFETCH_MB``), else
     :data:`GEMV_PREFETCH_TILES`."""
     tiles = triton.cdiv(weight.shape[1], bk)
-    env = os.environ.get("FLARE_GEMV_PREFETCH_MB")
-    budget = GEMV_PREFETCH_FULL_BYTES if env in (None, "") else int(float(env) * (1 << 20))
+    env = number("FLARE_GEMV_PREFETCH_MB")
+    budget = GEMV_PREFETCH_FULL_BYTES if env is None else int(env * (1 << 20))
     if weight.numel() * weight.element_size() <= budget:
         return tiles
     return min(GEMV_PREFETCH_TILES, tiles)

@@ -115,21 +115,22 @@ def test_backends_route_decode_through_the_op_and_agree():
 
 # ---------------------------------------------------------------------------------- interpreter (the fused kernel)
 
-def fused_vs_two_kernels(case, scaling, num_splits):
+def fused_vs_two_kernels(case, scaling, num_splits, block_n=None):
     """Run the fused kernel and the two-kernel path on copies of ``case`` with the same split count (``None``: the
-    fused kernel's default): ``(fused out, pools), (two-kernel out, pools)`` (device of the case)."""
+    fused kernel's default) and keys per block: ``(fused out, pools), (two-kernel out, pools)`` (device of the
+    case)."""
     from ignition.components import triton_kernels as tk
     from ignition.components.triton_kernels import (paged_decode_attention_triton, rope_decode_attention_triton,
                                                     rope_write_triton)
 
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
     if num_splits is None:  # the fused kernel's own choice, for both paths (the split count sets the sum order)
-        num_splits = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"]
+        num_splits = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True, block_n=block_n)["SPLITS"]
     kp1, vp1, kp2, vp2 = kp.clone(), vp.clone(), kp.clone(), vp.clone()
     fused = rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp1, vp1, slots, bt, lens, scaling,
-                                         num_splits=num_splits)
+                                         num_splits=num_splits, block_n=block_n)
     q_rot = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp2, vp2, slots)
-    two = paged_decode_attention_triton(q_rot, kp2, vp2, bt, lens, scaling, num_splits=num_splits)
+    two = paged_decode_attention_triton(q_rot, kp2, vp2, bt, lens, scaling, num_splits=num_splits, block_n=block_n)
     return (fused, kp1, vp1), (two, kp2, vp2)
 
 
@@ -156,6 +157,39 @@ def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
     q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, d ** -0.5, 2.0 ** -7)
+
+
+@interpreter
+@pytest.mark.parametrize("block_n", [32, 64])
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n, num_splits):
+    """Key blocks that gather several pages (one page id per key; the last block partly past the table width):
+    the fused kernel equals the two-kernel path at the same block size, within the fp64 bound."""
+    from ignition.components import triton_kernels as tk
+    from test_triton_attention import check
+
+    case = make_decode_case(8, 2, 32, seed=block_n + (num_splits or 0))
+    (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert_same_bits((got, kp, vp), two)
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
+
+
+def test_decode_block_n_names_a_bad_value(monkeypatch):
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    assert tk.decode_block_n(16) == 16 and tk.decode_block_n(8) == 16 and tk.decode_block_n(32) == 32
+    assert tk.decode_block_n(16, 64) == 64
+    for bad in (24, 8, 48):
+        with pytest.raises(ValueError, match=f"block_n {bad}"):
+            tk.decode_block_n(16, bad)
+    monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
+    assert tk.decode_block_n(16) == 32
+    monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "thirty")
+    with pytest.raises(ValueError, match="FLARE_DECODE_BLOCK_N"):
+        tk.decode_block_n(16)
 
 
 @interpreter
