@@ -3,7 +3,7 @@
 and keys per block.
 
     python scripts/bench_decode_attention.py [--layers 36] [--context 1024] [--max-context 4096] [--rows 1,4]
-        [--shapes 32x8,16x8] [--splits auto,8,16,32,64] [--block-n page,32,64] [--samples 30] [--json OUT]
+        [--shapes 32x8,16x8] [--splits auto,8,16,32,64] [--block-n auto,16,32] [--samples 30] [--json OUT]
 
 Each variant is captured as one CUDA graph of ``--layers`` consecutive layers (distinct pools, so K/V come from
 HBM as in a real step; programmatic dependent launch as the recipe runs it) and replayed ``--samples`` times between
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--shapes", default="32x8,16x8", help="HEADSxKV_HEADS, comma-separated (head_dim 128)")
     ap.add_argument("--splits", default="auto,16,32,64")
-    ap.add_argument("--block-n", default="page",
-                    help="keys per block of the fused kernel, comma-separated (page: the default, whole pages)")
+    ap.add_argument("--block-n", default="auto",
+                    help="keys per block of the fused kernel, comma-separated (auto: the kernel's default for the rows)")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -107,12 +107,12 @@ def main(argv=None) -> int:
             print(f"H={heads} KV={kvh} rows={b} context={args.context}, {args.layers} layers:")
             variants = [("three launches", lambda layer: three_launches(layer, scaling))]
             for bn_arg in args.block_n.split(","):
-                bn = None if bn_arg == "page" else int(bn_arg)
-                blocks = args.max_context // tk.decode_block_n(args.page, bn)
+                bn = None if bn_arg == "auto" else int(bn_arg)
+                blocks = args.max_context // tk.decode_block_n(args.page, bn, b)
                 auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, blocks)
                 for sp in args.splits.split(","):
                     s = auto if sp == "auto" else int(sp)
-                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn)}"
+                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn, b)}"
                     variants.append((name, lambda layer, s=s, bn=bn: fused(layer, scaling, s, bn)))
             ref = None
             for name, fn in variants:

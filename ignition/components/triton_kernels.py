@@ -501,15 +501,28 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
-def decode_block_n(page: int, block_n: int | None = None) -> int:
+#: Keys per block of the fused decode kernel at batch 1 (pages of up to this many keys): H200, 1024-token contexts,
+#: 36-layer graphs at 32 splits (``scripts/bench_decode_attention.py``, ``results/20261201T065805Z-sm90-run20``):
+#: Qwen3-0.6B (16x8 heads) 8.33 us per layer against 9.14 with 16-key blocks; Qwen3-8B (32x8) 9.12 against 9.08
+#: (equal within the run's spread).  At batch 4 16-key blocks won (8B 18.40 against 19.34 us, 0.6B 17.61 against
+#: 18.31), 64-key blocks lost everywhere.
+DECODE_BLOCK_N_ONE_ROW = 32
+
+
+def decode_block_n(page: int, block_n: int | None = None, batch: int | None = None) -> int:
     """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
     multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
-    whole pages, at least 16 (``tl.dot``'s minimum N).  Raises naming the bad value."""
+    ``FLARE_DECODE_BLOCK_N`` when set (side-by-side runs; read at each launch), else for the fused kernel at
+    ``batch`` 1 :data:`DECODE_BLOCK_N_ONE_ROW`, else whole pages, at least 16 (``tl.dot``'s minimum N).  Raises
+    naming the bad value."""
     if block_n is None:
-        env = number("FLARE_DECODE_BLOCK_N")  # side-by-side runs; read at each launch
-        if env is None:
+        env = number("FLARE_DECODE_BLOCK_N")
+        if env is not None:
+            block_n = int(env)
+        elif batch == 1 and page <= DECODE_BLOCK_N_ONE_ROW:
+            return DECODE_BLOCK_N_ONE_ROW
+        else:
             return max(16, page)
-        block_n = int(env)
     if block_n < 16 or block_n & (block_n - 1) or block_n % page:
         raise ValueError(f"decode block_n {block_n}: must be a power of two >= 16 and a multiple of the page size "
                          f"{page}")
@@ -529,7 +542,7 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
-    block_n = decode_block_n(page, block_n)
+    block_n = decode_block_n(page, block_n, b if fused else None)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
@@ -606,15 +619,19 @@ def decode_kv_prefetch_keys(batch: int) -> int:
 
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
-    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most 64
+    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most 32
     splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two -- the reduce kernel reads
     ``splits * GP`` partial rows per group), never more than the block-table width's key blocks.  Fit to the H200
-    side by side (``results/20261201T031427Z-sm90-run9``, 1024-token contexts, per layer in a 36-layer graph):
-    Qwen3-8B (G=4) B=1: 32 splits 10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2)
-    B=1: 64 splits 9.3 us (32: 10.3), B=4: 16 splits 16.8 us -- the three-launch path took 13.5, 22.5, 11.3 and
-    20.4 us."""
+    side by side (1024-token contexts, per layer in a 36-layer graph):
+
+    - ``results/20261201T031427Z-sm90-run9`` (before the pre-wait K/V prefetch): Qwen3-8B (G=4) B=1: 32 splits
+      10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2) B=1: 64 splits 9.3 us (32:
+      10.3), B=4: 16 splits 16.8 us -- the three-launch path took 13.5, 22.5, 11.3 and 20.4 us;
+    - ``results/20261201T065805Z-sm90-run20`` (with it): Qwen3-0.6B B=1: 32 splits 9.14 us, 64 splits 9.94 (8.33 at
+      32 splits with 32-key blocks, :data:`DECODE_BLOCK_N_ONE_ROW`); Qwen3-8B B=1 32 splits 9.08, B=4 16 splits
+      18.40 (32: 18.84)."""
     gp = triton.next_power_of_2(max(1, groups))
-    return max(1, min(max_blocks, 64, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
+    return max(1, min(max_blocks, 32, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -677,7 +694,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr):
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * MP + tl.arange(0, MP)
@@ -690,11 +707,22 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
 
-    if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles (one per 128-byte line)
+    # PRELOAD (plain x only, EVEN_K; up to 4): the program's first PRELOAD weight tiles are loaded into registers
+    # before the wait -- weights are never written in a step, so this is legal whatever the predecessor -- and
+    # multiplied in order after it: the same tiles, the same elementwise accumulation order as the loop below.
+    if PRELOAD >= 1:
+        w_p0 = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+    if PRELOAD >= 2:
+        w_p1 = tl.load(w_rows + (BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    if PRELOAD >= 3:
+        w_p2 = tl.load(w_rows + (2 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    if PRELOAD >= 4:
+        w_p3 = tl.load(w_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles (one per 128-byte line)
         n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
         lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
         for i in tl.static_range(PREFETCH):
-            kl = tl.minimum(i * BK + lines, K - 1)[None, :]
+            kl = tl.minimum((PRELOAD + i) * BK + lines, K - 1)[None, :]
             _prefetch_l2(W + n_c + kl)
             if GATED:
                 _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
@@ -712,7 +740,19 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
-    for k0 in range(0, K, BK):
+    if PRELOAD >= 1:
+        acc += tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0).to(tl.float32)[:, None, :] \
+            * w_p0.to(tl.float32)[None, :, :]
+    if PRELOAD >= 2:
+        acc += tl.load(x_rows + (BK + offs_k)[None, :], mask=m_mask[:, None], other=0.0).to(tl.float32)[:, None, :] \
+            * w_p1.to(tl.float32)[None, :, :]
+    if PRELOAD >= 3:
+        acc += tl.load(x_rows + (2 * BK + offs_k)[None, :], mask=m_mask[:, None],
+                       other=0.0).to(tl.float32)[:, None, :] * w_p2.to(tl.float32)[None, :, :]
+    if PRELOAD >= 4:
+        acc += tl.load(x_rows + (3 * BK + offs_k)[None, :], mask=m_mask[:, None],
+                       other=0.0).to(tl.float32)[:, None, :] * w_p3.to(tl.float32)[None, :, :]
+    for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
         if EVEN_K:
             xm = m_mask[:, None]
@@ -809,6 +849,22 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
     return min(GEMV_PREFETCH_TILES, tiles)
 
 
+#: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: Qwen3-8B's o_proj, whose
+#: predecessor, the attention, is latency-bound and lets it launch early) loads into registers before its PDL wait
+#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).
+GEMV_PRELOAD_TILES = 0
+
+
+def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
+    """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
+    plain input (no norm, no gated input or output), whole tiles only; never more than the tiles of K."""
+    env = number("FLARE_GEMV_PRELOAD")
+    tiles = GEMV_PRELOAD_TILES if env is None else int(env)
+    if m != 1 or not plain or k % bk:
+        return 0
+    return max(0, min(tiles, 4, k // bk))
+
+
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
@@ -878,12 +934,13 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
+    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-        PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64),
+        PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
     return out
 

@@ -152,6 +152,30 @@ def test_fused_linear_triton_configs_are_deterministic(cfg):
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
+@pytest.mark.parametrize("tiles", [1, 2, 4])
+def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
+    """``FLARE_GEMV_PRELOAD``: a one-row plain GEMV loads its first weight tiles before its wait and multiplies them
+    first -- the same accumulation order, so the same bits as without (and within the reference's bound); a GEMV with
+    a prologue, more rows or a ragged K keeps none."""
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
+
+    x, w, _, r = _gemv_inputs(1, 64, 512, norm=False, gated=False, residual=True, seed=tiles)
+    cfg = {"BN": 32, "BK": 128}  # 4 tiles of K
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
+    plain = fused_linear_triton(x, w, residual=r, config=cfg)
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", str(tiles))
+    assert gemv_preload_tiles(1, 512, 128, True) == tiles
+    assert gemv_preload_tiles(1, 512, 128, False) == gemv_preload_tiles(2, 512, 128, True) == 0
+    assert gemv_preload_tiles(1, 500, 128, True) == 0 and gemv_preload_tiles(1, 256, 128, True) == min(tiles, 2)
+    got = fused_linear_triton(x, w, residual=r, config=cfg)
+    assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
+    ref = fused_linear_reference(x, w, None, 0.0, r, False)
+    y_ref = fused_linear_reference(x, w)
+    tol = _gemv_tolerance(x, w, None, False, y_ref) + 2 * 2.0 ** -7 * ref.float().abs()
+    assert ((got.float() - ref.float()).abs() <= tol).all()
+
+
 def test_gemv_config_is_a_pure_function_of_the_shapes():
     from ignition.components.triton_kernels import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
