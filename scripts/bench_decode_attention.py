@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="32x8,16x8", help="HEADSxKV_HEADS, comma-separated (head_dim 128)")
     ap.add_argument("--splits", default="auto,16,32,64")
     ap.add_argument("--block-n", default="auto",
-                    help="keys per block of the fused kernel, comma-separated (auto: the kernel's default for the rows)")
+                    help="keys per block of the fused kernel, comma-separated (auto: the kernel's default)")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -108,11 +108,11 @@ def main(argv=None) -> int:
             variants = [("three launches", lambda layer: three_launches(layer, scaling))]
             for bn_arg in args.block_n.split(","):
                 bn = None if bn_arg == "auto" else int(bn_arg)
-                blocks = args.max_context // tk.decode_block_n(args.page, bn, b)
+                blocks = args.max_context // tk.decode_block_n(args.page, bn)
                 auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, blocks)
                 for sp in args.splits.split(","):
                     s = auto if sp == "auto" else int(sp)
-                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn, b)}"
+                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn)}"
                     variants.append((name, lambda layer, s=s, bn=bn: fused(layer, scaling, s, bn)))
             ref = None
             for name, fn in variants:

@@ -501,28 +501,24 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
-#: Keys per block of the fused decode kernel at batch 1 (pages of up to this many keys): H200, 1024-token contexts,
-#: 36-layer graphs at 32 splits (``scripts/bench_decode_attention.py``, ``results/20261201T065805Z-sm90-run20``):
-#: Qwen3-0.6B (16x8 heads) 8.33 us per layer against 9.14 with 16-key blocks; Qwen3-8B (32x8) 9.12 against 9.08
-#: (equal within the run's spread).  At batch 4 16-key blocks won (8B 18.40 against 19.34 us, 0.6B 17.61 against
-#: 18.31), 64-key blocks lost everywhere.
-DECODE_BLOCK_N_ONE_ROW = 32
-
-
-def decode_block_n(page: int, block_n: int | None = None, batch: int | None = None) -> int:
+def decode_block_n(page: int, block_n: int | None = None) -> int:
     """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
     multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
-    ``FLARE_DECODE_BLOCK_N`` when set (side-by-side runs; read at each launch), else for the fused kernel at
-    ``batch`` 1 :data:`DECODE_BLOCK_N_ONE_ROW`, else whole pages, at least 16 (``tl.dot``'s minimum N).  Raises
-    naming the bad value."""
+    ``FLARE_DECODE_BLOCK_N`` when set (side-by-side runs; read at each launch), else whole pages, at least 16
+    (``tl.dot``'s minimum N).  Raises naming the bad value.
+
+    Whole pages, measured on the H200 (1024-token contexts, 16-key pages, 32 splits at one row):
+
+    - the attention alone (``scripts/bench_decode_attention.py``, ``results/20261201T065805Z-sm90-run20``): 32-key
+      blocks took 8.33 us per layer for Qwen3-0.6B against 9.14 with 16-key blocks, 9.12 against 9.08 for Qwen3-8B;
+      at batch 4 16-key blocks won, 64-key blocks lost everywhere;
+    - but in the decode step (``results/20261201T070650Z-sm90-run21``, side by side) 32-key blocks made Qwen3-0.6B
+      batch 1 slower, 1.1216 against 1.1021 ms, and Qwen3-8B equal (4.7312 against 4.7311)."""
     if block_n is None:
         env = number("FLARE_DECODE_BLOCK_N")
-        if env is not None:
-            block_n = int(env)
-        elif batch == 1 and page <= DECODE_BLOCK_N_ONE_ROW:
-            return DECODE_BLOCK_N_ONE_ROW
-        else:
+        if env is None:
             return max(16, page)
+        block_n = int(env)
     if block_n < 16 or block_n & (block_n - 1) or block_n % page:
         raise ValueError(f"decode block_n {block_n}: must be a power of two >= 16 and a multiple of the page size "
                          f"{page}")
@@ -542,7 +538,7 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
-    block_n = decode_block_n(page, block_n, b if fused else None)
+    block_n = decode_block_n(page, block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
@@ -627,9 +623,8 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
     - ``results/20261201T031427Z-sm90-run9`` (before the pre-wait K/V prefetch): Qwen3-8B (G=4) B=1: 32 splits
       10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2) B=1: 64 splits 9.3 us (32:
       10.3), B=4: 16 splits 16.8 us -- the three-launch path took 13.5, 22.5, 11.3 and 20.4 us;
-    - ``results/20261201T065805Z-sm90-run20`` (with it): Qwen3-0.6B B=1: 32 splits 9.14 us, 64 splits 9.94 (8.33 at
-      32 splits with 32-key blocks, :data:`DECODE_BLOCK_N_ONE_ROW`); Qwen3-8B B=1 32 splits 9.08, B=4 16 splits
-      18.40 (32: 18.84)."""
+    - ``results/20261201T065805Z-sm90-run20`` (with it): Qwen3-0.6B B=1: 32 splits 9.14 us, 64 splits 9.94;
+      Qwen3-8B B=1 32 splits 9.08, B=4 16 splits 18.40 (32: 18.84)."""
     gp = triton.next_power_of_2(max(1, groups))
     return max(1, min(max_blocks, 32, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
 
@@ -849,10 +844,13 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
     return min(GEMV_PREFETCH_TILES, tiles)
 
 
-#: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: Qwen3-8B's o_proj, whose
-#: predecessor, the attention, is latency-bound and lets it launch early) loads into registers before its PDL wait
-#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).
-GEMV_PRELOAD_TILES = 0
+#: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: o_proj, and down after a
+#: gated fused gate/up) loads into registers before its PDL wait, while its predecessor finishes
+#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).  Side by side on the H200, batch 1, 1024-token context
+#: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
+#: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
+#: 4.7520, 4.7227 -- within noise.
+GEMV_PRELOAD_TILES = 4
 
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:

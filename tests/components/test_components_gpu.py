@@ -245,3 +245,30 @@ def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
     bound = torch.expm1(2 * e)[..., None] * pv_abs + 2 * (2.0 ** -8 * x.abs() + 1e-5)
     diff = (out.cpu().view_as(two).double() - two.double()).abs()
     assert (diff <= bound).all(), (diff - bound).max()
+
+
+# --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
+# measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
+# tiles preloaded before the PDL wait (the default) and without: the same bits
+
+@pytest.mark.parametrize("n,k,norm,residual", [(4096, 4096, False, True), (1024, 2048, False, True),
+                                               (1024, 3072, False, True), (6144, 4096, True, False)])
+def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
+    from test_triton_kernels import _gemv_inputs, _gemv_tolerance
+
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_config, gemv_preload_tiles
+
+    x, w, nw, r = _gemv_inputs(1, n, k, norm=norm, gated=False, residual=residual, seed=n + k)
+    cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
+    got = fused_linear_triton(cuda[0], cuda[1], norm_weight=cuda[2], eps=1e-6, residual=cuda[3]).cpu()
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, False)
+    y_ref = fused_linear_reference(x, w, nw, 1e-6, None, False)
+    tol = _gemv_tolerance(x, w, nw, False, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    if not norm:
+        assert gemv_preload_tiles(1, k, gemv_config(1, n, k)["BK"], True) > 0  # the default preloads these
+        monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
+        plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(plain.view(torch.int16), got.view(torch.int16))

@@ -124,7 +124,7 @@ def fused_vs_two_kernels(case, scaling, num_splits, block_n=None):
                                                     rope_write_triton)
 
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
-    block_n = tk.decode_block_n(kp.shape[1], block_n, q.shape[0])  # the fused kernel's, for both (the sum order)
+    block_n = tk.decode_block_n(kp.shape[1], block_n)  # the fused kernel's, for both (the sum order)
     if num_splits is None:  # the fused kernel's own choice, for both paths (the split count sets the sum order)
         num_splits = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True, block_n=block_n)["SPLITS"]
     kp1, vp1, kp2, vp2 = kp.clone(), vp.clone(), kp.clone(), vp.clone()
@@ -182,10 +182,7 @@ def test_decode_block_n_names_a_bad_value(monkeypatch):
     from ignition.components import triton_kernels as tk
 
     assert tk.decode_block_n(16) == 16 and tk.decode_block_n(8) == 16 and tk.decode_block_n(32) == 32
-    assert tk.decode_block_n(16, 64) == 64 and tk.decode_block_n(16, 64, batch=1) == 64
-    # one row: the measured block size when pages are no larger; several rows: whole pages
-    assert tk.decode_block_n(16, batch=1) == tk.DECODE_BLOCK_N_ONE_ROW and tk.decode_block_n(16, batch=4) == 16
-    assert tk.decode_block_n(2 * tk.DECODE_BLOCK_N_ONE_ROW, batch=1) == 2 * tk.DECODE_BLOCK_N_ONE_ROW
+    assert tk.decode_block_n(16, 64) == 64
     for bad in (24, 8, 48):
         with pytest.raises(ValueError, match=f"block_n {bad}"):
             tk.decode_block_n(16, bad)
@@ -206,8 +203,7 @@ def test_fused_kernel_on_a_single_split_per_group_and_an_all_inactive_batch():
     assert (got == 0).all()
     case = make_decode_case(8, 2, 32, seq_lens=(5, 80), width=5, seed=12)
     assert_same_bits(*fused_vs_two_kernels(case, 0.2, 1))
-    case = make_decode_case(8, 2, 32, seq_lens=(70,), seed=13)  # one row: the one-row block size (several pages)
-    assert tk.decode_block_n(PAGE, batch=1) > PAGE
+    case = make_decode_case(8, 2, 32, seq_lens=(70,), seed=13)  # one row
     assert_same_bits(*fused_vs_two_kernels(case, 0.2, None))
 
 
