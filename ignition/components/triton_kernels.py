@@ -512,8 +512,9 @@ def decode_block_n(page: int, block_n: int | None = None) -> int:
     - the attention alone (``scripts/bench_decode_attention.py``, ``results/20261201T065805Z-sm90-run20``): 32-key
       blocks took 8.33 us per layer for Qwen3-0.6B against 9.14 with 16-key blocks, 9.12 against 9.08 for Qwen3-8B;
       at batch 4 16-key blocks won, 64-key blocks lost everywhere;
-    - but in the decode step (``results/20261201T070650Z-sm90-run21``, side by side) 32-key blocks made Qwen3-0.6B
-      batch 1 slower, 1.1216 against 1.1021 ms, and Qwen3-8B equal (4.7312 against 4.7311)."""
+    - but in the decode step (``results/20261201T070650Z-sm90-run21``, side by side) they did not help: Qwen3-0.6B
+      batch 1 1.1216 ms against 1.1021 with 16-key blocks (within noise by the min-max rule, the median 1.8 %
+      slower), Qwen3-8B 4.7312 against 4.7301."""
     if block_n is None:
         env = number("FLARE_DECODE_BLOCK_N")
         if env is None:
