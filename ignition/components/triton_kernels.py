@@ -615,9 +615,15 @@ def decode_kv_prefetch_keys(batch: int) -> int:
     return DECODE_KV_PREFETCH_KEYS
 
 
+#: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  32 since run 20's attention-alone
+#: side by side; in the step (``results/20261201T071730Z-sm90-run22`` against run 20, another machine) Qwen3-0.6B's
+#: attention took 8.42 us per layer at 32 splits against 6.91 at 64, with the GEMV preload also new: not separated.
+FUSED_DECODE_MAX_SPLITS = 32
+
+
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
-    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most 32
-    splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two -- the reduce kernel reads
+    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most
+    :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two -- the reduce kernel reads
     ``splits * GP`` partial rows per group), never more than the block-table width's key blocks.  Fit to the H200
     side by side (1024-token contexts, per layer in a 36-layer graph):
 
@@ -627,7 +633,9 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
     - ``results/20261201T065805Z-sm90-run20`` (with it): Qwen3-0.6B B=1: 32 splits 9.14 us, 64 splits 9.94;
       Qwen3-8B B=1 32 splits 9.08, B=4 16 splits 18.40 (32: 18.84)."""
     gp = triton.next_power_of_2(max(1, groups))
-    return max(1, min(max_blocks, 32, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
+    cap = number("FLARE_DECODE_MAX_SPLITS")  # side-by-side runs (64: the cap before run 21); read at each launch
+    cap = FUSED_DECODE_MAX_SPLITS if cap is None else max(1, int(cap))
+    return max(1, min(max_blocks, cap, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,

@@ -177,6 +177,17 @@ def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n,
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
+def test_fused_decode_split_cap_switch(monkeypatch):
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS
+    monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "64")
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 64  # 512 programs over 8 KV heads; G=2 allows 64
+    assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
+    assert tk.fused_decode_num_splits(4, 8, 2, 256) == 16 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
+
+
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
