@@ -25,7 +25,8 @@ wrote into them before replay).  Order, as vLLM's v1 sampler applies it:
 Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step untouched.
 Cost: without a bound the cut sorts the whole vocabulary (``[B, V]`` fp32) every step, as vLLM's
 PyTorch path does.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
-by ``topk(max_top_k)``; it is exact because admission requires ``1 <= top_k <= max_top_k`` for every
+by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values, two Triton launches on CUDA); it
+is exact because admission requires ``1 <= top_k <= max_top_k`` for every
 row -- e.g. a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
 """
 
@@ -37,6 +38,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Sequence
 
 import torch
+
+from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
            "apply_min_p", "apply_top_k", "apply_top_p", "filter_logits", "uniform_noise", "GREEDY_EPS"]
@@ -278,7 +281,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.
     if params.max_top_k is None:
         sorted_desc = torch.sort(y, dim=-1, descending=True).values
     else:  # every row has 1 <= top_k <= max_top_k: its kept set lies inside the top max_top_k values
-        sorted_desc = torch.topk(y, min(params.max_top_k, y.shape[-1]), dim=-1).values
+        sorted_desc = topk_values(y, min(params.max_top_k, y.shape[-1]))  # torch.topk's values
     y = apply_top_k(y, params.top_k, sorted_desc)
     k_sorted = apply_top_k(sorted_desc, params.top_k, sorted_desc)  # top-k applied in sorted space
     return x, apply_top_p(y, params.top_p, k_sorted)

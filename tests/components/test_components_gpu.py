@@ -272,3 +272,22 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
         monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
         plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
+
+
+@pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])
+def test_topk_values_on_this_gpu(rows, k):
+    """``flare::topk_values``' Triton kernels on vocabulary-sized rows (ties, a min-p-masked row): equal to
+    ``torch.topk``'s values, eager and captured."""
+    from test_topk import _rows
+
+    from ignition.components.topk import topk_values
+
+    x = _rows(rows, VOCAB, k).cuda()
+    want = torch.topk(x, k).values
+    assert torch.equal(topk_values(x, k), want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = topk_values(x, k)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
