@@ -15,7 +15,7 @@
 #                   ATTENTION[:separate][:nopdl][:NAME=VALUE...] (separate: projections unfused,
 #                   --no-fused-projections; nopdl: FLARE_PDL=0, no programmatic dependent launch; NAME=VALUE: an
 #                   environment switch of that run, e.g. FLARE_PDL_EARLY=0 -- README, "Side-by-side switches");
-#                   AB_TIMELINE=1 adds --timeline
+#                   AB_TIMELINE=1 adds --timeline, AB_ARGS more gpu_replay arguments (e.g. "--topk-variant 64")
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -64,7 +64,7 @@ for s in ${STAGES:?set STAGES}; do
           pdl=${FLARE_PDL:-1}; [[ "$v" == *:nopdl* ]] && pdl=0
           envs=(); IFS=: read -ra parts <<< "$v"; for p in "${parts[@]:1}"; do [[ "$p" == *=* ]] && envs+=("$p"); done
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
-            --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
+            --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
     prefill-*) for chunk in 1024 4096; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 --attention $ATTN \
