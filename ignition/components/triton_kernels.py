@@ -694,6 +694,29 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 @triton.jit
+def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """The decode GEMV's input tile at columns ``kk`` as fp32 ``[MP, 1, BK]``: x, or the gated input
+    ``bf16(bf16(silu(gate)) * up)``, through the RMSNorm prologue (``rstd [MP]``) when ``HAS_NORM``."""
+    if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
+        gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+        ux = tl.load(x_rows + K + kk[None, :], mask=xm, other=0.0)
+        ax = (gx / (1.0 + tl.exp(-gx))).to(ux.dtype)
+        xv = (ax.to(tl.float32) * ux.to(tl.float32)).to(ux.dtype)
+    else:
+        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
+    if HAS_NORM:
+        if EVEN_K:
+            nw = tl.load(NW + kk)
+        else:
+            nw = tl.load(NW + kk, mask=kk < K, other=0.0)
+        # Qwen3RMSNorm: bf16(x * rstd), then bf16(weight * that) with the product in fp32
+        xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
+        xv = (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
+    return xv.to(tl.float32)[:, None, :]  # [MP, 1, BK]
+
+
+@triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
@@ -711,17 +734,26 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
 
-    # PRELOAD (plain x only, EVEN_K; up to 4): the program's first PRELOAD weight tiles are loaded into registers
-    # before the wait -- weights are never written in a step, so this is legal whatever the predecessor -- and
-    # multiplied in order after it: the same tiles, the same elementwise accumulation order as the loop below.
+    # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
+    # into registers before the wait -- weights are never written in a step, so this is legal whatever the
+    # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
+    # tiles, the same elementwise accumulation order as without.
     if PRELOAD >= 1:
         w_p0 = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+        if GATED:
+            u_p0 = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
     if PRELOAD >= 2:
         w_p1 = tl.load(w_rows + (BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        if GATED:
+            u_p1 = tl.load(u_rows + (BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
     if PRELOAD >= 3:
         w_p2 = tl.load(w_rows + (2 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        if GATED:
+            u_p2 = tl.load(u_rows + (2 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
     if PRELOAD >= 4:
         w_p3 = tl.load(w_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        if GATED:
+            u_p3 = tl.load(u_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles (one per 128-byte line)
         n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
         lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
@@ -740,22 +772,32 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
             ss += xs * xs
         rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)  # [MP]
+    else:
+        rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused
 
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if PRELOAD >= 1:
-        acc += tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None], other=0.0).to(tl.float32)[:, None, :] \
-            * w_p0.to(tl.float32)[None, :, :]
+        xf = _gemv_x_tile(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc += xf * w_p0.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u_p0.to(tl.float32)[None, :, :]
     if PRELOAD >= 2:
-        acc += tl.load(x_rows + (BK + offs_k)[None, :], mask=m_mask[:, None], other=0.0).to(tl.float32)[:, None, :] \
-            * w_p1.to(tl.float32)[None, :, :]
+        xf = _gemv_x_tile(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc += xf * w_p1.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u_p1.to(tl.float32)[None, :, :]
     if PRELOAD >= 3:
-        acc += tl.load(x_rows + (2 * BK + offs_k)[None, :], mask=m_mask[:, None],
-                       other=0.0).to(tl.float32)[:, None, :] * w_p2.to(tl.float32)[None, :, :]
+        xf = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc += xf * w_p2.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u_p2.to(tl.float32)[None, :, :]
     if PRELOAD >= 4:
-        acc += tl.load(x_rows + (3 * BK + offs_k)[None, :], mask=m_mask[:, None],
-                       other=0.0).to(tl.float32)[:, None, :] * w_p3.to(tl.float32)[None, :, :]
+        xf = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc += xf * w_p3.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u_p3.to(tl.float32)[None, :, :]
     for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
         if EVEN_K:
@@ -764,22 +806,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         else:
             xm = m_mask[:, None] & (kk < K)[None, :]
             wm = n_mask[:, None] & (kk < K)[None, :]
-        if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
-            gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            ux = tl.load(x_rows + K + kk[None, :], mask=xm, other=0.0)
-            ax = (gx / (1.0 + tl.exp(-gx))).to(ux.dtype)
-            xv = (ax.to(tl.float32) * ux.to(tl.float32)).to(ux.dtype)
-        else:
-            xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
-        if HAS_NORM:
-            if EVEN_K:
-                nw = tl.load(NW + kk)
-            else:
-                nw = tl.load(NW + kk, mask=kk < K, other=0.0)
-            # Qwen3RMSNorm: bf16(x * rstd), then bf16(weight * that) with the product in fp32
-            xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
-            xv = (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
-        xf = xv.to(tl.float32)[:, None, :]  # [MP, 1, BK]
+        xf = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         acc += xf * w.to(tl.float32)[None, :, :]
         if GATED:
@@ -855,7 +882,8 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 
 #: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: o_proj, and down after a
 #: gated fused gate/up) loads into registers before its PDL wait, while its predecessor finishes
-#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).  Side by side on the H200, batch 1, 1024-token context
+#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4; ``FLARE_GEMV_PRELOAD_PROLOGUE=1`` extends it to the GEMVs with
+#: a prologue or a gated output -- qkv, gate/up -- not yet measured).  Side by side on the H200, batch 1, 1024-token context
 #: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.
@@ -864,10 +892,11 @@ GEMV_PRELOAD_TILES = 4
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
-    plain input (no norm, no gated input or output), whole tiles only; never more than the tiles of K."""
+    plain input (no norm, no gated input or output; any with ``FLARE_GEMV_PRELOAD_PROLOGUE=1``), whole tiles only;
+    never more than the tiles of K."""
     env = number("FLARE_GEMV_PRELOAD")
     tiles = GEMV_PRELOAD_TILES if env is None else int(env)
-    if m != 1 or not plain or k % bk:
+    if m != 1 or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", False)) or k % bk:
         return 0
     return max(0, min(tiles, 4, k // bk))
 

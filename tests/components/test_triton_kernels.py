@@ -176,6 +176,27 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     assert ((got.float() - ref.float()).abs() <= tol).all()
 
 
+@pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
+def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
+    """``FLARE_GEMV_PRELOAD_PROLOGUE=1``: the GEMVs with the norm prologue, a gated output or the gated input
+    preload too, and multiply the preloaded tiles with the loop's own input tiles: the same bits as without."""
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
+
+    k = 384
+    x, w, nw, r = _gemv_inputs(1, 64, k, norm=norm, gated=gated, residual=gated_input, seed=3)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
+    cfg = {"BN": 16, "BK": 128}  # 3 tiles of K
+    run = lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,  # noqa: E731
+                                      gated_input=gated_input, config=cfg)
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", "4")
+    assert gemv_preload_tiles(1, k, 128, False) == 0  # off by default for these
+    plain = run()
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
+    assert gemv_preload_tiles(1, k, 128, False) == 3
+    assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
+
+
 def test_gemv_config_is_a_pure_function_of_the_shapes():
     from ignition.components.triton_kernels import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
