@@ -10,7 +10,8 @@ HBM as in a decode step, where each layer's weights are read once; ``--weights w
 ratio to ``F.linear`` on the same weight (cuBLAS alone: for gated shapes the bare [2I, K] projection without
 the silu-mul; with norm/residual flags the unfused torch ops are not counted -- the fused kernel's ratio is
 thus conservative).  The heuristic config (``gemv_config``) is timed first, then a bounded sweep of
-alternatives (BN 4/8/16/32, BK 256/512/1024, num_warps 4/8, num_stages 1/2/3): by default a coordinate sweep
+alternatives (BN 4/8/16/32, BK 256/512/1024, num_warps 4/8, num_stages 1/2/3; with ``--dot`` the tensor-core variant
+for 2..16 rows, BN 16/32/64, BK 64/128/256, num_stages 3/4/5): by default a coordinate sweep
 around the heuristic plus a few joint moves, under ``--budget-s`` seconds in all (compiles dominate; ``--full``
 times the whole grid).  Each config's output is checked against ``fused_linear_reference`` (2 bf16 ulps plus an
 fp32-reordering term; 4 ulps when gated); failing configs are reported and never picked.  Prints a table and
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components.fused_linear import fused_linear_reference, reorder_bound  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
+from ignition.components.fused_linear import uses_dot_kernel  # noqa: E402
 from ignition.components.triton_kernels import (  # noqa: E402
-    GEMV_MAX_ROWS, fused_linear_triton, gemv_config)
+    GEMV_MAX_ROWS, fused_linear_triton, gemm_rows_config, gemv_config)
 
 # (model, name, N weight rows, K, gated, norm, residual[, gated input]): the flags mirror how a decoder layer calls
 # it; "down-gi" is down taking gate/up's packed [gate; up] output (x [M, 2K], silu(gate) * up in the prologue)
@@ -56,6 +59,8 @@ MS = (1, 4, 8)
 #: ``--weights cold``: the copies of a weight the launches cycle through add up to at least this many bytes.
 COLD_BYTES = 128 << 20
 BNS, BKS, WARPS, STAGES = (4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 2, 3)
+#: ``--dot``: the tensor-core variant's grid (2..16 rows; ``FLARE_GEMV_DOT``)
+DOT_BNS, DOT_BKS, DOT_STAGES = (16, 32, 64), (64, 128, 256), (3, 4, 5)
 
 
 def graph_time_us(fn, launches: int, replays: int) -> float:
@@ -106,15 +111,18 @@ def within_bound(got, ref, y_ref, xn, w, gated, norm) -> tuple[bool, float]:
     return ok, float((err / ulp.clamp(min=1e-30)).max())
 
 
-def candidate_configs(m, n, k, gated, heuristic, full):
+def candidate_configs(m, n, k, gated, heuristic, full, dot=False):
+    bns, bks, stages = (DOT_BNS, DOT_BKS, DOT_STAGES) if dot else (BNS, BKS, STAGES)
     if full:
         grid = [{"BN": bn, "BK": bk, "num_warps": nw, "num_stages": ns}
-                for bn, bk, nw, ns in itertools.product(BNS, BKS, WARPS, STAGES)]
+                for bn, bk, nw, ns in itertools.product(bns, bks, WARPS, stages)]
     else:
         grid = []
-        for key, vals in (("BN", BNS), ("BK", BKS), ("num_warps", WARPS), ("num_stages", STAGES)):
+        for key, vals in (("BN", bns), ("BK", bks), ("num_warps", WARPS), ("num_stages", stages)):
             grid += [{**heuristic, key: v} for v in vals]
-        for bn, bk in ((8, 512), (16, 512), (8, 1024), (16, 256), (32, 256), (4, 1024)):
+        joint = ((16, 256), (32, 64), (64, 64), (32, 256)) if dot else \
+            ((8, 512), (16, 512), (8, 1024), (16, 256), (32, 256), (4, 1024))
+        for bn, bk in joint:
             for nw in WARPS:
                 grid.append({**heuristic, "BN": bn, "BK": bk, "num_warps": nw})
     mp = min(1 << (m - 1).bit_length(), GEMV_MAX_ROWS)
@@ -123,7 +131,7 @@ def candidate_configs(m, n, k, gated, heuristic, full):
         key = json.dumps(c, sort_keys=True)
         if key in seen or c["BK"] > max(16, 1 << (k - 1).bit_length()):
             continue
-        if mp * c["BN"] * c["BK"] * (2 if gated else 1) > 4 * 16384:  # would spill badly: not worth a compile
+        if not dot and mp * c["BN"] * c["BK"] * (2 if gated else 1) > 4 * 16384:  # would spill: not worth a compile
             continue
         seen.add(key)
         out.append(c)
@@ -144,9 +152,13 @@ def main() -> int:
     ap.add_argument("--weights", choices=("cold", "warm"), default="cold",
                     help="cold: launches cycle through weight copies (>= 128 MiB, streamed from HBM as in a step); "
                          "warm: one copy (small weights partly L2-resident)")
+    ap.add_argument("--dot", action="store_true",
+                    help="2..16 rows through the tensor-core variant (FLARE_GEMV_DOT=1), its own config grid")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing (no numbers)")
     args = ap.parse_args()
+    if args.dot:
+        os.environ["FLARE_GEMV_DOT"] = "1"  # read by fused_linear_triton at each launch
     global graph_time_us
     if args.smoke:
         dev = torch.device("cpu")
@@ -190,8 +202,9 @@ def main() -> int:
 
         t_cublas = graph_time_us(cycling(lambda wc: F.linear(xn if gated_input else x, wc)), launches, args.replays)
         label = f"{model}/{name}"
-        heur = gemv_config(m, n, k, gated)
-        row = {"model": model, "name": name, "M": m, "N": n, "K": k, "gated": gated, "norm": norm,
+        dot = uses_dot_kernel(m)
+        heur = (gemm_rows_config if dot else gemv_config)(m, n, k, gated)
+        row = {"model": model, "name": name, "M": m, "N": n, "K": k, "gated": gated, "norm": norm, "dot": dot,
                "residual": residual, "gated_input": gated_input, "weight_bytes": wbytes, "weights": args.weights,
                "weight_copies": copies, "cublas_us": t_cublas,
                "cublas_gbs": wbytes / t_cublas / 1e3, "heuristic": heur, "configs": []}
@@ -230,7 +243,7 @@ def main() -> int:
         if not args.no_sweep:
             left = len(cases) - idx
             deadline = time.time() + max(0.0, (args.budget_s - (time.time() - t0)) / left)
-            for cfg in candidate_configs(m, n, k, gated, heur, args.full):
+            for cfg in candidate_configs(m, n, k, gated, heur, args.full, dot):
                 if not args.full and time.time() > deadline:
                     row["sweep_truncated"] = True
                     break

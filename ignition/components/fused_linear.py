@@ -131,6 +131,16 @@ def set_fused_projections(enabled: bool) -> None:
     _ENABLED[0] = bool(enabled)
 
 
+#: Rows the tensor-core variant of the kernel takes (``FLARE_GEMV_DOT=1``; ``triton_kernels._fused_gemm_rows_kernel``).
+DOT_ROWS = range(2, 17)
+
+
+def uses_dot_kernel(rows: int) -> bool:
+    """Whether ``rows`` rows run the tensor-core variant: 2..16 rows with ``FLARE_GEMV_DOT=1`` (off by default: not
+    yet measured on the H200); read at trace and at launch time alike."""
+    return rows in DOT_ROWS and switch("FLARE_GEMV_DOT", False)
+
+
 def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
     """Whether ``rows`` rows through ``weight`` run as one ``flare::fused_linear`` launch.
 
@@ -141,10 +151,14 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
       except gated weights above :data:`GATED_FUSED_MAX_ELEMENTS` (8B gate_up 1.33x: cuBLAS streams it faster);
     - 2-4 rows: only narrow, ungated outputs (<= 1024 columns: 0.6B o_proj 0.47x, down 0.91x at 4 rows), where
       cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
-    - more rows (larger decode batches, prefill, speculative rounds): cuBLAS.
+    - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
+    - with ``FLARE_GEMV_DOT=1`` (:func:`uses_dot_kernel`), 2..16 rows: fused, every shape, through the tensor-core
+      variant (not yet measured).
     """
     if not _ENABLED[0]:
         return False
+    if uses_dot_kernel(rows):
+        return True
     n_out = weight.shape[0] // (2 if gated else 1)
     if rows == 1:
         return not (gated and weight.numel() > GATED_FUSED_MAX_ELEMENTS)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
 from ignition.components.switches import number, switch
 
 
@@ -696,7 +697,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 @triton.jit
 def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr,
                  EVEN_K: tl.constexpr):
-    """The decode GEMV's input tile at columns ``kk`` as fp32 ``[MP, 1, BK]``: x, or the gated input
+    """The decode GEMV's input tile at columns ``kk``, ``[MP, BK]`` in x's dtype: x, or the gated input
     ``bf16(bf16(silu(gate)) * up)``, through the RMSNorm prologue (``rstd [MP]``) when ``HAS_NORM``."""
     if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
         gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
@@ -713,7 +714,14 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
         # Qwen3RMSNorm: bf16(x * rstd), then bf16(weight * that) with the product in fp32
         xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
         xv = (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
-    return xv.to(tl.float32)[:, None, :]  # [MP, 1, BK]
+    return xv
+
+
+@triton.jit
+def _gemv_x_f32(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """:func:`_gemv_x_tile` as fp32 ``[MP, 1, BK]``, broadcast against a ``[BN, BK]`` weight tile."""
+    return _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K).to(tl.float32)[:, None, :]
 
 
 @triton.jit
@@ -779,22 +787,22 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if GATED:
         acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if PRELOAD >= 1:
-        xf = _gemv_x_tile(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        xf = _gemv_x_f32(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
         acc += xf * w_p0.to(tl.float32)[None, :, :]
         if GATED:
             acc_u += xf * u_p0.to(tl.float32)[None, :, :]
     if PRELOAD >= 2:
-        xf = _gemv_x_tile(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        xf = _gemv_x_f32(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
         acc += xf * w_p1.to(tl.float32)[None, :, :]
         if GATED:
             acc_u += xf * u_p1.to(tl.float32)[None, :, :]
     if PRELOAD >= 3:
-        xf = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        xf = _gemv_x_f32(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
         acc += xf * w_p2.to(tl.float32)[None, :, :]
         if GATED:
             acc_u += xf * u_p2.to(tl.float32)[None, :, :]
     if PRELOAD >= 4:
-        xf = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        xf = _gemv_x_f32(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
         acc += xf * w_p3.to(tl.float32)[None, :, :]
         if GATED:
             acc_u += xf * u_p3.to(tl.float32)[None, :, :]
@@ -806,7 +814,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         else:
             xm = m_mask[:, None] & (kk < K)[None, :]
             wm = n_mask[:, None] & (kk < K)[None, :]
-        xf = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
+        xf = _gemv_x_f32(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         acc += xf * w.to(tl.float32)[None, :, :]
         if GATED:
@@ -820,6 +828,88 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         g = y.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
         y = (act.to(tl.float32) * u.to(tl.float32)).to(out_ty)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
+    tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+
+
+# The few-rows variant (2..16 rows: decode batches, speculative rounds): the same prologues and epilogues, but each
+# weight tile meets the rows through the tensor cores, ``tl.dot`` of the row tile ``[MP, BK]`` (rows padded to 16,
+# tl.dot's minimum) and the weight tile transposed ``[BK, BN]`` (BN >= 16), accumulated in fp32 ``[MP, BN]`` across
+# K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
+# so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
+# CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  Opt-in
+# (``FLARE_GEMV_DOT=1``): not yet measured on the H200.
+
+@triton.jit
+def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
+                            K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                            HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
+                            EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
+                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * MP + tl.arange(0, MP)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [MP, 1]
+    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    if GATED:
+        u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
+    if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
+        n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
+        lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
+        for i in tl.static_range(PREFETCH):
+            kl = tl.minimum(i * BK + lines, K - 1)[None, :]
+            _prefetch_l2(W + n_c + kl)
+            if GATED:
+                _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
+    _pdl_enter(USE_PDL)
+
+    if HAS_NORM:  # row statistics of x, as the one-row kernel
+        ss = tl.zeros([MP, BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + offs_k
+            xs = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+            ss += xs * xs
+        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)
+    else:
+        rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused
+
+    acc = tl.zeros([MP, BN], dtype=tl.float32)
+    if GATED:
+        acc_u = tl.zeros([MP, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        kk = k0 + offs_k
+        if EVEN_K:
+            xm = m_mask[:, None]
+            wm = n_mask[:, None]
+        else:
+            xm = m_mask[:, None] & (kk < K)[None, :]
+            wm = n_mask[:, None] & (kk < K)[None, :]
+        xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
+            acc += tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+        if GATED:
+            wu = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+            if DOT_F32:
+                acc_u += tl.dot(xv.to(tl.float32), tl.trans(wu.to(tl.float32)), input_precision="ieee")
+            else:
+                acc_u = tl.dot(xv, tl.trans(wu), acc_u)
+
+    out_ty = Y.dtype.element_ty
+    y = acc.to(out_ty)
+    if GATED:
+        g = y.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
+        y = (act.to(tl.float32) * acc_u.to(out_ty).to(tl.float32)).to(out_ty)
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RES:
         r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
@@ -901,6 +991,18 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     return max(0, min(tiles, 4, k // bk))
 
 
+def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
+    """The tensor-core kernel's launch config, a pure function of the shapes: ``BN`` 32 (16 when that leaves
+    fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller, at least 16), 4 warps, 4 stages --
+    a starting point for ``scripts/bench_gemv.py --dot``, not a measurement."""
+    n_out = N // 2 if gated else N
+    bn = 32 if triton.cdiv(n_out, 32) >= 2 * GEMV_TARGET_SMS else 16
+    return {"BN": bn, "BK": max(16, min(128, triton.next_power_of_2(K))), "num_warps": 4, "num_stages": 4}
+
+
+assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
+
+
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
@@ -966,6 +1068,20 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
+    if uses_dot_kernel(m):
+        cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
+        bn, bk = int(cfg["BN"]), int(cfg["BK"])
+        if bn < 16 or bk < 16:
+            raise ValueError(f"fused_linear_triton: the tensor-core kernel needs BN, BK >= 16, got {bn}, {bk}")
+        _fused_gemm_rows_kernel[(triton.cdiv(n_out, bn), triton.cdiv(m, GEMV_MAX_ROWS))](
+            x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
+            m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
+            out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
+            HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
+            PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
+            DOT_F32=_interpreting(), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+            **_pdl(x.device))
+        return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)

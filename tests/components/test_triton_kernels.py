@@ -197,6 +197,63 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
+_DOT_CASES = [  # (M, N weight rows, K, norm, gated, residual, gated input)
+    (2, 96, 256, False, False, True, False),
+    (4, 64, 192, True, False, False, False),  # K not a multiple of BK: masked tail
+    (4, 128, 128, True, True, False, False),
+    (8, 48, 128, False, False, True, True),
+    (16, 64, 256, False, False, False, False),
+    (3, 40, 64, True, False, True, False),  # N not a multiple of BN
+]
+
+
+@pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", _DOT_CASES)
+def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, gated, residual, gated_input):
+    """``FLARE_GEMV_DOT=1``: 2..16 rows through ``tl.dot`` (fp32 products of the bf16 values in the interpreter,
+    as the MMA's are exact) -- within the elementwise kernel's bound, and the same bits on a second launch."""
+    import torch.nn.functional as F
+
+    from ignition.components.fused_linear import fused_linear_reference, reorder_bound, uses_dot_kernel
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    monkeypatch.setenv("FLARE_GEMV_DOT", "1")
+    assert uses_dot_kernel(m)
+    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n + k)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)
+    cfg = {"BN": 16, "BK": 64}
+    got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
+                              config=cfg)
+    again = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
+                                config=cfg)
+    assert torch.equal(got.view(torch.int16), again.view(torch.int16))
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
+    y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated, gated_input)
+    if gated_input:
+        act = F.silu(x[:, :k]) * x[:, k:]
+        tol = 2 * 2.0 ** -7 * y_ref.float().abs() + reorder_bound(act, w, norm=True, gated=False)
+    else:
+        tol = _gemv_tolerance(x, w, nw, gated, y_ref)
+    if residual:
+        tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
+def test_tensor_core_variant_is_opt_in_and_bounded(monkeypatch):
+    from ignition.components.fused_linear import prefers_fused, uses_dot_kernel
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    w = torch.zeros(6144, 8)
+    monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    assert not uses_dot_kernel(4) and not prefers_fused(4, w, False)
+    monkeypatch.setenv("FLARE_GEMV_DOT", "1")
+    assert uses_dot_kernel(4) and prefers_fused(4, w, True) and not uses_dot_kernel(1) and not uses_dot_kernel(17)
+    x, w, _, _ = _gemv_inputs(4, 32, 64, norm=False, gated=False, residual=False, seed=1)
+    with pytest.raises(ValueError, match="BN, BK >= 16"):
+        fused_linear_triton(x, w, config={"BN": 8, "BK": 64})
+
+
 def test_gemv_config_is_a_pure_function_of_the_shapes():
     from ignition.components.triton_kernels import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
