@@ -725,20 +725,89 @@ def _gemv_x_f32(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexp
 
 
 @triton.jit
+def _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program (n block, row block)'s offsets, masks and row pointers: ``(offs_m, offs_n, offs_k, m_mask, n_mask,
+    x_rows [MP, 1], w_rows [BN, 1])``."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * MP + tl.arange(0, MP)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_mask = offs_m < M
+    n_mask = offs_n < N_OUT
+    return (offs_m, offs_n, tl.arange(0, BK), m_mask, n_mask, X + offs_m.to(tl.int64)[:, None] * stride_x,
+            W + offs_n.to(tl.int64)[:, None] * stride_w)
+
+
+@triton.jit
+def _gemv_masks(kk, m_mask, n_mask, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """``(x mask [MP, BK], weight mask [BN, BK])`` of the K tile at columns ``kk``."""
+    if EVEN_K:
+        xm = m_mask[:, None]
+        wm = n_mask[:, None]
+    else:
+        xm = m_mask[:, None] & (kk < K)[None, :]
+        wm = n_mask[:, None] & (kk < K)[None, :]
+    return xm, wm
+
+
+@triton.jit
+def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr, PF_LINES: tl.constexpr,
+                   FIRST: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
+    """L2 prefetch of weight tiles ``FIRST .. FIRST + TILES - 1`` of this program's rows (and their up halves when
+    gated), one per 128-byte line (``PF_LINES`` per tile row), clamped to K."""
+    n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
+    lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
+    for i in tl.static_range(TILES):
+        kl = tl.minimum((FIRST + i) * BK + lines, K - 1)[None, :]
+        _prefetch_l2(W + n_c + kl)
+        if GATED:
+            _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
+
+
+@triton.jit
+def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
+               HAS_NORM: tl.constexpr):
+    """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
+    (ones, unused, without the norm)."""
+    if HAS_NORM:
+        ss = tl.zeros([MP, BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + offs_k
+            xm = m_mask[:, None] & (kk < K)[None, :]
+            xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            ss += xs * xs
+        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)  # [MP]
+    else:
+        rstd = tl.full([MP], 1.0, dtype=tl.float32)
+    return rstd
+
+
+@triton.jit
+def _gemv_epilogue(y, u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED: tl.constexpr,
+                   HAS_RES: tl.constexpr):
+    """From the fp32 sums ``y`` (and ``u``, the up half, when gated) ``[MP, BN]``: round; gated,
+    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` rounded once; store."""
+    out_ty = Y.dtype.element_ty
+    y = y.to(out_ty)  # [MP, BN]: the projection, rounded
+    if GATED:
+        g = y.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
+        y = (act.to(tl.float32) * u.to(out_ty).to(tl.float32)).to(out_ty)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if HAS_RES:
+        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
+    tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_m = pid_m * MP + tl.arange(0, MP)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    m_mask = offs_m < M
-    n_mask = offs_n < N_OUT
-    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [MP, 1]
-    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
+                                                                            BN, BK)
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
 
@@ -762,26 +831,11 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         w_p3 = tl.load(w_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
         if GATED:
             u_p3 = tl.load(u_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
-    if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles (one per 128-byte line)
-        n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
-        lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
-        for i in tl.static_range(PREFETCH):
-            kl = tl.minimum((PRELOAD + i) * BK + lines, K - 1)[None, :]
-            _prefetch_l2(W + n_c + kl)
-            if GATED:
-                _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
+    if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
+        _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
 
-    if HAS_NORM:  # row statistics of x: elementwise fp32 accumulation over K chunks, one sum at the end
-        ss = tl.zeros([MP, BK], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + offs_k
-            xm = m_mask[:, None] & (kk < K)[None, :]
-            xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            ss += xs * xs
-        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)  # [MP]
-    else:
-        rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused
+    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
 
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
@@ -808,12 +862,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             acc_u += xf * u_p3.to(tl.float32)[None, :, :]
     for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
-        if EVEN_K:
-            xm = m_mask[:, None]
-            wm = n_mask[:, None]
-        else:
-            xm = m_mask[:, None] & (kk < K)[None, :]
-            wm = n_mask[:, None] & (kk < K)[None, :]
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         acc += xf * w.to(tl.float32)[None, :, :]
@@ -821,18 +870,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             wu = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
             acc_u += xf * wu.to(tl.float32)[None, :, :]
 
-    out_ty = Y.dtype.element_ty
-    y = tl.sum(acc, axis=2).to(out_ty)  # [MP, BN]: the projection, rounded
     if GATED:
-        u = tl.sum(acc_u, axis=2).to(out_ty)
-        g = y.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
-        y = (act.to(tl.float32) * u.to(tl.float32)).to(out_ty)
-    mask = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
-        y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
-    tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+        _gemv_epilogue(tl.sum(acc, axis=2), tl.sum(acc_u, axis=2), R, Y, offs_m, offs_n, m_mask, n_mask, stride_r,
+                       stride_y, GATED, HAS_RES)
+    else:
+        _gemv_epilogue(tl.sum(acc, axis=2), None, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED,
+                       HAS_RES)
 
 
 # The few-rows variant (2..16 rows: decode batches, speculative rounds): the same prologues and epilogues, but each
@@ -849,48 +892,21 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                             PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    offs_m = pid_m * MP + tl.arange(0, MP)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    m_mask = offs_m < M
-    n_mask = offs_n < N_OUT
-    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [MP, 1]
-    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
+                                                                            BN, BK)
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
-        n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
-        lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
-        for i in tl.static_range(PREFETCH):
-            kl = tl.minimum(i * BK + lines, K - 1)[None, :]
-            _prefetch_l2(W + n_c + kl)
-            if GATED:
-                _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
+        _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-
-    if HAS_NORM:  # row statistics of x, as the one-row kernel
-        ss = tl.zeros([MP, BK], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + offs_k
-            xs = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
-            ss += xs * xs
-        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)
-    else:
-        rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused
+    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + offs_k
-        if EVEN_K:
-            xm = m_mask[:, None]
-            wm = n_mask[:, None]
-        else:
-            xm = m_mask[:, None] & (kk < K)[None, :]
-            wm = n_mask[:, None] & (kk < K)[None, :]
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
@@ -904,17 +920,10 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             else:
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
-    out_ty = Y.dtype.element_ty
-    y = acc.to(out_ty)
     if GATED:
-        g = y.to(tl.float32)
-        act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
-        y = (act.to(tl.float32) * acc_u.to(out_ty).to(tl.float32)).to(out_ty)
-    mask = m_mask[:, None] & n_mask[None, :]
-    if HAS_RES:
-        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
-        y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
-    tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+        _gemv_epilogue(acc, acc_u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
+    else:
+        _gemv_epilogue(acc, None, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
