@@ -732,10 +732,12 @@ def _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP: tl.constexpr, BN: tl.c
     pid_m = tl.program_id(1)
     offs_m = pid_m * MP + tl.arange(0, MP)
     offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
     m_mask = offs_m < M
     n_mask = offs_n < N_OUT
-    return (offs_m, offs_n, tl.arange(0, BK), m_mask, n_mask, X + offs_m.to(tl.int64)[:, None] * stride_x,
-            W + offs_n.to(tl.int64)[:, None] * stride_w)
+    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [MP, 1]
+    w_rows = W + offs_n.to(tl.int64)[:, None] * stride_w  # [BN, 1]
+    return offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows
 
 
 @triton.jit
@@ -790,9 +792,10 @@ def _gemv_epilogue(y, u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_
     out_ty = Y.dtype.element_ty
     y = y.to(out_ty)  # [MP, BN]: the projection, rounded
     if GATED:
+        u = u.to(out_ty)
         g = y.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(out_ty)  # silu of the rounded gate, in fp32, rounded
-        y = (act.to(tl.float32) * u.to(out_ty).to(tl.float32)).to(out_ty)
+        y = (act.to(tl.float32) * u.to(tl.float32)).to(out_ty)
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RES:
         r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)

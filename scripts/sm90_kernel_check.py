@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Compile the decode kernels for sm90 on a machine without a GPU and report what ``ptxas`` says: registers, spills,
+shared memory -- and, with ``--against REV``, whether each kernel's PTX equals the one of ``triton_kernels.py`` at
+git revision ``REV`` (debug info and label names aside), so a refactor can be shown to change no generated code.
+
+    python scripts/sm90_kernel_check.py [--against REV] [--json OUT]
+
+Needs Triton (its bundled ``ptxas``), no CUDA device.  The configurations are the measured ones: every
+``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the fused decode kernel and the
+reduce kernel at the Qwen3 shapes, the tensor-core GEMV's default configs and the top-k kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+P = "*bf16"
+GEMV_SIG = {"X": P, "W": P, "NW": P, "R": P, "Y": P, "M": "i32", "N_OUT": "i32", "stride_x": "i32",
+            "stride_w": "i32", "stride_r": "i32", "stride_y": "i32", "eps": "fp32"}
+DECODE_SIG = {**{n: P for n in "Q K V QW KW COS SIN KP VP".split()}, "SLOTS": "*i64", "BT": "*i32", "SL": "*i64",
+              "M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P,
+              **{n: "i32" for n in ("stride_qb stride_qh stride_kb stride_kh stride_vb stride_vh stride_cb stride_sb "
+                                    "stride_kp stride_kt stride_kph stride_vp stride_vt stride_vph stride_bt "
+                                    "max_pages").split()},
+              "qk_scale_log2": "fp32", "eps": "fp32"}
+
+
+#: The one-row projections as the Qwen3 recipe launches them: (name, N weight rows, K, norm, gated, residual,
+#: gated input).
+ONE_ROW = [
+    ("8B qkv", 6144, 4096, True, False, False, False), ("8B o_proj", 4096, 4096, False, False, True, False),
+    ("8B down (gated input)", 4096, 12288, False, False, True, True),
+    ("0.6B qkv", 4096, 1024, True, False, False, False), ("0.6B o_proj", 1024, 2048, False, False, True, False),
+    ("0.6B gate_up", 6144, 1024, True, True, False, False), ("0.6B down", 1024, 3072, False, False, True, False),
+]
+
+
+def cases(tk):
+    """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile."""
+    out = []
+    for name, n, k, norm, gated, res, gi in ONE_ROW:
+        cfg = tk.gemv_config(1, n, k, gated)
+        bk = cfg["BK"]
+        c = dict(K=k, MP=1, BN=cfg["BN"], BK=bk, HAS_NORM=norm, HAS_RES=res, GATED=gated, EVEN_K=k % bk == 0,
+                 GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
+                 PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
+        out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
+                    dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+    for heads, splits in ((32, 32), (16, 32)):
+        g = heads // 8
+        c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
+                 K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=64, KV_LINES=2)
+        out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, c, dict(num_warps=4)))
+        out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel",
+                    {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P},
+                    dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True,
+                         EARLY=True), dict(num_warps=4)))
+    for name, n, k, norm, gated, res, gi in (("qkv", 6144, 4096, True, False, False, False),
+                                             ("o_proj", 4096, 4096, False, False, True, False),
+                                             ("gate_up", 24576, 4096, True, True, False, False),
+                                             ("down", 4096, 12288, False, False, True, True)):
+        cfg = tk.gemm_rows_config(4, n, k, gated)
+        c = dict(K=k, MP=tk.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
+                 EVEN_K=True, GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, cfg["BK"] // 64),
+                 DOT_F32=False)
+        out.append((f"tensor-core gemv 8B {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
+                    dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+    out.append(("topk chunk 4096 k64", "_topk_chunk_kernel", {"X": "*fp32", "WS": "*fp32", "V": "i32",
+                                                               "stride_x": "i32"}, dict(CHUNK=4096, KP=64),
+                dict(num_warps=8)))
+    out.append(("topk merge 4096 k64", "_topk_merge_kernel", {"WS": "*fp32", "Out": "*fp32", "N": "i32", "K": "i32",
+                                                               "stride_o": "i32"}, dict(NP=4096, KP=64),
+                dict(num_warps=8)))
+    return out
+
+
+def compile_sm90(fn, sig, consts, opts):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    div = [i for i, (k, t) in enumerate(sig.items()) if k.startswith("stride") or t.startswith("*")]
+    full = {**sig, **{c: "constexpr" for c in consts}}
+    src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in div})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def code_of(ptx: str) -> str:
+    """The PTX without comments, debug sections, locations and label names."""
+    ptx = re.sub(r"//.*", "", ptx)
+    ptx = re.sub(r"\.file.*|\.loc.*", "", ptx).split(".section")[0]
+    return re.sub(r"\n\s*\n", "\n", re.sub(r"\$L__\w+:?", "", ptx))
+
+
+def ptxas_report(ptx: str) -> str:
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        res = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"], capture_output=True,
+                             text=True)
+    lines = [ln.split("ptxas info    :")[-1].strip() for ln in res.stderr.splitlines()
+             if "registers" in ln or "spill" in ln]
+    return " | ".join(lines) or res.stderr.strip()[-200:]
+
+
+def module_at(rev: str):
+    text = subprocess.run(["git", "show", f"{rev}:ignition/components/triton_kernels.py"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "triton_kernels_at_rev.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("triton_kernels_at_rev", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", help="git revision whose triton_kernels.py to compare the PTX with")
+    ap.add_argument("--only", default="", help="only cases whose name contains this")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    from ignition.components import triton_kernels as tk
+
+    old = module_at(args.against) if args.against else None
+    rows = []
+    for name, kernel, sig, consts, opts in cases(tk):
+        if args.only not in name:
+            continue
+        k = compile_sm90(getattr(tk, kernel), sig, consts, opts)
+        row = {"case": name, "ptxas": ptxas_report(k.asm["ptx"]), "shared_bytes": k.metadata.shared}
+        if old is not None:
+            if hasattr(old, kernel):
+                try:
+                    fn = getattr(old, kernel)
+                    known = set(fn.arg_names)
+                    dropped = {c: v for c, v in consts.items() if c not in known}
+                    if any(v not in (0, False) for v in dropped.values()):  # the older kernel lacks a used feature
+                        raise ValueError(f"no {', '.join(dropped)} there")
+                    before = compile_sm90(fn, sig, {c: v for c, v in consts.items() if c in known}, opts)
+                    same = code_of(before.asm["ptx"]) == code_of(k.asm["ptx"])
+                    row["same_ptx_as_" + args.against] = same
+                except Exception as exc:  # the older kernel takes other constexprs
+                    row["same_ptx_as_" + args.against] = f"not comparable: {type(exc).__name__}"
+            else:
+                row["same_ptx_as_" + args.against] = "new kernel"
+        row["ptx_md5"] = hashlib.md5(code_of(k.asm["ptx"]).encode()).hexdigest()
+        rows.append(row)
+        extra = f"  same PTX as {args.against}: {row['same_ptx_as_' + args.against]}" if old is not None else ""
+        print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}{extra}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
