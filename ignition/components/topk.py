@@ -1,9 +1,10 @@
 """``flare::topk_values``: the ``k`` largest values of each row of ``x [B, V]`` (fp32), descending -- what
 ``torch.topk(x, k).values`` returns, which the bounded sampler (``SamplingTensors.max_top_k``) cuts by.
 
-- CPU (and CUDA with ``FLARE_TRITON_TOPK=0``): ``torch.topk``.
-- CUDA: ``topk_values_triton``, two launches: each program keeps the top ``k`` of one vocabulary chunk (Triton's
-  bitonic top-k), then one program per row keeps the top ``k`` of those candidates.  The values are selected, never
+- CPU (and CUDA by default): ``torch.topk``.
+- CUDA with ``FLARE_TRITON_TOPK=1`` (opt-in until measured on the H200): ``topk_values_triton``, two launches:
+  each program keeps the top ``k`` of one vocabulary chunk (Triton's bitonic top-k), then one program per row keeps
+  the top ``k`` of those candidates.  The values are selected, never
   computed, so the result equals ``torch.topk``'s value for value: the ``k`` largest with their multiplicities, in
   descending order.  (Equal values are indistinguishable, except ``-0.0`` against ``0.0``, which compare equal and
   may come in either order -- and either rounds the sampler's thresholds and ``exp`` identically.  Rows must hold
@@ -41,7 +42,7 @@ def _fake(x: torch.Tensor, k: int) -> torch.Tensor:
 @opaque_op("topk_values", mutates_args=(), fake=_fake)
 def topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
     """``x [B, V]`` float32 -> a new ``[B, k]``: each row's ``k`` largest values, descending (module docstring)."""
-    if x.is_cuda and switch("FLARE_TRITON_TOPK", True):
+    if x.is_cuda and switch("FLARE_TRITON_TOPK", False):
         from ignition.components.triton_kernels import topk_values_triton  # imports triton: CUDA only
 
         _check(x, k)

@@ -275,12 +275,14 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])
-def test_topk_values_on_this_gpu(rows, k):
-    """``flare::topk_values``' Triton kernels on vocabulary-sized rows (ties, a min-p-masked row): equal to
-    ``torch.topk``'s values, eager and captured."""
+def test_topk_values_on_this_gpu(monkeypatch, rows, k):
+    """``flare::topk_values``' Triton kernels (``FLARE_TRITON_TOPK=1``) on vocabulary-sized rows (ties, a
+    min-p-masked row): equal to ``torch.topk``'s values, eager and captured."""
     from test_topk import _rows
 
     from ignition.components.topk import topk_values
+
+    monkeypatch.setenv("FLARE_TRITON_TOPK", "1")
 
     x = _rows(rows, VOCAB, k).cuda()
     want = torch.topk(x, k).values
