@@ -156,7 +156,28 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
             row["verdict"] = "only in baseline" if b else "only in candidate"
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
-            "ignored_fields": sorted(ignore), "cases": rows}
+            "ignored_fields": sorted(ignore), "cases": rows, "critical_path": _critical_paths(bdir, cdir)}
+
+
+#: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
+TIMELINE_TAGS = ("b1", "b4")
+
+
+def _critical_paths(bdir: Path, cdir: Path) -> dict:
+    """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``), or the reason
+    they could not be read."""
+    from qualify.critical_path import from_run
+
+    out = {}
+    for tag in TIMELINE_TAGS:
+        try:
+            b, c = from_run(bdir, tag), from_run(cdir, tag)
+        except ValueError as exc:
+            out[tag] = {"error": str(exc)}
+            continue
+        if b is not None and c is not None:
+            out[tag] = {"baseline": b, "candidate": c}
+    return out
 
 
 def _fmt(x) -> str:
@@ -184,6 +205,16 @@ def markdown(rep: dict, png_note: str) -> str:
     for r in rep["cases"]:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     lines += ["", "Verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), ""]
+    for tag, cp in rep.get("critical_path", {}).items():
+        lines += [f"## Critical path, timeline {tag}", ""]
+        if "error" in cp:
+            lines += [f"Not compared: {cp['error']}", ""]
+            continue
+        from qualify.critical_path import compare as compare_paths
+
+        lines += ["Each kernel's end minus the previous kernel's end in the graph replay (`qualify/critical_path.py`):",
+                  "what it adds to the step, overlap included; medians over replays (and layers).", ""]
+        lines += compare_paths(cp["baseline"], cp["candidate"]) + [""]
     return "\n".join(lines)
 
 

@@ -20,9 +20,10 @@ the same batch): graph elapsed, per region and per kernel name.
 
 from __future__ import annotations
 
-import functools
-import json
 import contextlib
+import functools
+import gzip
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -88,28 +89,43 @@ def _round_ranges(model):
 
 
 def _trace(path: Path) -> list[dict]:
-    return json.loads(path.read_text()).get("traceEvents", [])
+    """The events of a Chrome trace (``.json`` as exported, or ``.json.gz`` as archived)."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return json.loads(text).get("traceEvents", [])
 
 
 def _kernels(events):
     return [e for e in events if e.get("cat") == "kernel"]
 
 
-def _attribute(events) -> dict:
-    """kernel -> enclosing user range of its launch (by correlation id and CPU timestamps)."""
+UNRANGED = "eager glue (embedding, rotary, metadata)"
+
+
+def kernel_ranges(events) -> list[tuple[dict, str]]:
+    """``(kernel event, range name)`` in start order: the innermost user range enclosing the kernel's launch (by
+    correlation id and CPU timestamps), :data:`UNRANGED` outside every range."""
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
     # Triton and cuBLAS(Lt) launch through the driver API (cuLaunchKernel*), eager PyTorch through the runtime
     launches = {e["args"].get("correlation"): e for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "args" in e}
-    per_range = defaultdict(lambda: {"kernels": 0, "us": 0.0})
-    per_op = defaultdict(lambda: {"kernels": 0, "us": 0.0})
-    for k in _kernels(events):
+    out = []
+    for k in sorted(_kernels(events), key=lambda e: e["ts"]):
         launch = launches.get(k.get("args", {}).get("correlation"))
-        name = "eager glue (embedding, rotary, metadata)"
+        name = UNRANGED
         if launch is not None:
             inside = [r for r in ranges if r["ts"] <= launch["ts"] <= r["ts"] + r["dur"]]
             if inside:
                 name = min(inside, key=lambda r: r["dur"])["name"]
+        out.append((k, name))
+    return out
+
+
+def _attribute(events) -> dict:
+    """Kernel count and summed time per enclosing range and per kernel name (:func:`kernel_ranges`)."""
+    per_range = defaultdict(lambda: {"kernels": 0, "us": 0.0})
+    per_op = defaultdict(lambda: {"kernels": 0, "us": 0.0})
+    for k, name in kernel_ranges(events):
         per_range[name]["kernels"] += 1
         per_range[name]["us"] += k.get("dur", 0.0)
         per_op[k["name"]]["kernels"] += 1
@@ -180,7 +196,18 @@ def profile_step(step, tag: str, trace_dir: Path, round_model=None, samples: int
         "per_layer_mean": {"kernels": sum(v["kernels"] for v in layers.values()) / max(len(layers), 1),
                            "us": sum(v["us"] for v in layers.values()) / max(len(layers), 1)},
         "traces": [replay_path.name, attributed_path.name],
+        "critical_path": _critical_path(replay_path, attributed_path),
     }
+
+
+def _critical_path(replay_path: Path, attributed_path: Path) -> dict:
+    """:func:`qualify.critical_path.increments` of the two traces, or ``{"error": why}``."""
+    from qualify.critical_path import increments
+
+    try:
+        return increments(_trace(replay_path), _trace(attributed_path))
+    except ValueError as exc:
+        return {"error": str(exc)}
 
 
 def format_table(r: dict) -> str:
@@ -193,6 +220,13 @@ def format_table(r: dict) -> str:
     other = {k: v for k, v in r["attributed"]["per_range"].items() if not k.startswith("layer.")}
     for name, v in sorted(other.items(), key=lambda kv: -kv[1]["us"]):
         lines.append(f"  {name:<44} {v['kernels']:>5} kernels {v['us']:>9.1f} us")
+    cp = r.get("critical_path")
+    if cp and "error" not in cp:
+        from qualify.critical_path import format_table as path_table
+
+        lines.append(path_table(cp, label))
+    elif cp:
+        lines.append(f"  critical path: {cp['error']}")
     lines.append("  top operators (kernel name, attributed run):")
     ops = sorted(r["attributed"]["per_operator"].items(), key=lambda kv: -kv[1]["us"])[:15]
     for name, v in ops:

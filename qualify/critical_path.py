@@ -1,0 +1,140 @@
+"""What each kernel of a replayed decode graph adds to the step: critical-path increments, per region and per layer
+position, from the two traces ``gpu_replay --timeline`` archives (``replay-<tag>.trace.json[.gz]``,
+``attributed-<tag>.trace.json[.gz]``; ``qualify/timeline.py``).
+
+In a captured graph with programmatic dependent launch, kernels overlap: a kernel launches early and waits, so its
+own duration says little about what it costs the step.  Its **increment** does: its end minus the end of the kernel
+before it (one stream: kernels end in launch order).  The increments of one replay add up to the replay's span, first
+kernel start to last kernel end.
+
+Each kernel of a replay takes the region of the same kernel in the attributed run (``layer.<i>``, ``head``,
+``sampler``, ``metadata``, the eager glue; :func:`qualify.timeline.kernel_ranges`): the two runs launch the same
+kernels in the same order, names are matched in order, and a graph node the attributed run does not show (a memset or
+memcpy node) is counted with the kernel before it.  Reported: per region the median over replays of the summed
+increments, and per layer position (the k-th kernel of every ``layer.<i>``) the median, min and max over layers and
+replays -- "qkv 16.3 us, attention 10.4 us, ...".  ``compare`` sets two such results side by side
+(``python -m qualify.report`` appends it to a report when both runs archived their traces).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from qualify.timeline import REPLAYS, _kernels, _trace, kernel_ranges
+
+__all__ = ["increments", "from_run", "compare", "format_table"]
+
+
+def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
+    n, rem = divmod(len(kernels), replays)
+    if not kernels or rem:
+        raise ValueError(f"critical path: {len(kernels)} replayed kernels do not split into {replays} replays")
+    ks = sorted(kernels, key=lambda e: e["ts"])
+    return [ks[i * n:(i + 1) * n] for i in range(replays)]
+
+
+def _attributed_increments(step: list[dict], attributed: list[tuple[dict, str]]) -> list[tuple[str, str, float]]:
+    """``(kernel name, region, increment)`` of one replay's kernels, matched by name in order with the attributed
+    run; a kernel the attributed run does not show (a graph memset or memcpy node) adds its increment to the kernel
+    before it."""
+    out: list[list] = []
+    j, prev_end = 0, step[0]["ts"]
+    for k in step:
+        end = k["ts"] + k.get("dur", 0.0)
+        inc = max(end - prev_end, 0.0)
+        prev_end = max(prev_end, end)
+        if j < len(attributed) and k["name"] == attributed[j][0]["name"]:
+            out.append([k["name"], attributed[j][1], inc])
+            j += 1
+        elif out:
+            out[-1][2] += inc
+        else:
+            out.append([k["name"], attributed[0][1] if attributed else "?", inc])
+    if j < len(attributed):
+        raise ValueError(f"critical path: only {j} of the attributed run's {len(attributed)} kernels found in order "
+                         "in a replay (different graphs?)")
+    return [tuple(x) for x in out]
+
+
+def increments(replay_events: list[dict], attributed_events: list[dict], replays: int = REPLAYS) -> dict:
+    """``{"span_us", "per_region": {region: us}, "layers", "per_layer_us", "positions": [...]}`` (module doc)."""
+    attributed = kernel_ranges(attributed_events)
+    spans, per_region, per_pos, per_layer = [], defaultdict(list), defaultdict(list), []
+    layers = 0
+    names: dict[int, str] = {}
+    for step in _replays(_kernels(replay_events), replays):
+        inc_region, inc_layer = defaultdict(float), defaultdict(list)
+        for name, region, inc in _attributed_increments(step, attributed):
+            inc_region[region] += inc
+            if region.startswith("layer."):
+                j = len(inc_layer[region])
+                inc_layer[region].append(inc)
+                per_pos[j].append(inc)
+                names.setdefault(j, name)
+        spans.append(max(k["ts"] + k.get("dur", 0.0) for k in step) - step[0]["ts"])
+        for region, us in inc_region.items():
+            per_region[region].append(us)
+        per_layer += [sum(v) for v in inc_layer.values()]
+        layers = len(inc_layer)
+    positions = [{"position": j, "name": names[j], "median_us": statistics.median(v), "min_us": min(v),
+                  "max_us": max(v)} for j, v in sorted(per_pos.items())]
+    merged = defaultdict(list)  # the layers as one region, the rest as they are
+    for region, v in per_region.items():
+        merged["layers (all)" if region.startswith("layer.") else region].append(v)
+    return {"span_us": statistics.median(spans), "replays": replays, "layers": layers,
+            "per_layer_us": statistics.median(per_layer) if per_layer else 0.0, "positions": positions,
+            "per_region": {r: statistics.median([sum(x) for x in zip(*vs)]) for r, vs in merged.items()}}
+
+
+def _find(run_dir: Path, name: str) -> Path | None:
+    for suffix in (".json.gz", ".json"):
+        p = run_dir / (name + suffix)
+        if p.is_file():
+            return p
+    return None
+
+
+def from_run(run_dir: str | Path, tag: str) -> dict | None:
+    """:func:`increments` of a run folder's ``replay-<tag>`` / ``attributed-<tag>`` traces (``tag``: ``b1``,
+    ``b4``, ``b1-w1`` ...); None when the run has not both."""
+    run_dir = Path(run_dir)
+    replay, attributed = _find(run_dir, f"replay-{tag}.trace"), _find(run_dir, f"attributed-{tag}.trace")
+    if replay is None or attributed is None:
+        return None
+    return increments(_trace(replay), _trace(attributed))
+
+
+def format_table(r: dict, label: str = "") -> str:
+    lines = [f"critical path {label}: span {r['span_us']:.1f} us (median of {r['replays']} replays); "
+             f"per layer {r['per_layer_us']:.1f} us ({r['layers']} layers)"]
+    lines += [f"  {name[:50]:<50} {us:9.1f} us" for name, us in sorted(r["per_region"].items(), key=lambda x: -x[1])]
+    lines.append("  per layer position (median over layers and replays; min-max):")
+    lines += [f"    {p['position']:>2} {p['name'][:48]:<48} {p['median_us']:7.2f} us ({p['min_us']:.2f}-"
+              f"{p['max_us']:.2f})" for p in r["positions"]]
+    return "\n".join(lines)
+
+
+def compare(base: dict, cand: dict) -> list[str]:
+    """Markdown lines: per region and per layer position, baseline against candidate (medians, difference).  Layer
+    positions are matched by index; where the two layers hold other kernels, the names of both are shown."""
+    lines = ["| region | baseline us | candidate us | difference |", "|---|---|---|---|"]
+    lines.append(f"| step span | {base['span_us']:.1f} | {cand['span_us']:.1f} | "
+                 f"{cand['span_us'] - base['span_us']:+.1f} |")
+    for r in sorted(set(base["per_region"]) | set(cand["per_region"])):
+        b, c = base["per_region"].get(r), cand["per_region"].get(r)
+        lines.append(f"| {r} | {'-' if b is None else f'{b:.1f}'} | {'-' if c is None else f'{c:.1f}'} | "
+                     f"{'-' if b is None or c is None else f'{c - b:+.1f}'} |")
+    lines += ["", f"Per layer ({base['layers']} / {cand['layers']} layers): {base['per_layer_us']:.2f} -> "
+                  f"{cand['per_layer_us']:.2f} us.", "",
+              "| position | kernel | baseline us (min-max) | candidate us (min-max) | difference |",
+              "|---|---|---|---|---|"]
+    for j in range(max(len(base["positions"]), len(cand["positions"]))):
+        b = base["positions"][j] if j < len(base["positions"]) else None
+        c = cand["positions"][j] if j < len(cand["positions"]) else None
+        name = (b or c)["name"] if not (b and c) or b["name"] == c["name"] else f"{b['name']} / {c['name']}"
+        cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
+        diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
+        lines.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} |")
+    return lines

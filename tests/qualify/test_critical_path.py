@@ -1,0 +1,96 @@
+"""``qualify.critical_path``: per-kernel increments of a replayed graph, attributed by the ranged run, on synthetic
+traces whose answer is known by construction (and on an archived H200 run where one is committed)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from qualify import critical_path as cp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _attributed(layout):
+    """A ranged run: ``layout`` = [(region or None, [kernel names])] in launch order."""
+    ev, t, corr = [], 0.0, 0
+    for region, names in layout:
+        start = t
+        for name in names:
+            corr += 1
+            ev.append({"cat": "cuda_runtime", "ph": "X", "ts": t + 0.1, "dur": 0.5, "args": {"correlation": corr}})
+            ev.append({"cat": "kernel", "ph": "X", "name": name, "ts": 1000 + t, "dur": 1.0,
+                       "args": {"correlation": corr}})
+            t += 1.0
+        if region is not None:
+            ev.append({"cat": "user_annotation", "ph": "X", "name": region, "ts": start, "dur": t - start})
+    return ev
+
+
+def _replay(steps):
+    """Replayed kernels: ``steps`` = per replay a list of (name, start, duration)."""
+    ev, base = [], 0.0
+    for step in steps:
+        for name, ts, dur in step:
+            ev.append({"cat": "kernel", "ph": "X", "name": name, "ts": base + ts, "dur": dur})
+        base += 1000.0
+    return ev
+
+
+LAYOUT = [(None, ["embed"]), ("layer.0", ["qkv", "attn", "o"]), ("layer.1", ["qkv", "attn", "o"]),
+          ("head", ["lm_head"])]
+#: one replay: overlapping kernels (attn launches before qkv ends), a memset node inside layer.1
+STEP = [("embed", 0, 2), ("qkv", 2, 10), ("attn", 5, 9), ("o", 14, 4), ("qkv", 18, 10), ("attn", 27, 5),
+        ("memset32", 32, 1), ("o", 33, 4), ("lm_head", 37, 20)]
+
+
+def test_increments_add_up_per_region_and_per_layer_position():
+    r = cp.increments(_replay([STEP, STEP]), _attributed(LAYOUT), replays=2)
+    assert r["span_us"] == 57 and r["layers"] == 2
+    # ends: 2, 12, 14, 18, 28, 32, 33, 37, 57 -> increments 2 | 10 2 4 | 10 4 1 4 | 20; the memset node's 1 us
+    # counts with layer.1's attention before it
+    assert r["per_region"] == {"eager glue (embedding, rotary, metadata)": 2, "layers (all)": 35, "head": 20}
+    assert [(p["name"], p["median_us"]) for p in r["positions"]] == [("qkv", 10), ("attn", 3.5), ("o", 4)]
+    assert r["positions"][1]["min_us"] == 2 and r["positions"][1]["max_us"] == 5
+    assert r["per_layer_us"] == pytest.approx(17.5)  # layers of 16 and 19 us
+    assert sum(r["per_region"].values()) == r["span_us"]
+
+
+def test_mismatched_runs_and_uneven_replays_are_refused():
+    with pytest.raises(ValueError, match="do not split into 4 replays"):
+        cp.increments(_replay([STEP, STEP]), _attributed(LAYOUT), replays=4)
+    other = [(None, ["embed"]), ("layer.0", ["qkv", "gate"])]
+    with pytest.raises(ValueError, match="attributed run"):
+        cp.increments(_replay([STEP]), _attributed(other), replays=1)
+
+
+def test_compare_and_report_section(tmp_path):
+    base = cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1)
+    # layer.0's o_proj 1 us shorter, everything after it 1 us earlier
+    faster = [(n, ts - (i > 3), dur - (i == 3)) for i, (n, ts, dur) in enumerate(STEP)]
+    cand = cp.increments(_replay([faster]), _attributed(LAYOUT), replays=1)
+    md = "\n".join(cp.compare(base, cand))
+    assert "| step span | 57.0 | 56.0 | -1.0 |" in md and "| layers (all) | 35.0 | 34.0 | -1.0 |" in md
+    assert "| 2 | `o` | 4.00 (4.00-4.00) | 3.50 (3.00-4.00) | -0.50 |" in md
+    for name, b in (("base", base), ("cand", cand)):  # the report reads them from run folders
+        d = tmp_path / name
+        d.mkdir()
+        (d / "replay-b1.trace.json.gz").write_bytes(gzip.compress(json.dumps(
+            {"traceEvents": _replay([STEP if name == "base" else faster] * 20)}).encode()))
+        (d / "attributed-b1.trace.json").write_text(json.dumps({"traceEvents": _attributed(LAYOUT)}))
+    assert cp.from_run(tmp_path / "base", "b1")["per_region"] == base["per_region"]
+    assert cp.from_run(tmp_path / "base", "b4") is None
+
+
+def test_an_archived_h200_run_decomposes_into_its_span():
+    run = ROOT / "results" / "20261201T072115Z-sm90-gpu-replay-0.6B"
+    if not (run / "replay-b1.trace.json.gz").is_file():
+        pytest.skip("the archived run is not in this checkout")
+    r = cp.from_run(run, "b1")
+    assert r["layers"] == 28 and len(r["positions"]) == 6
+    assert sum(r["per_region"].values()) == pytest.approx(r["span_us"], rel=0.02)
+    assert [p["name"] for p in r["positions"]][:3] == ["_fused_gemv_kernel", "_rope_decode_kernel",
+                                                       "_paged_decode_reduce_kernel"]
