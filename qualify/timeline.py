@@ -206,8 +206,8 @@ def _critical_path(replay_path: Path, attributed_path: Path) -> dict:
 
     try:
         return increments(_trace(replay_path), _trace(attributed_path))
-    except ValueError as exc:
-        return {"error": str(exc)}
+    except Exception as exc:  # the summary never costs the timeline; the reason is printed and archived
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def format_table(r: dict) -> str:
