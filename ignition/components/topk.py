@@ -2,7 +2,8 @@
 ``torch.topk(x, k).values`` returns, which the bounded sampler (``SamplingTensors.max_top_k``) cuts by.
 
 - CPU (and CUDA by default): ``torch.topk``.
-- CUDA with ``FLARE_TRITON_TOPK=1`` (opt-in until measured on the H200): ``topk_values_triton``, two launches:
+- CUDA with ``FLARE_TRITON_TOPK=1`` (opt-in until measured on the H200) and ``k <= TRITON_MAX_K``:
+  ``topk_values_triton``, two launches:
   each program keeps the top ``k`` of one vocabulary chunk (Triton's bitonic top-k), then one program per row keeps
   the top ``k`` of those candidates.  The values are selected, never
   computed, so the result equals ``torch.topk``'s value for value: the ``k`` largest with their multiplicities, in
@@ -19,7 +20,11 @@ import torch
 from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch
 
-__all__ = ["topk_values", "topk_values_reference"]
+__all__ = ["topk_values", "topk_values_reference", "TRITON_MAX_K"]
+
+#: The largest ``k`` the Triton path takes (its programs hold ``k`` rounded up to a power of two per chunk); larger
+#: ``k`` -- no sampler bound is near it -- stays with ``torch.topk``, by this rule.
+TRITON_MAX_K = 1024
 
 
 def _check(x: torch.Tensor, k: int) -> None:
@@ -42,7 +47,7 @@ def _fake(x: torch.Tensor, k: int) -> torch.Tensor:
 @opaque_op("topk_values", mutates_args=(), fake=_fake)
 def topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
     """``x [B, V]`` float32 -> a new ``[B, k]``: each row's ``k`` largest values, descending (module docstring)."""
-    if x.is_cuda and switch("FLARE_TRITON_TOPK", False):
+    if x.is_cuda and k <= TRITON_MAX_K and switch("FLARE_TRITON_TOPK", False):
         from ignition.components.triton_kernels import topk_values_triton  # imports triton: CUDA only
 
         _check(x, k)
