@@ -3,9 +3,8 @@
 
 - CPU (and CUDA by default): ``torch.topk``.
 - CUDA with ``FLARE_TRITON_TOPK=1`` (opt-in until measured on the H200) and ``k <= TRITON_MAX_K``:
-  ``topk_values_triton``, two launches:
-  each program keeps the top ``k`` of one vocabulary chunk (Triton's bitonic top-k), then one program per row keeps
-  the top ``k`` of those candidates.  The values are selected, never
+  ``topk_values_triton``, two launches: each program keeps the top ``k`` of one vocabulary chunk (Triton's bitonic
+  top-k), then one program per row keeps the top ``k`` of those candidates.  The values are selected, never
   computed, so the result equals ``torch.topk``'s value for value: the ``k`` largest with their multiplicities, in
   descending order.  (Equal values are indistinguishable, except ``-0.0`` against ``0.0``, which compare equal and
   may come in either order -- and either rounds the sampler's thresholds and ``exp`` identically.  Rows must hold
