@@ -254,7 +254,7 @@ def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
 @pytest.mark.parametrize("n,k,norm,residual", [(4096, 4096, False, True), (1024, 2048, False, True),
                                                (1024, 3072, False, True), (6144, 4096, True, False)])
 def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
-    from test_triton_kernels import _gemv_inputs, _gemv_tolerance
+    from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton, gemv_config, gemv_preload_tiles
@@ -302,7 +302,7 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
 def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residual):
     """``FLARE_GEMV_DOT=1`` (opt-in): the tensor-core variant at Qwen3 shapes of a few rows, against the reference
     within the interpreter tests' bound, and the same bits on a second launch."""
-    from test_triton_kernels import _gemv_inputs, _gemv_tolerance
+    from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton
