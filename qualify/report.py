@@ -32,6 +32,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from qualify import critical_path
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "results"
 BASELINES = RESULTS / "baselines"
@@ -166,12 +168,10 @@ TIMELINE_TAGS = ("b1", "b4")
 def _critical_paths(bdir: Path, cdir: Path) -> dict:
     """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``), or the reason
     they could not be read."""
-    from qualify.critical_path import from_run
-
     out = {}
     for tag in TIMELINE_TAGS:
         try:
-            b, c = from_run(bdir, tag), from_run(cdir, tag)
+            b, c = critical_path.from_run(bdir, tag), critical_path.from_run(cdir, tag)
         except ValueError as exc:
             out[tag] = {"error": str(exc)}
             continue
@@ -210,11 +210,9 @@ def markdown(rep: dict, png_note: str) -> str:
         if "error" in cp:
             lines += [f"Not compared: {cp['error']}", ""]
             continue
-        from qualify.critical_path import compare as compare_paths
-
         lines += ["Each kernel's end minus the previous kernel's end in the graph replay (`qualify/critical_path.py`):",
                   "what it adds to the step, overlap included; medians over replays (and layers).", ""]
-        lines += compare_paths(cp["baseline"], cp["candidate"]) + [""]
+        lines += critical_path.compare(cp["baseline"], cp["candidate"]) + [""]
     return "\n".join(lines)
 
 

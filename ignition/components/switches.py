@@ -18,11 +18,12 @@ def switch(name: str, default: bool) -> bool:
     return default if value == "" else value not in _OFF
 
 
-def number(name: str) -> float | None:
-    """The numeric switch ``name``: unset or empty -> None; raises naming the variable when it is not a number."""
+def number(name: str, default: float | None = None) -> float | None:
+    """The numeric switch ``name``: unset or empty -> ``default``; raises naming the variable when it is not a
+    number."""
     value = os.environ.get(name, "").strip()
     if value == "":
-        return None
+        return default
     try:
         return float(value)
     except ValueError:

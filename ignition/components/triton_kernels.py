@@ -634,8 +634,7 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
     - ``results/20261201T065805Z-sm90-run20`` (with it): Qwen3-0.6B B=1: 32 splits 9.14 us, 64 splits 9.94;
       Qwen3-8B B=1 32 splits 9.08, B=4 16 splits 18.40 (32: 18.84)."""
     gp = triton.next_power_of_2(max(1, groups))
-    cap = number("FLARE_DECODE_MAX_SPLITS")  # side-by-side runs (64: the cap before run 21); read at each launch
-    cap = FUSED_DECODE_MAX_SPLITS if cap is None else max(1, int(cap))
+    cap = max(1, int(number("FLARE_DECODE_MAX_SPLITS", FUSED_DECODE_MAX_SPLITS)))  # side-by-side runs
     return max(1, min(max_blocks, cap, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
 
 
@@ -804,6 +803,29 @@ def _gemv_epilogue(y, u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_
 
 
 @triton.jit
+def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.constexpr, GATED: tl.constexpr):
+    """Weight tile ``i`` of the program's rows ``[BN, BK]`` (whole tiles: EVEN_K), and its up half when gated (else
+    the same tile again, unused)."""
+    w = tl.load(w_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    if GATED:
+        u = tl.load(u_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    else:
+        u = w
+    return w, u
+
+
+@triton.jit
+def _gemv_preloaded(acc, acc_u, w, u, i: tl.constexpr, x_rows, NW, offs_k, m_mask, rstd, K: tl.constexpr,
+                    BK: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr, GATED: tl.constexpr):
+    """``acc`` (and ``acc_u`` when gated) plus preloaded tile ``i`` times its input tile: the loop's own step."""
+    xf = _gemv_x_f32(x_rows, NW, i * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+    acc += xf * w.to(tl.float32)[None, :, :]
+    if GATED:
+        acc_u += xf * u.to(tl.float32)[None, :, :]
+    return acc, acc_u
+
+
+@triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
@@ -813,27 +835,21 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                                                                             BN, BK)
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
+    else:
+        u_rows = w_rows  # unused
 
     # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
     # into registers before the wait -- weights are never written in a step, so this is legal whatever the
     # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
     # tiles, the same elementwise accumulation order as without.
     if PRELOAD >= 1:
-        w_p0 = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
-        if GATED:
-            u_p0 = tl.load(u_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+        w_p0, u_p0 = _gemv_weight_tile(w_rows, u_rows, 0, offs_k, n_mask, BK, GATED)
     if PRELOAD >= 2:
-        w_p1 = tl.load(w_rows + (BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
-        if GATED:
-            u_p1 = tl.load(u_rows + (BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        w_p1, u_p1 = _gemv_weight_tile(w_rows, u_rows, 1, offs_k, n_mask, BK, GATED)
     if PRELOAD >= 3:
-        w_p2 = tl.load(w_rows + (2 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
-        if GATED:
-            u_p2 = tl.load(u_rows + (2 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        w_p2, u_p2 = _gemv_weight_tile(w_rows, u_rows, 2, offs_k, n_mask, BK, GATED)
     if PRELOAD >= 4:
-        w_p3 = tl.load(w_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
-        if GATED:
-            u_p3 = tl.load(u_rows + (3 * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
@@ -843,26 +859,20 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    else:
+        acc_u = acc  # unused
     if PRELOAD >= 1:
-        xf = _gemv_x_f32(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc += xf * w_p0.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u_p0.to(tl.float32)[None, :, :]
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p0, u_p0, 0, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                     GATED_IN, GATED)
     if PRELOAD >= 2:
-        xf = _gemv_x_f32(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc += xf * w_p1.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u_p1.to(tl.float32)[None, :, :]
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p1, u_p1, 1, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                     GATED_IN, GATED)
     if PRELOAD >= 3:
-        xf = _gemv_x_f32(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc += xf * w_p2.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u_p2.to(tl.float32)[None, :, :]
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p2, u_p2, 2, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                     GATED_IN, GATED)
     if PRELOAD >= 4:
-        xf = _gemv_x_f32(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc += xf * w_p3.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u_p3.to(tl.float32)[None, :, :]
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p3, u_p3, 3, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                     GATED_IN, GATED)
     for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
@@ -975,8 +985,7 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
     the weight fits :data:`GEMV_PREFETCH_FULL_BYTES` (or ``FLARE_GEMV_PREFETCH_MB``), else
     :data:`GEMV_PREFETCH_TILES`."""
     tiles = triton.cdiv(weight.shape[1], bk)
-    env = number("FLARE_GEMV_PREFETCH_MB")
-    budget = GEMV_PREFETCH_FULL_BYTES if env is None else int(env * (1 << 20))
+    budget = int(number("FLARE_GEMV_PREFETCH_MB", GEMV_PREFETCH_FULL_BYTES / (1 << 20)) * (1 << 20))
     if weight.numel() * weight.element_size() <= budget:
         return tiles
     return min(GEMV_PREFETCH_TILES, tiles)
@@ -996,8 +1005,7 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
     plain input (no norm, no gated input or output; any with ``FLARE_GEMV_PRELOAD_PROLOGUE=1``), whole tiles only;
     never more than the tiles of K."""
-    env = number("FLARE_GEMV_PRELOAD")
-    tiles = GEMV_PRELOAD_TILES if env is None else int(env)
+    tiles = int(number("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES))
     if m != 1 or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", False)) or k % bk:
         return 0
     return max(0, min(tiles, 4, k // bk))
