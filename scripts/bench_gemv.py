@@ -6,12 +6,13 @@ of ``--launches`` back-to-back launches (launch overhead amortized as in a captu
 over ``--replays`` replays.  ``--weights cold`` (default): the launches cycle through identical copies of the
 weight, at least ``COLD_BYTES`` in all (more than the H200's 50 MB L2), so every launch streams its weight from
 HBM as in a decode step, where each layer's weights are read once; ``--weights warm``: one copy, as sweeps before
-2026-12-01 ran -- a weight below the L2 size is then partly served from L2 and reads faster than in a step.  Reported per launch: microseconds, achieved GB/s (weight bytes / time) and the
-ratio to ``F.linear`` on the same weight (cuBLAS alone: for gated shapes the bare [2I, K] projection without
-the silu-mul; with norm/residual flags the unfused torch ops are not counted -- the fused kernel's ratio is
-thus conservative).  The heuristic config (``gemv_config``) is timed first, then a bounded sweep of
-alternatives (BN 4/8/16/32, BK 256/512/1024, num_warps 4/8, num_stages 1/2/3; with ``--dot`` the tensor-core variant
-for 2..16 rows, BN 16/32/64, BK 64/128/256, num_stages 3/4/5): by default a coordinate sweep
+2026-12-01 ran -- a weight below the L2 size is then partly served from L2 and reads faster than in a step.
+Reported per launch: microseconds, achieved GB/s (weight bytes / time) and the ratio to ``F.linear`` on the
+same weight (cuBLAS alone: for gated shapes the bare [2I, K] projection without the silu-mul; with norm/residual
+flags the unfused torch ops are not counted -- the fused kernel's ratio is thus conservative).  The heuristic
+config (``gemv_config``) is timed first, then a bounded sweep of alternatives (BN 4/8/16/32, BK 256/512/1024,
+num_warps 4/8, num_stages 1/2/3; with ``--dot`` the tensor-core variant for 2..16 rows, BN 16/32/64,
+BK 64/128/256, num_stages 3/4/5): by default a coordinate sweep
 around the heuristic plus a few joint moves, under ``--budget-s`` seconds in all (compiles dominate; ``--full``
 times the whole grid).  Each config's output is checked against ``fused_linear_reference`` (2 bf16 ulps plus an
 fp32-reordering term; 4 ulps when gated); failing configs are reported and never picked.  Prints a table and
@@ -35,9 +36,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components.fused_linear import fused_linear_reference, reorder_bound  # noqa: E402
+from ignition.components.fused_linear import fused_linear_reference, reorder_bound, uses_dot_kernel  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
-from ignition.components.fused_linear import uses_dot_kernel  # noqa: E402
 from ignition.components.triton_kernels import (  # noqa: E402
     GEMV_MAX_ROWS, fused_linear_triton, gemm_rows_config, gemv_config)
 

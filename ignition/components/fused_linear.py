@@ -62,8 +62,6 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 PACKED_GATE_UP_FUSED = False
 
 
-
-
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
     n = weight.shape[0]
     if gated and n % 2:
