@@ -54,6 +54,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from ignition.components.sampling import GREEDY_EPS
+
 log = logging.getLogger(__name__)
 
 DECODE = "decode"
@@ -149,8 +151,6 @@ class GraphCatalog:
 def plain_greedy(resolved: dict) -> bool:
     """Whether a request's resolved sampling parameters make it a row the greedy variant may serve: greedy
     (temperature below the sampler's threshold) with neutral presence/frequency/repetition penalties."""
-    from ignition.components.sampling import GREEDY_EPS
-
     def value(name, neutral):
         v = resolved.get(name)
         return neutral if v is None else v
@@ -164,8 +164,6 @@ def within_top_k(resolved: dict, k: int | None) -> bool:
     is the argmax, before any filter) or ``1 <= top_k <= k``."""
     if k is None:  # no decode_topk steps: the scheduler's per-step question ends here
         return False
-    from ignition.components.sampling import GREEDY_EPS
-
     temperature, top_k = resolved.get("temperature"), resolved.get("top_k")
     return (temperature is not None and temperature < GREEDY_EPS) or (top_k is not None and 1 <= top_k <= k)
 
