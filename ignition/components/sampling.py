@@ -25,8 +25,8 @@ wrote into them before replay).  Order, as vLLM's v1 sampler applies it:
 Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step untouched.
 Cost: without a bound the cut sorts the whole vocabulary (``[B, V]`` fp32) every step, as vLLM's
 PyTorch path does.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
-by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values; two Triton launches on CUDA with
-``FLARE_TRITON_TOPK=1``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
+by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values; two Triton launches on CUDA unless
+``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
 a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
 """
 

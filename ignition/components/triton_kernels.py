@@ -616,10 +616,12 @@ def decode_kv_prefetch_keys(batch: int) -> int:
     return DECODE_KV_PREFETCH_KEYS
 
 
-#: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  32 since run 20's attention-alone
-#: side by side; in the step (``results/20261201T071730Z-sm90-run22`` against run 20, another machine) Qwen3-0.6B's
-#: attention took 8.42 us per layer at 32 splits against 6.91 at 64, with the GEMV preload also new: not separated.
-FUSED_DECODE_MAX_SPLITS = 32
+#: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  Side by side in the whole step on
+#: one machine (``results/20261201T102332Z-sm90-run23``, Qwen3-0.6B batch 1, 1024-token context; it changes nothing
+#: else: Qwen3-8B's cap is its group size's 32, batch 4 takes 16): 64 splits 1.0215 ms (min 1.0141) against 32
+#: splits 1.0378 (min 1.0316).  Run 20's attention-alone bench had preferred 32 (9.14 against 9.94 us per layer):
+#: the step, not the bench, decides.
+FUSED_DECODE_MAX_SPLITS = 64
 
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
@@ -993,8 +995,9 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 
 #: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: o_proj, and down after a
 #: gated fused gate/up) loads into registers before its PDL wait, while its predecessor finishes
-#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4; ``FLARE_GEMV_PRELOAD_PROLOGUE=1`` extends it to the GEMVs with
-#: a prologue or a gated output -- qkv, gate/up -- not yet measured).  Side by side on the H200, batch 1, 1024-token context
+#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4; the GEMVs with a prologue or a gated output -- qkv, gate/up --
+#: preload too unless ``FLARE_GEMV_PRELOAD_PROLOGUE=0``: Qwen3-0.6B batch 1 1.0232 ms with, 1.0378 without, side by
+#: side in ``results/20261201T102332Z-sm90-run23``).  Side by side on the H200, batch 1, 1024-token context
 #: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.
@@ -1003,10 +1006,11 @@ GEMV_PRELOAD_TILES = 4
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
-    plain input (no norm, no gated input or output; any with ``FLARE_GEMV_PRELOAD_PROLOGUE=1``), whole tiles only;
+    plain input (no norm, no gated input or output -- those too unless ``FLARE_GEMV_PRELOAD_PROLOGUE=0``), whole
+    tiles only;
     never more than the tiles of K."""
     tiles = int(number("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES))
-    if m != 1 or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", False)) or k % bk:
+    if m != 1 or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", True)) or k % bk:
         return 0
     return max(0, min(tiles, 4, k // bk))
 

@@ -181,9 +181,11 @@ def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64  # 512 programs, 8 KV heads
+    monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "32")
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 32
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "64")
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 64  # 512 programs over 8 KV heads; G=2 allows 64
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 64  # G=2 allows 64
     assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
     assert tk.fused_decode_num_splits(4, 8, 2, 256) == 16 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
 

@@ -126,8 +126,8 @@ def test_fused_linear_triton_configs_are_deterministic(cfg):
 @pytest.mark.parametrize("tiles", [1, 2, 4])
 def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     """``FLARE_GEMV_PRELOAD``: a one-row plain GEMV loads its first weight tiles before its wait and multiplies them
-    first -- the same accumulation order, so the same bits as without (and within the reference's bound); a GEMV with
-    a prologue, more rows or a ragged K keeps none."""
+    first -- the same accumulation order, so the same bits as without (and within the reference's bound); with
+    ``FLARE_GEMV_PRELOAD_PROLOGUE=0`` a GEMV with a prologue keeps none, nor does one of more rows or a ragged K."""
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
 
@@ -137,6 +137,8 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     plain = fused_linear_triton(x, w, residual=r, config=cfg)
     monkeypatch.setenv("FLARE_GEMV_PRELOAD", str(tiles))
     assert gemv_preload_tiles(1, 512, 128, True) == tiles
+    assert gemv_preload_tiles(1, 512, 128, False) == tiles  # a prologue: preloads too by default
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "0")
     assert gemv_preload_tiles(1, 512, 128, False) == gemv_preload_tiles(2, 512, 128, True) == 0
     assert gemv_preload_tiles(1, 500, 128, True) == 0 and gemv_preload_tiles(1, 256, 128, True) == min(tiles, 2)
     got = fused_linear_triton(x, w, residual=r, config=cfg)
@@ -149,8 +151,8 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
 
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
-    """``FLARE_GEMV_PRELOAD_PROLOGUE=1``: the GEMVs with the norm prologue, a gated output or the gated input
-    preload too, and multiply the preloaded tiles with the loop's own input tiles: the same bits as without."""
+    """The GEMVs with the norm prologue, a gated output or the gated input preload too (``FLARE_GEMV_PRELOAD_PROLOGUE``,
+    default on), and multiply the preloaded tiles with the loop's own input tiles: the same bits as without."""
     from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
 
     k = 384
@@ -161,10 +163,11 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     run = lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,  # noqa: E731
                                       gated_input=gated_input, config=cfg)
     monkeypatch.setenv("FLARE_GEMV_PRELOAD", "4")
-    assert gemv_preload_tiles(1, k, 128, False) == 0  # off by default for these
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "0")
+    assert gemv_preload_tiles(1, k, 128, False) == 0
     plain = run()
-    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
-    assert gemv_preload_tiles(1, k, 128, False) == 3
+    monkeypatch.delenv("FLARE_GEMV_PRELOAD_PROLOGUE")
+    assert gemv_preload_tiles(1, k, 128, False) == 3  # the default
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
