@@ -995,9 +995,12 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 
 #: Weight tiles each one-row plain GEMV program (no norm or gate prologue, no gated output: o_proj, and down after a
 #: gated fused gate/up) loads into registers before its PDL wait, while its predecessor finishes
-#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4; the GEMVs with a prologue or a gated output -- qkv, gate/up --
-#: preload too unless ``FLARE_GEMV_PRELOAD_PROLOGUE=0``: Qwen3-0.6B batch 1 1.0232 ms with, 1.0378 without, side by
-#: side in ``results/20261201T102332Z-sm90-run23``).  Side by side on the H200, batch 1, 1024-token context
+#: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).  The GEMVs with a prologue or a gated output (qkv, gate/up, the
+#: down with the gated input) preload only when the preloaded tiles are their whole K (``FLARE_GEMV_PRELOAD_PROLOGUE``
+#: 1 / 0 forces it on / off), side by side on the H200: Qwen3-0.6B batch 1 (qkv 1 tile, gate/up 2 -- whole K) 1.0232
+#: ms with, 1.0378 without (``results/20261201T102332Z-sm90-run23``); Qwen3-8B batch 1 (qkv 4 of 8 tiles, down 4 of 12)
+#: 5.2294 ms with, 4.6547 without (``results/20261201T103624Z-sm90-run24``: the partial preload holds its tiles in
+#: registers across the rstd pass or the gated-input loop -- down went from 29 to 43 us).  Side by side on the H200, batch 1, 1024-token context
 #: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.
@@ -1006,11 +1009,11 @@ GEMV_PRELOAD_TILES = 4
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
-    plain input (no norm, no gated input or output -- those too unless ``FLARE_GEMV_PRELOAD_PROLOGUE=0``), whole
-    tiles only;
+    plain input (no norm, no gated input or output -- those too when the tiles cover K, or as
+    ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only;
     never more than the tiles of K."""
     tiles = int(number("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES))
-    if m != 1 or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", True)) or k % bk:
+    if m != 1 or k % bk or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", k // bk <= min(tiles, 4))):
         return 0
     return max(0, min(tiles, 4, k // bk))
 

@@ -137,7 +137,10 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     plain = fused_linear_triton(x, w, residual=r, config=cfg)
     monkeypatch.setenv("FLARE_GEMV_PRELOAD", str(tiles))
     assert gemv_preload_tiles(1, 512, 128, True) == tiles
-    assert gemv_preload_tiles(1, 512, 128, False) == tiles  # a prologue: preloads too by default
+    # a prologue: by default only when the tiles are the whole K (4 tiles here), forced on or off by the switch
+    assert gemv_preload_tiles(1, 512, 128, False) == (4 if tiles == 4 else 0)
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
+    assert gemv_preload_tiles(1, 512, 128, False) == tiles
     monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "0")
     assert gemv_preload_tiles(1, 512, 128, False) == gemv_preload_tiles(2, 512, 128, True) == 0
     assert gemv_preload_tiles(1, 500, 128, True) == 0 and gemv_preload_tiles(1, 256, 128, True) == min(tiles, 2)
@@ -151,8 +154,9 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
 
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
-    """The GEMVs with the norm prologue, a gated output or the gated input preload too (``FLARE_GEMV_PRELOAD_PROLOGUE``,
-    default on), and multiply the preloaded tiles with the loop's own input tiles: the same bits as without."""
+    """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
+    K (``FLARE_GEMV_PRELOAD_PROLOGUE``: 1 forces it, 0 never), and multiply the preloaded tiles with the loop's own
+    input tiles: the same bits as without -- whole K (the default) and a partial preload (forced)."""
     from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
 
     k = 384
@@ -167,7 +171,12 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     assert gemv_preload_tiles(1, k, 128, False) == 0
     plain = run()
     monkeypatch.delenv("FLARE_GEMV_PRELOAD_PROLOGUE")
-    assert gemv_preload_tiles(1, k, 128, False) == 3  # the default
+    assert gemv_preload_tiles(1, k, 128, False) == 3  # the default: 3 tiles are the whole K
+    assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", "2")
+    assert gemv_preload_tiles(1, k, 128, False) == 0  # 2 of 3 tiles: not by default
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
+    assert gemv_preload_tiles(1, k, 128, False) == 2
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
