@@ -15,7 +15,10 @@
 #                   ATTENTION[:separate][:nopdl][:NAME=VALUE...] (separate: projections unfused,
 #                   --no-fused-projections; nopdl: FLARE_PDL=0, no programmatic dependent launch; NAME=VALUE: an
 #                   environment switch of that run, e.g. FLARE_PDL_EARLY=0 -- README, "Side-by-side switches");
-#                   AB_TIMELINE=1 adds --timeline, AB_ARGS more gpu_replay arguments (e.g. "--topk-variant 64")
+#                   AB_TIMELINE=1 adds --timeline, AB_ARGS more gpu_replay arguments (e.g. "--topk-variant 64");
+#                   the first variant runs again last (AB_BRACKET=0: not), so the same version is timed twice and an
+#                   order effect shows (run 23's first variant was ~15 us slower than every later one at Qwen3-0.6B
+#                   B=1; run 26 with the order swapped found the "gains" within noise)
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -59,8 +62,9 @@ for s in ${STAGES:?set STAGES}; do
     pdl) if ! timeout 150 python3 scripts/pdl_smoke.py --json "$OUT/pdl.json" > "$OUT/pdl.log" 2>&1; then
            export FLARE_PDL=0; echo "PDL smoke failed: FLARE_PDL=0 from here" | tee -a "$OUT/stages.log"; fi
          tail -n 5 "$OUT/pdl.log" ;;
-    replayab-*) for v in $AB; do  # ATTENTION[:separate][:nopdl][:NAME=VALUE...]: backend, projections unfused, PDL off, env
-          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; n=${v//:/-}
+    replayab-*) vs="$AB"; [ "${AB_BRACKET:-1}" = 1 ] && [ "${AB%% *}" != "$AB" ] && vs="$AB ${AB%% *}"; i=0
+        for v in $vs; do  # ATTENTION[:separate][:nopdl][:NAME=VALUE...]: backend, projections unfused, PDL off, env
+          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; i=$((i + 1)); n=$i-${v//:/-}
           pdl=${FLARE_PDL:-1}; [[ "$v" == *:nopdl* ]] && pdl=0
           envs=(); IFS=: read -ra parts <<< "$v"; for p in "${parts[@]:1}"; do [[ "$p" == *=* ]] && envs+=("$p"); done
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \

@@ -616,11 +616,13 @@ def decode_kv_prefetch_keys(batch: int) -> int:
     return DECODE_KV_PREFETCH_KEYS
 
 
-#: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  Side by side in the whole step on
-#: one machine (``results/20261201T102332Z-sm90-run23``, Qwen3-0.6B batch 1, 1024-token context; it changes nothing
-#: else: Qwen3-8B's cap is its group size's 32, batch 4 takes 16): 64 splits 1.0215 ms (min 1.0141) against 32
-#: splits 1.0378 (min 1.0316).  Run 20's attention-alone bench had preferred 32 (9.14 against 9.94 us per layer):
-#: the step, not the bench, decides.
+#: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  It matters only for Qwen3-0.6B at
+#: batch 1 (Qwen3-8B's cap is its group size's 32, batch 4 takes 16).  Side by side in the whole step
+#: (1024-token context): run 23 (``results/20261201T102332Z-sm90-run23``) had 64 splits at 1.0215 ms against 1.0378
+#: for 32, but 32 ran first there and every later variant was ~15 us faster; run 26
+#: (``results/20261201T104724Z-sm90-run26``, 64 splits with the whole-K prologue preload against 32 without, order
+#: swapped) 1.0270 against 1.0264 -- within noise.  In the step's critical path the attention takes 7.34 us per layer
+#: at 64 (run 25) against 8.42 at 32 (run 22), another machine.  64 stays; the difference is not shown.
 FUSED_DECODE_MAX_SPLITS = 64
 
 
@@ -997,10 +999,11 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: gated fused gate/up) loads into registers before its PDL wait, while its predecessor finishes
 #: (``FLARE_GEMV_PRELOAD`` overrides it; at most 4).  The GEMVs with a prologue or a gated output (qkv, gate/up, the
 #: down with the gated input) preload only when the preloaded tiles are their whole K (``FLARE_GEMV_PRELOAD_PROLOGUE``
-#: 1 / 0 forces it on / off), side by side on the H200: Qwen3-0.6B batch 1 (qkv 1 tile, gate/up 2 -- whole K) 1.0232
-#: ms with, 1.0378 without (``results/20261201T102332Z-sm90-run23``); Qwen3-8B batch 1 (qkv 4 of 8 tiles, down 4 of 12)
-#: 5.2294 ms with, 4.6547 without (``results/20261201T103624Z-sm90-run24``: the partial preload holds its tiles in
-#: registers across the rstd pass or the gated-input loop -- down went from 29 to 43 us).  Side by side on the H200, batch 1, 1024-token context
+#: 1 / 0 forces it on / off), side by side on the H200: Qwen3-8B batch 1 (qkv 4 of 8 tiles, down 4 of 12) 5.2294 ms
+#: with, 4.6547 without (``results/20261201T103624Z-sm90-run24``: the partial preload holds its tiles in registers
+#: across the rstd pass or the gated-input loop -- down went from 29 to 43 us); Qwen3-0.6B batch 1 (qkv 1 tile, gate/up
+#: 2 -- whole K) 1.0232 ms with, 1.0378 without in run 23, but within noise in run 26 (see
+#: :data:`FUSED_DECODE_MAX_SPLITS`): kept, bitwise the same either way.  Side by side on the H200, batch 1, 1024-token context
 #: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.
