@@ -151,7 +151,8 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
       cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
     - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
     - with ``FLARE_GEMV_DOT=1`` (:func:`uses_dot_kernel`), 2..16 rows: fused, every shape, through the tensor-core
-      variant (not yet measured).
+      variant -- measured slower than cuBLAS at 4 and 8 rows on every Qwen3-8B shape but o_proj
+      (``results/20261201T102332Z-sm90-run23``: qkv 26.1 vs 14.3 us, down with the gated input 165.7 vs 28.7), so off.
     """
     if not _ENABLED[0]:
         return False

@@ -901,7 +901,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
 # so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
 # CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  Opt-in
-# (``FLARE_GEMV_DOT=1``): not yet measured on the H200.
+# (``FLARE_GEMV_DOT=1``): slower than cuBLAS on the H200 except o_proj (``results/20261201T102332Z-sm90-run23``): where the
+# input tile goes through a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile.
 
 @triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
