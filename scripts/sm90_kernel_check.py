@@ -57,6 +57,9 @@ def cases(tk):
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+        if name == "8B o_proj":  # FLARE_GEMV_PARTNER_PREFETCH: prefetches only, no live registers across the wait
+            out.append((f"gemv {name} preload {c['PRELOAD']} partners 3", "_fused_gemv_kernel", GEMV_SIG,
+                        {**c, "PARTNERS": 3}, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     for heads, splits in ((32, 32), (16, 32)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
@@ -90,6 +93,7 @@ def compile_sm90(fn, sig, consts, opts):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    consts = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **consts}
     div = [i for i, (k, t) in enumerate(sig.items()) if k.startswith("stride") or t.startswith("*")]
     full = {**sig, **{c: "constexpr" for c in consts}}
     src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in div})

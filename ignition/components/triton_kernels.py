@@ -770,6 +770,22 @@ def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
+def _gemv_partner_prefetch(W, N_OUT, stride_w, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           PF_LINES: tl.constexpr, PARTNERS: tl.constexpr, GATED: tl.constexpr):
+    """L2 prefetch, by each of the grid's first ``ceil(G / (PARTNERS + 1))`` programs (G: the grid's column blocks;
+    row block 0 only), of the whole weight rows of programs ``pid + j * that`` for ``j = 1 .. PARTNERS``.  A GEMV
+    launched early behind a latency-bound kernel (the output projection after the attention's ``EARLY`` reduce) has
+    only its first wave of programs resident before its wait -- the rest start when those finish, so their own
+    prefetch comes too late; the first wave fetches their rows meanwhile.  Rows past the weight clamp to its last."""
+    first = (tl.num_programs(0) + PARTNERS) // (PARTNERS + 1)
+    pid = tl.program_id(0)
+    if (pid < first) & (tl.program_id(1) == 0):
+        for j in tl.static_range(1, PARTNERS + 1):
+            rows = (pid + j * first) * BN + tl.arange(0, BN)
+            _gemv_prefetch(W, rows, N_OUT, stride_w, K, BK, PF_LINES, 0, (K + BK - 1) // BK, GATED)
+
+
+@triton.jit
 def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
                HAS_NORM: tl.constexpr):
     """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
@@ -834,7 +850,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0):
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
+                       PARTNERS: tl.constexpr = 0):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -856,6 +873,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
+        if PARTNERS > 0:  # ... and of the whole rows of programs that will start only after the wait
+            _gemv_partner_prefetch(W, N_OUT, stride_w, K, BN, BK, PF_LINES, PARTNERS, GATED)
     _pdl_enter(USE_PDL)
 
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
@@ -1011,6 +1030,23 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 GEMV_PRELOAD_TILES = 4
 
 
+#: Partner programs whose weight rows each first-wave program of a one-row plain GEMV prefetches into L2 before its
+#: PDL wait (``_gemv_partner_prefetch``; ``FLARE_GEMV_PARTNER_PREFETCH=N`` sets it): 0, off, until measured in the
+#: step on the H200.  Why it may pay: the Qwen3-8B output projection (512 programs at 255 registers: at most two per
+#: SM, fewer beside the attention's programs) takes 10.0 us after the reduce, where its 32 MiB stream in 8.1 at the
+#: measured floor bandwidth and would take less from L2 (``results/20261201T104406Z-sm90-run25``).
+GEMV_PARTNER_PREFETCH = 0
+
+
+def gemv_partner_prefetch(m: int, plain: bool) -> int:
+    """Partner programs per first-wave program (:data:`GEMV_PARTNER_PREFETCH`): one row, a plain input (the GEMVs
+    that launch early behind the attention); raises naming the switch when it is negative."""
+    partners = int(number("FLARE_GEMV_PARTNER_PREFETCH", GEMV_PARTNER_PREFETCH))
+    if partners < 0:
+        raise ValueError(f"FLARE_GEMV_PARTNER_PREFETCH={partners}: expected a count >= 0")
+    return partners if m == 1 and plain else 0
+
+
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
     plain input (no norm, no gated input or output -- those too when the tiles cover K, or as
@@ -1117,14 +1153,16 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
-    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
+    plain = norm_weight is None and not gated and not gated_input
+    preload = gemv_preload_tiles(m, k, bk, plain)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
+        PARTNERS=gemv_partner_prefetch(m, plain), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+        **_pdl(x.device))
     return out
 
 

@@ -249,7 +249,7 @@ def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
 
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
 # measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
-# tiles preloaded before the PDL wait (the default) and without: the same bits
+# tiles preloaded before the PDL wait (the default), with partner prefetches, and without: the same bits
 
 @pytest.mark.parametrize("n,k,norm,residual", [(4096, 4096, False, True), (1024, 2048, False, True),
                                                (1024, 3072, False, True), (6144, 4096, True, False)])
@@ -269,6 +269,9 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
     if not norm:
         assert gemv_preload_tiles(1, k, gemv_config(1, n, k)["BK"], True) > 0  # the default preloads these
+        monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "3")  # the first wave prefetches the rest: same bits
+        partners = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(partners.view(torch.int16), got.view(torch.int16))
         monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
         plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))

@@ -152,6 +152,28 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     assert ((got.float() - ref.float()).abs() <= tol).all()
 
 
+def test_gemv_partner_prefetch_rule_and_bits(monkeypatch):
+    """``FLARE_GEMV_PARTNER_PREFETCH=N``: one-row plain GEMVs only (off by default, a negative count names the
+    switch); the kernel specialized with partners computes the same bits (its prefetches run before the PDL wait,
+    on a GPU -- the interpreter has no PDL, so here the specialization, not the prefetch, is what runs)."""
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_partner_prefetch
+
+    assert gemv_partner_prefetch(1, True) == 0  # the default
+    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "3")
+    assert gemv_partner_prefetch(1, True) == 3
+    assert gemv_partner_prefetch(1, False) == gemv_partner_prefetch(2, True) == 0
+    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "-1")
+    with pytest.raises(ValueError, match="FLARE_GEMV_PARTNER_PREFETCH"):
+        gemv_partner_prefetch(1, True)
+    x, w, _, r = _gemv_inputs(1, 96, 256, norm=False, gated=False, residual=True, seed=5)
+    cfg = {"BN": 16, "BK": 128}
+    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "0")
+    plain = fused_linear_triton(x, w, residual=r, config=cfg)
+    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "2")
+    got = fused_linear_triton(x, w, residual=r, config=cfg)
+    assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
+
+
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
