@@ -216,6 +216,23 @@ def markdown(rep: dict, png_note: str) -> str:
     return "\n".join(lines)
 
 
+def short_labels(cases: list[str]) -> list[str]:
+    """Plot labels of the cases (JSON objects): only the fields that take more than one value among the cases that
+    have them, ``k=v`` joined (the whole case when it is not JSON or nothing differs) -- the Markdown table keeps the
+    full case."""
+    try:
+        parsed = [json.loads(c) for c in cases]
+    except ValueError:
+        return list(cases)
+    if not all(isinstance(c, dict) for c in parsed):
+        return list(cases)
+    keys = sorted({k for c in parsed for k in c})
+    varying = [k for k in keys if len({json.dumps(c[k], sort_keys=True) for c in parsed if k in c}) > 1]
+    if not varying:
+        return list(cases)
+    return [", ".join(f"{k}={c[k]}" for k in varying if k in c) for c in parsed]
+
+
 def plot(rep: dict, path: Path) -> str:
     """Write the PNG; returns a note for the Markdown (what was written, or why not)."""
     try:
@@ -226,7 +243,7 @@ def plot(rep: dict, path: Path) -> str:
     except ImportError:
         return "matplotlib is not installed: no report.png written (Markdown only)"
     rows = [r for r in rep["cases"] if r.get("baseline") or r.get("candidate")]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(rows) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 6.0))
     for i, r in enumerate(rows):
         for dx, tag, color in ((-0.15, "baseline", "tab:blue"), (0.15, "candidate", "tab:orange")):
             g = r.get(tag)
@@ -237,7 +254,7 @@ def plot(rep: dict, path: Path) -> str:
             ax.hlines(r["floor_s"], i - 0.35, i + 0.35, colors="k", linestyles="--",
                       label="floor" if not any("floor_s" in q for q in rows[:i]) else None)
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r["case"] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_xticklabels(short_labels([r["case"] for r in rows]), rotation=35, ha="right", fontsize=7)
     ax.set_ylabel(rep["metric"])
     ax.set_title(f"{Path(rep['candidate']).name} vs {Path(rep['baseline']).name} ({rep['gpu_class']})")
     ax.legend()

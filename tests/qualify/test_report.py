@@ -46,12 +46,24 @@ def test_verdicts_table_and_rule(tmp_path, monkeypatch):
     assert rp.main(["base", "cand", "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert rp.RULE in md and "| faster |" in md and "| slower |" in md and "| within noise |" in md
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        assert "matplotlib is not installed" in md and not (out / "report.png").exists()
-    else:
-        assert (out / "report.png").stat().st_size > 0
+    # matplotlib is a dependency: the PNG is always there, a real image with one column of points per case
+    png = (out / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and "report.png" in md
+    import matplotlib.image
+
+    img = matplotlib.image.imread(out / "report.png")
+    assert img.shape[0] > 100 and img.shape[1] > 100 and img[..., :3].std() > 0  # not blank
+
+
+def test_plot_labels_keep_only_what_differs():
+    cases = [json.dumps({"tool": "replay", "capacity": 1, "variant": "decode", "attention": "triton"}),
+             json.dumps({"tool": "replay", "capacity": 4, "variant": "decode", "attention": "triton"}),
+             json.dumps({"tool": "replay.round", "capacity": 1, "width": 2})]
+    assert rp.short_labels(cases) == ["capacity=1, tool=replay", "capacity=4, tool=replay",
+                                      "capacity=1, tool=replay.round"]  # width: one value
+    assert rp.short_labels(["plain", "text"]) == ["plain", "text"]
+    same = [json.dumps({"a": 1})] * 2
+    assert rp.short_labels(same) == same
 
 
 def test_markdown_only_when_matplotlib_missing(tmp_path, monkeypatch):
