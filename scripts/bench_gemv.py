@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components.fused_linear import fused_linear_reference, reorder_bound, uses_dot_kernel  # noqa: E402
+from ignition.components.fused_linear import DOT_ROWS, fused_linear_reference, reorder_bound  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
 from ignition.components.triton_kernels import (  # noqa: E402
     GEMV_MAX_ROWS, fused_linear_triton, gemm_rows_config, gemv_config)
@@ -153,12 +153,11 @@ def main() -> int:
                     help="cold: launches cycle through weight copies (>= 128 MiB, streamed from HBM as in a step); "
                          "warm: one copy (small weights partly L2-resident)")
     ap.add_argument("--dot", action="store_true",
-                    help="2..16 rows through the tensor-core variant (FLARE_GEMV_DOT=1), its own config grid")
+                    help="2..16 rows through the tensor-core variant (forced for every shape, prologues included; "
+                         "the step takes it with FLARE_GEMV_DOT=1 for plain inputs only), its own config grid")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing (no numbers)")
     args = ap.parse_args()
-    if args.dot:
-        os.environ["FLARE_GEMV_DOT"] = "1"  # read by fused_linear_triton at each launch
     global graph_time_us
     if args.smoke:
         dev = torch.device("cpu")
@@ -202,7 +201,7 @@ def main() -> int:
 
         t_cublas = graph_time_us(cycling(lambda wc: F.linear(xn if gated_input else x, wc)), launches, args.replays)
         label = f"{model}/{name}"
-        dot = uses_dot_kernel(m)
+        dot = args.dot and m in DOT_ROWS  # forced: every prologue and epilogue of the tensor-core kernel
         heur = (gemm_rows_config if dot else gemv_config)(m, n, k, gated)
         row = {"model": model, "name": name, "M": m, "N": n, "K": k, "gated": gated, "norm": norm, "dot": dot,
                "residual": residual, "gated_input": gated_input, "weight_bytes": wbytes, "weights": args.weights,
@@ -214,14 +213,14 @@ def main() -> int:
         def measure(cfg, tag):
             try:
                 got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,
-                                          gated_input=gated_input, config=cfg)
+                                          gated_input=gated_input, config=cfg, dot=dot)
                 again = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,
-                                          gated_input=gated_input, config=cfg)
+                                            gated_input=gated_input, config=cfg, dot=dot)
                 ok, max_ulps = within_bound(got, ref, y_ref, xn, w, gated, norm or gated_input)
                 ok = ok and torch.equal(got.view(torch.int16), again.view(torch.int16))
                 t = graph_time_us(cycling(lambda wc: fused_linear_triton(x, wc, norm_weight=nw, eps=1e-6, residual=r,
                                                                          gated=gated, gated_input=gated_input,
-                                                                         config=cfg)),
+                                                                         config=cfg, dot=dot)),
                                   launches, args.replays)
             except Exception as e:  # a config that fails to compile (out of resources): recorded, skipped
                 row["configs"].append({"config": cfg, "error": repr(e)[:200]})

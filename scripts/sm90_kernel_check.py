@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+os.environ["TRITON_INTERPRET"] = "0"  # compiled kernels even when started from an interpreter test's environment
 
 P = "*bf16"
 GEMV_SIG = {"X": P, "W": P, "NW": P, "R": P, "Y": P, "M": "i32", "N_OUT": "i32", "stride_x": "i32",

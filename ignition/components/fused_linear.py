@@ -133,13 +133,18 @@ def set_fused_projections(enabled: bool) -> None:
 DOT_ROWS = range(2, 17)
 
 
-def uses_dot_kernel(rows: int) -> bool:
-    """Whether ``rows`` rows run the tensor-core variant: 2..16 rows with ``FLARE_GEMV_DOT=1`` (off by default: not
-    yet measured on the H200); read at trace and at launch time alike."""
-    return rows in DOT_ROWS and switch("FLARE_GEMV_DOT", False)
+def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False) -> bool:
+    """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant: ``FLARE_GEMV_DOT=1``,
+    2..16 rows, a plain input (``prologue``: a norm or the gated input) and an ungated output -- the only launches
+    where it beat cuBLAS in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows:
+    o_proj with the residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us --
+    and down 30.0 against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against
+    14.3, down with the gated input 165.7 against 28.7; gated gate/up 61.3 against 49.0).  Off by default until the
+    step measures it; read at trace and at launch time alike."""
+    return rows in DOT_ROWS and not gated and not prologue and switch("FLARE_GEMV_DOT", False)
 
 
-def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
+def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False) -> bool:
     """Whether ``rows`` rows through ``weight`` run as one ``flare::fused_linear`` launch.
 
     From the H200 sweep ``results/20261130T203339Z-sm90-run1`` (``scripts/bench_gemv.py``; the fused kernel
@@ -150,18 +155,17 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool) -> bool:
     - 2-4 rows: only narrow, ungated outputs (<= 1024 columns: 0.6B o_proj 0.47x, down 0.91x at 4 rows), where
       cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
     - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
-    - with ``FLARE_GEMV_DOT=1`` (:func:`uses_dot_kernel`), 2..16 rows: fused, every shape, through the tensor-core
-      variant -- measured slower than cuBLAS at 4 and 8 rows on every Qwen3-8B shape but o_proj
-      (``results/20261201T102332Z-sm90-run23``: qkv 26.1 vs 14.3 us, down with the gated input 165.7 vs 28.7), so off.
+    - with ``FLARE_GEMV_DOT=1``, 2..16 rows: also the plain-input (``prologue`` False: no norm, no gated input),
+      ungated projections, through the tensor-core variant (:func:`uses_dot_kernel`: where it won in isolation).
     """
     if not _ENABLED[0]:
         return False
-    if uses_dot_kernel(rows):
-        return True
     n_out = weight.shape[0] // (2 if gated else 1)
     if rows == 1:
         return not (gated and weight.numel() > GATED_FUSED_MAX_ELEMENTS)
-    return rows <= 4 and not gated and n_out <= 1024
+    if rows <= 4 and not gated and n_out <= 1024:
+        return True
+    return uses_dot_kernel(rows, gated=gated, prologue=prologue)
 
 
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
@@ -177,7 +181,7 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
     fusable_act = not gated or act_name == "silu"
-    if weight is not None and fusable_act and prefers_fused(rows, weight, gated):
+    if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated)
         parts = getattr(projection, "part_sizes", None)
@@ -202,10 +206,11 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     - otherwise the separate modules (two :func:`linear_block` calls)."""
     gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
     rows = x.numel() // x.shape[-1]
-    if (act_name == "silu" and gu_w is not None and down_w is not None and not prefers_fused(rows, gu_w, True)
-            and prefers_fused(rows, down_w, False)):
+    if (act_name == "silu" and gu_w is not None and down_w is not None
+            and not prefers_fused(rows, gu_w, True, prologue=norm is not None)
+            and prefers_fused(rows, down_w, False, prologue=True)):
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
-        if packed_fused and prefers_fused(rows, gu_w, False):  # one launch, norm in its prologue
+        if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None):  # one launch, norm in it
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False)
         else:

@@ -920,8 +920,9 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
 # so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
 # CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  Opt-in
-# (``FLARE_GEMV_DOT=1``): slower than cuBLAS on the H200 except o_proj (``results/20261201T102332Z-sm90-run23``): where the
-# input tile goes through a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile.
+# (``FLARE_GEMV_DOT=1``) and for plain inputs only (``fused_linear.uses_dot_kernel``): where the input tile goes through
+# a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile, far slower than cuBLAS on the
+# H200 (``results/20261201T102332Z-sm90-run23``).
 
 @triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
@@ -1058,10 +1059,22 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     return max(0, min(tiles, 4, k // bk))
 
 
+#: Measured tensor-core launch configs, ``(N, K, gated) -> (BN, BK, num_warps, num_stages)`` (its row tile is 16 for
+#: every row count): the fastest of ``results/20261201T102332Z-sm90-run23/gemv.json`` at 4 and 8 rows (both the same),
+#: for the plain-input launches :func:`fused_linear.uses_dot_kernel` takes.
+GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
+    (4096, 4096, False): (32, 256, 4, 4),  # Qwen3-8B o_proj: 12.12 us at 4 rows, 12.10 at 8 (cuBLAS 13.19, 12.97)
+    (4096, 12288, False): (32, 256, 4, 4),  # Qwen3-8B down: 30.02 at 4, 30.17 at 8 (cuBLAS 28.63, 29.03)
+}
+
+
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
-    """The tensor-core kernel's launch config, a pure function of the shapes: ``BN`` 32 (16 when that leaves
-    fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller, at least 16), 4 warps, 4 stages --
-    a starting point for ``scripts/bench_gemv.py --dot``, not a measurement."""
+    """The tensor-core kernel's launch config, a pure function of the shapes: the :data:`GEMM_ROWS_MEASURED` entry,
+    else ``BN`` 32 (16 when that leaves fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller,
+    at least 16), 4 warps, 4 stages -- a starting point for ``scripts/bench_gemv.py --dot``."""
+    measured = GEMM_ROWS_MEASURED.get((N, K, bool(gated)))
+    if measured is not None:
+        return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N
     bn = 32 if triton.cdiv(n_out, 32) >= 2 * GEMV_TARGET_SMS else 16
     return {"BN": bn, "BK": max(16, min(128, triton.next_power_of_2(K))), "num_warps": 4, "num_stages": 4}
@@ -1099,13 +1112,16 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
-                        gated_input: bool = False, config: dict | None = None) -> torch.Tensor:
+                        gated_input: bool = False, config: dict | None = None,
+                        dot: bool | None = None) -> torch.Tensor:
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
     ``gated_input``: x is ``[M, 2 * K]``, the packed ``[gate; up]`` output of the previous projection, and the
     kernel's input is ``silu(gate) * up`` (not with ``norm_weight``).
-    ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking)."""
+    ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking).
+    ``dot``: the tensor-core variant (2..16 rows) or not; default the rule of :func:`fused_linear.uses_dot_kernel`
+    (tests and ``scripts/bench_gemv.py --dot`` force it, to cover every prologue and epilogue)."""
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != (2 * k if gated_input else k):
         raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}"
@@ -1135,7 +1151,12 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
-    if uses_dot_kernel(m):
+    if dot is None:
+        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input)
+    if dot and m not in DOT_ROWS:
+        raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
+                         f"rows, got {m}")
+    if dot:
         cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
         bn, bk = int(cfg["BN"]), int(cfg["BK"])
         if bn < 16 or bk < 16:

@@ -302,19 +302,19 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
                                                          (4, 4096, 4096, False, False, True),
                                                          (8, 24576, 4096, True, True, False),
                                                          (16, 1024, 3072, False, False, True)])
-def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residual):
-    """``FLARE_GEMV_DOT=1`` (opt-in): the tensor-core variant at Qwen3 shapes of a few rows, against the reference
-    within the interpreter tests' bound, and the same bits on a second launch."""
+def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
+    """The tensor-core variant (forced; the step takes it with ``FLARE_GEMV_DOT=1`` for plain inputs) at Qwen3
+    shapes of a few rows, against the reference within the interpreter tests' bound, and the same bits on a second
+    launch."""
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton
 
-    monkeypatch.setenv("FLARE_GEMV_DOT", "1")
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n)
     cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
     run = lambda: fused_linear_triton(cuda[0], cuda[1], norm_weight=cuda[2], eps=1e-6, residual=cuda[3],  # noqa
-                                      gated=gated).cpu()
+                                      gated=gated, dot=True).cpu()
     got = run()
     assert torch.equal(got.view(torch.int16), run().view(torch.int16))
     ref = fused_linear_reference(x, w, nw, 1e-6, r, gated)

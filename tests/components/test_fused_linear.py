@@ -84,3 +84,43 @@ def test_op_declares_no_writes_and_rejects_an_odd_gated_weight():
     with pytest.raises(ValueError):
         fused_linear(torch.ones(1, 8, dtype=torch.bfloat16), torch.ones(3, 8, dtype=torch.bfloat16), None, 0.0,
                      None, True)
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, rows):
+    """``FLARE_GEMV_DOT=1`` at 2..16 rows (beyond the narrow few-row rule): a wide MLP (1100-column output) runs
+    gate/up and the SiLU gate as separate modules and down + residual as one ``flare::fused_linear`` with a plain
+    input -- never down's gated-input prologue, never a norm prologue -- with the canonical result, bit for bit."""
+    from ignition.components import fused_linear as fl
+    from ignition.components.norms import RMSNorm
+    from ignition.components.projections import BF16, PackedProjection, UnquantizedProjection
+
+    hidden, inter = 1100, 16
+    torch.manual_seed(rows)
+    norm = RMSNorm(nn.Parameter((torch.rand(hidden) + 0.5).to(torch.bfloat16), requires_grad=False), EPS)
+    gate_up = PackedProjection(hidden, [inter, inter], BF16)
+    down = UnquantizedProjection(inter, hidden)
+    with torch.no_grad():
+        gate_up.plain_weight().copy_(torch.randn(2 * inter, hidden) / hidden ** 0.5)
+        down.weight.copy_(torch.randn(hidden, inter) / inter ** 0.5)
+    x = torch.randn(rows, hidden).to(torch.bfloat16)
+    calls, real = [], fl.fused_linear
+
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False):
+        calls.append((norm_weight is not None, residual is not None, gated, gated_input))
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input)
+
+    monkeypatch.setattr(fl, "fused_linear", counting)
+    run = lambda: fl.gated_mlp_block(x, gate_up, down, norm=norm, residual=x, act_fn=F.silu, act_name="silu")  # noqa
+    monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    with torch.no_grad():
+        plain = run()
+        assert calls == []  # cuBLAS and separate modules by default
+        monkeypatch.setenv("FLARE_GEMV_DOT", "1")
+        got = run()
+    assert calls == [(False, True, False, False)]  # down + residual, plain input
+    with torch.no_grad():
+        h = norm(x)
+        gate, up = gate_up(h)
+        want = x + down(F.silu(gate) * up)
+    assert _bits_equal(plain, want) and _bits_equal(got, want)

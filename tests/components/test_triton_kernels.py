@@ -214,23 +214,22 @@ _DOT_CASES = [  # (M, N weight rows, K, norm, gated, residual, gated input)
 
 @pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", _DOT_CASES)
 def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, gated, residual, gated_input):
-    """``FLARE_GEMV_DOT=1``: 2..16 rows through ``tl.dot`` (fp32 products of the bf16 values in the interpreter,
-    as the MMA's are exact) -- within the elementwise kernel's bound, and the same bits on a second launch."""
+    """The tensor-core variant, forced (``dot=True``: every prologue and epilogue it has): 2..16 rows through
+    ``tl.dot`` (fp32 products of the bf16 values in the interpreter, as the MMA's are exact) -- within the
+    elementwise kernel's bound, and the same bits on a second launch."""
     import torch.nn.functional as F
 
-    from ignition.components.fused_linear import fused_linear_reference, reorder_bound, uses_dot_kernel
+    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
     from ignition.components.triton_kernels import fused_linear_triton
 
-    monkeypatch.setenv("FLARE_GEMV_DOT", "1")
-    assert uses_dot_kernel(m)
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n + k)
     if gated_input:
         x = torch.cat([x, x.flip(-1)], dim=-1)
     cfg = {"BN": 16, "BK": 64}
     got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
-                              config=cfg)
+                              config=cfg, dot=True)
     again = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
-                                config=cfg)
+                                config=cfg, dot=True)
     assert torch.equal(got.view(torch.int16), again.view(torch.int16))
     ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
     y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated, gated_input)
@@ -245,18 +244,27 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-def test_tensor_core_variant_is_opt_in_and_bounded(monkeypatch):
+def test_tensor_core_variant_is_opt_in_plain_input_only_and_bounded(monkeypatch):
+    """``FLARE_GEMV_DOT=1`` fuses (and launches the tensor-core kernel for) 2..16 rows of plain-input, ungated
+    projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""
     from ignition.components.fused_linear import prefers_fused, uses_dot_kernel
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.triton_kernels import fused_linear_triton, gemm_rows_config
 
-    w = torch.zeros(6144, 8)
+    wide, gated_w, narrow = torch.zeros(4096, 8), torch.zeros(2 * 12288, 8), torch.zeros(1024, 8)
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
-    assert not uses_dot_kernel(4) and not prefers_fused(4, w, False)
+    assert not uses_dot_kernel(4) and not prefers_fused(4, wide, False) and prefers_fused(4, narrow, False)
     monkeypatch.setenv("FLARE_GEMV_DOT", "1")
-    assert uses_dot_kernel(4) and prefers_fused(4, w, True) and not uses_dot_kernel(1) and not uses_dot_kernel(17)
+    assert uses_dot_kernel(4) and uses_dot_kernel(16) and not uses_dot_kernel(1) and not uses_dot_kernel(17)
+    assert not uses_dot_kernel(4, prologue=True) and not uses_dot_kernel(4, gated=True)
+    assert prefers_fused(4, wide, False) and prefers_fused(8, wide, False)  # o_proj, down after the activation
+    assert not prefers_fused(4, wide, False, prologue=True) and not prefers_fused(8, gated_w, True)  # qkv, gate/up
+    assert prefers_fused(4, narrow, False, prologue=True)  # the CUDA-core few-row rule, prologue or not
+    assert gemm_rows_config(4, 4096, 12288) == {"BN": 32, "BK": 256, "num_warps": 4, "num_stages": 4}  # measured
     x, w, _, _ = _gemv_inputs(4, 32, 64, norm=False, gated=False, residual=False, seed=1)
     with pytest.raises(ValueError, match="BN, BK >= 16"):
         fused_linear_triton(x, w, config={"BN": 8, "BK": 64})
+    with pytest.raises(ValueError, match="2..16 rows, got 1"):
+        fused_linear_triton(x[:1], w, dot=True)
 
 
 def test_gemv_config_is_a_pure_function_of_the_shapes():

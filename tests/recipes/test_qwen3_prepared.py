@@ -274,8 +274,9 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
     norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:
     64 columns here), down then taking gate/up's packed output with the SiLU gate in its prologue; prefill chunks
-    fuse nothing.  The greedy-vs-canonical tests above check the results.  (The default rule: the opt-in
-    tensor-core variant, ``FLARE_GEMV_DOT=1``, would fuse every projection of 2..16 rows.)"""
+    fuse nothing.  The greedy-vs-canonical tests above check the results.  (The opt-in tensor-core variant,
+    ``FLARE_GEMV_DOT=1``, adds the wide plain-input projections of 2..16 rows: none in this tiny model --
+    ``tests/components/test_fused_linear.py``.)"""
     from ignition.components import fused_linear as fl
 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
