@@ -327,7 +327,7 @@ def run(args) -> dict:
 
 def _prefill_throughput(bench, cases: list[dict], ctx: int, cuda: bool) -> dict:
     """Achieved TFLOP/s of the chunk (``qualify.flops``) and, on CUDA, its share of the measured bf16 matmul
-    throughput (an 8192^3 captured matmul timed in the same run)."""
+    throughput (an 8192^3 captured matmul timed in the same run: the best of its trials, ``qualify.flops``)."""
     from qualify.flops import measured_matmul_tflops, prefill_flops
 
     chunk = cases[0]["case"]["chunk"]
@@ -361,7 +361,8 @@ def _print(out: dict) -> None:
         line = f"prefill: {t['flops']['total_flops'] / 1e9:.1f} GFLOP per chunk, {t['achieved_tflops']:.2f} TFLOP/s"
         if "fraction_of_matmul" in t:
             line += (f" = {100 * t['fraction_of_matmul']:.1f}% of the measured bf16 matmul throughput "
-                     f"({t['matmul_reference_tflops']:.0f} TFLOP/s, 8192^3)")
+                     f"({t['matmul_reference_tflops']:.0f} TFLOP/s, 8192^3, best of "
+                     f"{', '.join(f'{x:.0f}' for x in t['matmul_reference']['trial_tflops'])})")
         print(line)
 
 

@@ -11,7 +11,10 @@ positions ``context .. context + tokens - 1`` of a Qwen3-layout model:
 Norms, rotary, activations and sampling are not counted (bandwidth-bound, a rounding error in FLOPs).
 
 ``measured_matmul_tflops(n=8192)`` times a captured ``n x n x n`` bf16 matmul (cuBLAS) by CUDA events: the
-reference the prefill targets are stated against ("% of the measured bf16 matmul throughput").  CUDA only.
+reference the prefill targets are stated against ("% of the measured bf16 matmul throughput").  One process's
+measurement moved between 710 and 799 TFLOP/s on the H200 (runs 10, 12, 16, 24 in ``results/``), so the reference is
+the **best** of ``trials`` separately timed trials (each the median of its samples), every trial kept: the highest
+throughput the card showed, so a share of it is never flattered by a slow measurement.  CUDA only.
 """
 
 from __future__ import annotations
@@ -34,10 +37,24 @@ def prefill_flops(g, tokens: int, context: int = 0) -> dict:
                     "vocabulary projection"}
 
 
-def measured_matmul_tflops(n: int = 8192, samples: int = 30, warmup: int = 5) -> dict:
+def best_of_trials(n: int, trials: list[list[float]]) -> dict:
+    """The reference from per-trial sample lists (seconds): each trial's median, the best (fastest) of them."""
+    from qualify.timing import summarize
+
+    if not trials or not all(trials):
+        raise ValueError("best_of_trials: every trial needs samples")
+    medians = [summarize(t)["median_ms"] for t in trials]
+    best = min(medians)
+    flops = 2 * n ** 3
+    return {"n": n, "trials": len(trials), "samples_s": trials, "trial_median_ms": medians,
+            "trial_tflops": [flops / (m / 1e3) / 1e12 for m in medians], "median_ms": best,
+            "tflops": flops / (best / 1e3) / 1e12, "rule": "best of the trials' medians"}
+
+
+def measured_matmul_tflops(n: int = 8192, samples: int = 30, warmup: int = 5, trials: int = 3) -> dict:
     import torch
 
-    from qualify.timing import captured, summarize, time_samples
+    from qualify.timing import captured, time_samples
 
     if not torch.cuda.is_available():
         raise RuntimeError("the matmul throughput reference needs a CUDA GPU")
@@ -45,9 +62,7 @@ def measured_matmul_tflops(n: int = 8192, samples: int = 30, warmup: int = 5) ->
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     graph = captured(functools.partial(torch.matmul, a, b, out=out), warmup=1)
-    times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
-    s = summarize(times)
+    runs = [time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda") for _ in range(trials)]
     del graph, a, b, out
     torch.cuda.empty_cache()
-    return {"n": n, "samples_s": times, "median_ms": s["median_ms"],
-            "tflops": 2 * n ** 3 / (s["median_ms"] / 1e3) / 1e12}
+    return best_of_trials(n, runs)

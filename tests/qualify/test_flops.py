@@ -35,3 +35,17 @@ def test_matmul_reference_needs_cuda():
         pytest.skip("CPU-only check")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         measured_matmul_tflops()
+
+
+def test_matmul_reference_is_the_best_trial():
+    """The reference is the fastest trial's median (every trial kept), so a slow trial never lowers it."""
+    from qualify.flops import best_of_trials
+
+    n = 8192
+    slow, fast = [2e-3, 2.2e-3, 2.1e-3], [1.4e-3, 1.5e-3, 1.45e-3]
+    ref = best_of_trials(n, [slow, fast])
+    assert ref["median_ms"] == pytest.approx(1.45) and ref["trial_median_ms"] == pytest.approx([2.1, 1.45])
+    assert ref["tflops"] == pytest.approx(2 * n ** 3 / 1.45e-3 / 1e12)
+    assert ref["tflops"] == max(ref["trial_tflops"]) and ref["samples_s"] == [slow, fast]
+    with pytest.raises(ValueError, match="every trial needs samples"):
+        best_of_trials(n, [slow, []])
