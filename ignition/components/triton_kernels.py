@@ -32,8 +32,9 @@ from ignition.components.switches import number, switch
 #   predecessor") is known complete: a kernel lets its dependents launch only once it passed its own wait, so when
 #   a kernel starts, the one before its predecessor has completed -- EXCEPT after an ``EARLY`` kernel, which lets
 #   its dependents launch before its wait.  Such reads go through L2 (``cache_modifier=".cg"``).  The fused decode
-#   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
-#   predecessor is the qkv projection, never an ``EARLY`` kernel.
+#   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way -- or
+#   loads its first blocks into registers (``FLARE_DECODE_PRELOAD_BLOCKS``), patching in the new token's slot it
+#   writes after the wait: its predecessor is the qkv projection, never an ``EARLY`` kernel.
 # - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
 #   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
 #   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
@@ -260,19 +261,40 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
+                 stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CG: tl.constexpr = False):
+    """Key block ``blk`` (keys blk * BLOCK_N ..) gathered through the block table: ``(K^T [DP, BLOCK_N], V [BLOCK_N,
+    DP], keys mask [BLOCK_N], pool slots [BLOCK_N])``, zeros past ``seq_len``.  ``CG``: every load through L2 (the
+    reads before a PDL wait, see the rules)."""
+    tok = blk * BLOCK_N + offs_n
+    n_mask = tok < seq_len
+    cache: tl.constexpr = ".cg" if CG else ""
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0,
+                   cache_modifier=cache).to(tl.int64)  # one id per key
+    in_page = (tok % PAGE).to(tl.int64)
+    # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
+    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+                 mask=n_mask[None, :] & d_mask[:, None], other=0.0, cache_modifier=cache)
+    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=cache)
+    return kt, v, n_mask, page * PAGE + in_page
+
+
+@triton.jit
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
-    tok = blk * BLOCK_N + offs_n
-    n_mask = tok < seq_len
-    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
-    in_page = (tok % PAGE).to(tl.int64)
-    # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
-    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-                 mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    kt, v, n_mask, _ = _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
+                                    stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N)
+    return _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
+
+
+@triton.jit
+def _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr):
+    """The online-softmax step of one key block: its tiles ``kt [DP, BLOCK_N]``, ``v [BLOCK_N, DP]`` and keys mask
+    (:func:`_decode_load`) -> ``(m, l, acc)``."""
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -308,6 +330,16 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
     acc = tl.zeros([QR, DP], dtype=tl.float32)
+    return _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
+                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+
+
+@triton.jit
+def _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr):
+    """:func:`_decode_blocks` from the state ``(m_i, l_i, acc)`` of the blocks before ``start``."""
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -436,15 +468,28 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PRE_BLOCKS: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
-    # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
-    # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
+    # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and
+    # either its first PRE_BLOCKS key blocks loaded into registers (the old keys; the new token's slot, written below,
+    # is patched into them) or an L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the
+    # qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
-    if USE_PDL and KV_PREFETCH > 0:
+    if PRE_BLOCKS >= 1:
+        pre_d = tl.arange(0, D)
+        kt0, v0, nm0, sl0 = _decode_load(start, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
+                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
+                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
+    if PRE_BLOCKS >= 2:
+        kt1, v1, nm1, sl1 = _decode_load(start + 1, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
+                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
+                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
+    if PRE_BLOCKS == 1:
+        kt1, v1, nm1, sl1 = kt0, v0, nm0, sl0  # unused: one preloaded block
+    if USE_PDL and KV_PREFETCH > 0 and PRE_BLOCKS == 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _pdl_enter(USE_PDL)
@@ -458,18 +503,25 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (QR, D))  # [QR, D]: the halves side by side; 0 past G
 
     writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-    if split == writer:
-        slot = tl.load(SLOTS + b).to(tl.int64)
-        one = tl.arange(0, 1)[:, None]
-        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
-        tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-
-    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
-                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+    if PRE_BLOCKS == 0:
+        if split == writer:
+            slot = tl.load(SLOTS + b).to(tl.int64)
+            one = tl.arange(0, 1)[:, None]
+            _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                           KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+        m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
+                                       d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                                       stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+    else:
+        m_i, l_i, acc = _decode_preloaded(q, kt0, v0, nm0, sl0, kt1, v1, nm1, sl1, start, end, writer, split, b, b64,
+                                          kvh, K, V, KW, SLOTS, KP, VP, BT, seq_len, offs_h, offs_d, d_mask, cos1,
+                                          cos2, sin1, sin2, eps, stride_kb, stride_kh, stride_vb, stride_vh,
+                                          stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                                          stride_bt, qk_scale_log2, QR, D, HALF, PAGE, BLOCK_N, K_NORM, DOT_F32,
+                                          PIPELINE, PRE_BLOCKS)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -477,6 +529,55 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               SPLITS)
+
+
+@triton.jit
+def _patch_new_slot(kt, v, n_mask, slots, slot, knew, vnew, D: tl.constexpr):
+    """The preloaded tiles with the key rows at pool slot ``slot`` replaced by the step's new key ``knew`` and value
+    ``vnew`` (``[1, D]``) -- what a load after the write would have returned."""
+    hit = (slots == slot) & n_mask  # [BLOCK_N]
+    return tl.where(hit[None, :], tl.reshape(knew, (D, 1)), kt), tl.where(hit[:, None], vnew, v)
+
+
+@triton.jit
+def _decode_preloaded(q, kt0, v0, nm0, sl0, kt1, v1, nm1, sl1, start, end, writer, split, b, b64, kvh, K, V, KW,
+                      SLOTS, KP, VP, BT, seq_len, offs_h, offs_d, d_mask, cos1, cos2, sin1, sin2, eps,
+                      stride_kb, stride_kh, stride_vb, stride_vh, stride_kp, stride_kt, stride_kph, stride_vp,
+                      stride_vt, stride_vph, stride_bt, qk_scale_log2, QR: tl.constexpr, D: tl.constexpr,
+                      HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, K_NORM: tl.constexpr,
+                      DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PRE_BLOCKS: tl.constexpr):
+    """The fused decode kernel's attention with its first ``PRE_BLOCKS`` key blocks preloaded before the wait
+    (``kt*, v*, nm*, sl*``: :func:`_decode_load`'s tiles, mask and pool slots): every program forms the step's new key
+    and value (the writer program also stores them to the pool), patches them into the preloaded tiles where those
+    hold its slot, then runs the online softmax over the same blocks in the same order as without the preload --
+    the same bits.  Blocks past the preloaded ones are loaded after the write, as without."""
+    one = tl.arange(0, 1)[:, None]
+    slot = tl.load(SLOTS + b).to(tl.int64)
+    k1, k2 = _norm_rope_halves(K + b64 * stride_kb + kvh * stride_kh + one, one < 1, KW, offs_h, cos1, cos2, sin1,
+                               sin2, eps, D, HALF, K_NORM)
+    vrow = V + b64 * stride_vb + kvh * stride_vh
+    vnew = tl.load(vrow + offs_d)[None, :]  # [1, D]
+    if split == writer:
+        kp = KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one
+        vp = VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one
+        tl.store(kp + offs_h[None, :], k1)
+        tl.store(kp + HALF + offs_h[None, :], k2)
+        tl.store(vp + offs_d[None, :], vnew)
+        tl.debug_barrier()  # the blocks past the preloaded ones are read below, after the write
+    knew = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, D))  # [1, D]: the halves side by side
+    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([QR], dtype=tl.float32)
+    acc = tl.zeros([QR, D], dtype=tl.float32)
+    if start < end:
+        kt0, v0 = _patch_new_slot(kt0, v0, nm0, sl0, slot, knew, vnew, D)
+        m_i, l_i, acc = _decode_update(kt0, v0, nm0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
+    if PRE_BLOCKS >= 2:
+        if start + 1 < end:
+            kt1, v1 = _patch_new_slot(kt1, v1, nm1, sl1, slot, knew, vnew, D)
+            m_i, l_i, acc = _decode_update(kt1, v1, nm1, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
+    return _decode_blocks_from(m_i, l_i, acc, q, start + PRE_BLOCKS, end, KP, VP, BT, b64, kvh, seq_len,
+                               tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
+                               stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE)
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -608,6 +709,21 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 DECODE_KV_PREFETCH_KEYS = 64
 
 
+#: Key blocks the fused decode kernel loads into registers before its PDL wait (0..2), instead of the L2 prefetch
+#: (``FLARE_DECODE_PRELOAD_BLOCKS=N``; default 0, not yet measured on the H200): after the wait the attention then
+#: waits only for its query, not for a block-table load and a K/V gather per block -- the whole share of a split at
+#: one row of a 1024-token context (Qwen3-8B: 2 blocks of 32 splits; Qwen3-0.6B: 1 of 64).  The same bits.
+DECODE_PRELOAD_BLOCKS = 0
+
+
+def decode_preload_blocks() -> int:
+    """:data:`DECODE_PRELOAD_BLOCKS`, or ``FLARE_DECODE_PRELOAD_BLOCKS`` (0..2; read at each launch)."""
+    n = number("FLARE_DECODE_PRELOAD_BLOCKS", DECODE_PRELOAD_BLOCKS)
+    if n not in (0, 1, 2):
+        raise ValueError(f"FLARE_DECODE_PRELOAD_BLOCKS={n:g}: expected 0, 1 or 2")
+    return int(n)
+
+
 def decode_kv_prefetch_keys(batch: int) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows
     (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; read at each launch, for side-by-side runs)."""
@@ -674,7 +790,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device))
+        KV_LINES=max(1, d * k_pool.element_size() // 128), PRE_BLOCKS=decode_preload_blocks(), num_warps=4,
+        **_pdl(q.device))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,

@@ -247,6 +247,43 @@ def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
     assert (diff <= bound).all(), (diff - bound).max()
 
 
+@pytest.mark.parametrize("pre", [1, 2])
+def test_fused_decode_preloaded_blocks_on_this_gpu(monkeypatch, pre):
+    """``FLARE_DECODE_PRELOAD_BLOCKS``: key blocks loaded before the PDL wait (the new slot patched in), eager and in
+    a CUDA graph, against the default kernel: the same output and pools, bit for bit (rows of 1000, 1, 517 and 0
+    keys, 1024-key table; 32 splits: the preloaded blocks are each split's whole share or part of it)."""
+    from test_decode_attention import EPS, make_decode_case
+
+    from ignition.components import triton_kernels as tk
+
+    case = [x.cuda() if isinstance(x, torch.Tensor) else x
+            for x in make_decode_case(32, 8, 128, (1000, 1, 517, 0), width=64, seed=pre)]
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
+
+    def run(k_pool, v_pool):
+        return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, k_pool, v_pool, slots, bt, lens,
+                                               128 ** -0.5)
+
+    def bits(a, b):
+        return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+    monkeypatch.setenv("FLARE_DECODE_PRELOAD_BLOCKS", "0")
+    kp0, vp0 = kp.clone(), vp.clone()
+    want = run(kp0, vp0)
+    monkeypatch.setenv("FLARE_DECODE_PRELOAD_BLOCKS", str(pre))
+    kp1, vp1 = kp.clone(), vp.clone()
+    assert bits(run(kp1, vp1), want) and bits(kp1, kp0) and bits(vp1, vp0)
+    kp_g, vp_g = kp.clone(), vp.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g = run(kp_g, vp_g)
+    for _ in range(5):
+        kp_g.copy_(kp), vp_g.copy_(vp)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits(out_g, want) and bits(kp_g, kp0) and bits(vp_g, vp0)
+
+
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
 # measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
 # tiles preloaded before the PDL wait (the default), with partner prefetches, and without: the same bits
