@@ -45,6 +45,7 @@ from ignition.components.triton_kernels import (  # noqa: E402
 # it; "down-gi" is down taking gate/up's packed [gate; up] output (x [M, 2K], silu(gate) * up in the prologue)
 SHAPES = [
     ("qwen3-8b", "qkv", 6144, 4096, False, True, False),
+    ("qwen3-8b", "qkv-plain", 6144, 4096, False, False, False),  # normed apart: FLARE_GEMV_DOT's few-row qkv
     ("qwen3-8b", "o_proj", 4096, 4096, False, False, True),
     ("qwen3-8b", "gate_up", 24576, 4096, True, True, False),
     ("qwen3-8b", "gate_up-packed", 24576, 4096, False, True, False),  # ungated: the packed [gate; up] for down-gi

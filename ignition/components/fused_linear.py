@@ -175,17 +175,24 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
     ``ignition.components.norms.RMSNorm``; ``gated``: ``projection`` is the packed ``(gate, up)`` pair and
     ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).  One ``flare::fused_linear`` launch when the
-    projection is plain bf16 and :func:`prefers_fused` says so; otherwise the separate modules, in the canonical
-    order.  Returns what the projection returns: its output tensor, or for an ungated packed projection the tuple
-    of its parts (column views of the packed output, on either path)."""
+    projection is plain bf16 and :func:`prefers_fused` says so; with ``FLARE_GEMV_DOT=1`` an ungated projection of
+    2..16 rows behind a norm takes the norm apart and the projection (+ residual) as one tensor-core launch (that
+    kernel takes plain inputs only: :func:`uses_dot_kernel`) -- the qkv projection of a decode batch then launches
+    from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;
+    otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
+    tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
+    path)."""
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
     fusable_act = not gated or act_name == "silu"
+    parts = getattr(projection, "part_sizes", None)
     if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated)
-        parts = getattr(projection, "part_sizes", None)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
+    if weight is not None and norm is not None and not gated and uses_dot_kernel(rows):
+        y = fused_linear(norm(x), weight, None, 0.0, residual, False)
+        return y.split(parts, dim=-1) if parts is not None else y
     h = x if norm is None else norm(x)
     y = projection(h)
     if gated:

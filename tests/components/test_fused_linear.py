@@ -90,7 +90,8 @@ def test_op_declares_no_writes_and_rejects_an_odd_gated_weight():
 def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, rows):
     """``FLARE_GEMV_DOT=1`` at 2..16 rows (beyond the narrow few-row rule): a wide MLP (1100-column output) runs
     gate/up and the SiLU gate as separate modules and down + residual as one ``flare::fused_linear`` with a plain
-    input -- never down's gated-input prologue, never a norm prologue -- with the canonical result, bit for bit."""
+    input -- never down's gated-input prologue, never a norm prologue (a qkv projection's norm runs apart, the
+    projection as one launch) -- with the canonical result, bit for bit."""
     from ignition.components import fused_linear as fl
     from ignition.components.norms import RMSNorm
     from ignition.components.projections import BF16, PackedProjection, UnquantizedProjection
@@ -124,3 +125,12 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
         gate, up = gate_up(h)
         want = x + down(F.silu(gate) * up)
     assert _bits_equal(plain, want) and _bits_equal(got, want)
+    # a packed qkv-like projection behind the norm: the norm apart, the projection one launch on its output
+    qkv = PackedProjection(hidden, [1024, 64, 64], BF16)
+    with torch.no_grad():
+        qkv.plain_weight().copy_(torch.randn(1152, hidden) / hidden ** 0.5)
+        calls.clear()
+        got = fl.linear_block(x, qkv, norm=norm)
+        want = qkv(norm(x))
+    assert calls == [(False, False, False, False)]
+    assert len(got) == 3 and all(_bits_equal(g, w) for g, w in zip(got, want))
