@@ -2,7 +2,7 @@
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
 [--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
-[--device cuda|cpu]``
+[--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
 ``W`` -- the pending token plus ``W - 1`` proposals per row -- timed the same way, with the ratio to decode
@@ -37,6 +37,15 @@ seeded sampling), logits and tokens compared bytewise every step and the final K
 compared bytewise.  The uncompiled graph is run twice: if it is not repeatable its measured
 repeatability is the stated bound, otherwise the check requires bytewise equality.
 
+``--ab NAME=VALUE[:NAME=VALUE...]``: a side by side inside one process -- a second bench of the same core is built
+with those environment switches set (``ignition.components.switches``: read when the steps are traced and captured;
+Dynamo's caches are reset around it), and every decode case is timed on both, interleaved in ``--ab-blocks`` blocks
+(A B B A ...), so that the machine, its clocks and the order of runs weigh on both alike (separate processes run one
+after the other showed ~15 us order effects on the H200, ``results/20261201T104724Z-sm90-run26``).  The cases carry
+``ab``: ``A`` (the environment as started) or ``B: NAME=VALUE...``; ``qualify.report`` compares runs, the printed
+table compares A with B.  Rounds, timelines and ``--check-compiled`` use A only.  Without a GPU it needs
+``--eager`` (an uncompiled step reads the switches at every call).
+
 On CPU (``--device cpu``) the same paths run without capture (perf_counter timing, no floor): it is how
 CI exercises the tool; the numbers mean nothing there.
 """
@@ -53,6 +62,65 @@ import tempfile
 from pathlib import Path
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+
+
+def parse_ab(text: str) -> dict[str, str]:
+    """``NAME=VALUE[:NAME=VALUE...]`` -> the environment of the B bench; names must be ``FLARE_*`` switches."""
+    env = {}
+    for part in (p for p in text.split(":") if p):
+        name, sep, value = part.partition("=")
+        if not sep or not name.startswith("FLARE_") or not value:
+            raise ValueError(f"--ab {text!r}: {part!r} is not FLARE_NAME=VALUE")
+        env[name] = value
+    if not env:
+        raise ValueError(f"--ab {text!r}: no switch given")
+    return env
+
+
+class switched_env:
+    """The process environment with ``env`` set inside the block, restored after (and Dynamo's caches reset on both
+    sides when ``reset``: a compiled region does not guard on the environment)."""
+
+    def __init__(self, env: dict[str, str], reset: bool):
+        self.env, self.reset, self.saved = env, reset, {}
+
+    def __enter__(self):
+        import os
+
+        self.saved = {k: os.environ.get(k) for k in self.env}
+        os.environ.update(self.env)
+        self._reset()
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self._reset()
+        return False
+
+    def _reset(self):
+        if self.reset:
+            import torch
+
+            torch._dynamo.reset()
+
+
+def interleaved(time_a, time_b, samples: int, warmup: int, blocks: int) -> tuple[list[float], list[float]]:
+    """``time_x(samples, warmup) -> samples_s`` of A and B in ``blocks`` blocks each, ordered A B B A A B ...; the
+    first block of each warms up ``warmup`` replays, later ones a few."""
+    blocks = max(1, min(blocks, samples))
+    sizes = [samples // blocks + (i < samples % blocks) for i in range(blocks)]
+    raw_a, raw_b = [], []
+    for i, n in enumerate(sizes):
+        w = warmup if i == 0 else min(warmup, 5)
+        for which in (("a", "b") if i % 2 == 0 else ("b", "a")):
+            (raw_a if which == "a" else raw_b).extend((time_a if which == "a" else time_b)(n, w))
+    return raw_a, raw_b
 
 
 def _caps(text: str) -> tuple[int, ...]:
@@ -273,10 +341,21 @@ def run(args) -> dict:
         from ignition.components.fused_linear import set_fused_projections
 
         set_fused_projections(False)
-    bench = ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
-                        device=args.device, extra=args.steps if args.check_compiled else 0,
-                        widths=_caps(args.widths), attention=args.attention, greedy_variant=args.greedy_variant,
-                        topk_variant=args.topk_variant)
+    env_b = parse_ab(args.ab) if args.ab else None
+    if env_b and not cuda and not args.eager:
+        raise ValueError("--ab without a GPU needs --eager (an uncompiled step reads the switches at every call)")
+
+    def make(widths, extra):
+        return ReplayBench(args.core, _caps(args.capacities), args.context, compile=not args.eager,
+                           device=args.device, extra=extra, widths=widths, attention=args.attention,
+                           greedy_variant=args.greedy_variant, topk_variant=args.topk_variant)
+
+    bench = make(_caps(args.widths), args.steps if args.check_compiled else 0)
+    bench_b = None
+    if env_b:
+        with switched_env(env_b, reset=not args.eager):
+            bench_b = make((), 0)
+    label_b = "B: " + ":".join(f"{k}={v}" for k, v in (env_b or {}).items())
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
@@ -285,20 +364,32 @@ def run(args) -> dict:
         kinds = ("decode",) + (("decode_greedy",) if args.greedy_variant else ()) + (
             ("decode_topk",) if args.topk_variant else ())
         for seed, kind in ((sd, k) for k in kinds for sd in _caps(args.seeds)):
-            raw = bench.time_case(cap, seed, args.samples, args.warmup, kind)
-            s = summarize(raw)
-            case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context, "variant": kind,
-                    "attention": args.attention or "recipe default",
-                    "projections": "separate" if args.no_fused_projections else "fused where preferred",
-                    "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch"}
-            rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
-            if floor is not None:
-                rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
-                           floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
-                           ratio=s["median_ms"] / 1e3 / floor["floor_s"])
-            samples.append(rec)
-            cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
-    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases if c["case"]["variant"] == "decode"}
+            if bench_b is None:
+                timed = [(None, bench.time_case(cap, seed, args.samples, args.warmup, kind))]
+            else:
+                def time_b(n, w, cap=cap, seed=seed, kind=kind):
+                    with switched_env(env_b, reset=False):  # uncompiled steps read the switches at each call
+                        return bench_b.time_case(cap, seed, n, w, kind)
+
+                raw_a, raw_b = interleaved(lambda n, w, cap=cap, seed=seed, kind=kind: bench.time_case(
+                    cap, seed, n, w, kind), time_b, args.samples, args.warmup, args.ab_blocks)
+                timed = [("A", raw_a), (label_b, raw_b)]
+            for ab, raw in timed:
+                s = summarize(raw)
+                case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
+                        "variant": kind, "attention": args.attention or "recipe default",
+                        "projections": "separate" if args.no_fused_projections else "fused where preferred",
+                        "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch",
+                        **({"ab": ab} if ab else {})}
+                rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
+                if floor is not None:
+                    rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
+                               floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
+                               ratio=s["median_ms"] / 1e3 / floor["floor_s"])
+                samples.append(rec)
+                cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
+    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases
+                     if c["case"]["variant"] == "decode" and c["case"].get("ab", "A") == "A"}
     for cap in bench.capacities:
         for width in bench.widths:
             for seed in _caps(args.seeds):
@@ -311,7 +402,7 @@ def run(args) -> dict:
                        "vs_decode": s["median_ms"] / decode_median[cap]}
                 samples.append(rec)
                 cases.append({k: v for k, v in rec.items() if k != "replay_s"})
-    out = {"core": args.core, "device": args.device, "cases": cases}
+    out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": label_b} if env_b else {})}
     if args.timeline:
         if not cuda:
             raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
@@ -348,8 +439,19 @@ def _print(out: dict) -> None:
     for c in (c for c in out["cases"] if c["case"]["tool"] == "gpu_replay"):
         floor = f"{c['floor_s'] * 1e3:9.4f}" if "floor_s" in c else f"{'-':>9}"
         ratio = f"{c['ratio']:6.3f}" if "ratio" in c else f"{'-':>6}"
+        ab = f" {c['case']['ab'][0]}" if "ab" in c["case"] else ""
         print(f"{c['case']['capacity']:>8} {c['case']['variant']:>13} {c['seed']:>4} {c['median_ms']:10.4f} "
-              f"{c['min_ms']:8.4f} {c['max_ms']:8.4f} {floor} {ratio}")
+              f"{c['min_ms']:8.4f} {c['max_ms']:8.4f} {floor} {ratio}{ab}")
+    if "ab" in out:
+        print(f"side by side in one process: A = the environment as started, {out['ab']}; B / A per case:")
+        a_cases = {(c["case"]["capacity"], c["case"]["variant"], c["seed"]): c for c in out["cases"]
+                   if c["case"].get("ab") == "A"}
+        for c in (c for c in out["cases"] if c["case"].get("ab", "A") != "A"):
+            a = a_cases[(c["case"]["capacity"], c["case"]["variant"], c["seed"])]
+            faster = "B faster" if c["max_ms"] < a["min_ms"] else "B slower" if c["min_ms"] > a["max_ms"] else \
+                "within noise"
+            print(f"{c['case']['capacity']:>8} {c['case']['variant']:>13} {c['seed']:>4} "
+                  f"{c['median_ms'] / a['median_ms']:10.4f}  ({faster}: min-max ranges)")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]
     if rounds:
         print(f"{'capacity':>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'vs decode':>9}")
@@ -387,6 +489,10 @@ def main(argv=None) -> int:
                         "sorting the vocabulary; served to batches whose rows fit the bound)")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
                                                 "(each also against decode at the same batch)")
+    p.add_argument("--ab", default=None, metavar="NAME=VALUE[:NAME=VALUE]",
+                   help="also a bench built with these FLARE_* switches, every decode case timed on both, "
+                        "interleaved (see the module docstring)")
+    p.add_argument("--ab-blocks", type=int, default=10, help="blocks per case of an --ab side by side (A B B A ...)")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="results root (default <repo>/results)")
     p.add_argument("--no-archive", action="store_true")
@@ -395,8 +501,8 @@ def main(argv=None) -> int:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.context < 1 or args.samples < 1:
-        p.error("--context and --samples must be >= 1")
+    if args.context < 1 or args.samples < 1 or args.ab_blocks < 1:
+        p.error("--context, --samples and --ab-blocks must be >= 1")
     from ignition.components.backends import BackendUnavailable
     from qualify.archive import new_run_dir, write_run
 

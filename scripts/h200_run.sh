@@ -19,6 +19,9 @@
 #                   the first variant runs again last (AB_BRACKET=0: not), so the same version is timed twice and an
 #                   order effect shows (run 23's first variant was ~15 us slower than every later one at Qwen3-0.6B
 #                   B=1; run 26 with the order swapped found the "gains" within noise)
+#   replayin-G      qualify.gpu_replay --ab on core G: side by side inside one process, interleaved, once per entry of
+#                   $AB_IN (each NAME=VALUE[:NAME=VALUE...], the B side; A is the environment as started; AB_ARGS more
+#                   gpu_replay arguments) -- the order and machine effects of separate processes cancel
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -70,6 +73,12 @@ for s in ${STAGES:?set STAGES}; do
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
+    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-${v//:/-}
+          timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
+            --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_ARGS:-} --out $R/replayin-$g-$n 2>&1 | log \
+            > "$OUT/replayin-$g-$n.log"
+          tar czf "$OUT/replayin-$g-$n.tgz" -C $R/replayin-$g-$n . 2>/dev/null
+          sed -n '/side by side in one process/,$p' "$OUT/replayin-$g-$n.log" | head -n 8; done ;;
     prefill-*) for chunk in 1024 4096; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 --attention $ATTN \
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done

@@ -63,3 +63,49 @@ def test_an_attention_backend_that_cannot_run_here_is_refused_by_name(core, caps
                           "--attention", "triton", "--no-archive"])
     assert rc == 2
     assert "attention backend 'triton' unavailable on cpu" in capsys.readouterr().err
+
+
+def test_interleaved_blocks_alternate_and_split_the_samples():
+    calls = []
+
+    def timer(tag):
+        def time(n, warmup):
+            calls.append((tag, n, warmup))
+            return [float(len(calls))] * n
+        return time
+
+    a, b = gpu_replay.interleaved(timer("a"), timer("b"), samples=10, warmup=20, blocks=4)
+    assert [c[0] for c in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # A B B A A B B A
+    assert [c[1] for c in calls if c[0] == "a"] == [3, 3, 2, 2] and len(a) == len(b) == 10
+    assert [c[2] for c in calls] == [20, 20, 5, 5, 5, 5, 5, 5]  # the first block of each warms up fully
+    assert gpu_replay.parse_ab("FLARE_GEMV_DOT=1:FLARE_PDL=0") == {"FLARE_GEMV_DOT": "1", "FLARE_PDL": "0"}
+    for bad in ("GEMV_DOT=1", "FLARE_X", "FLARE_X=", ":"):
+        with pytest.raises(ValueError, match="--ab"):
+            gpu_replay.parse_ab(bad)
+
+
+def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
+    """``--ab``: each decode case timed on the bench as started (A) and on one built with the switches (B), the
+    samples interleaved, both archived; the environment is restored after; without a GPU it needs --eager."""
+    import os
+
+    monkeypatch.delenv("FLARE_TRITON_TOPK", raising=False)
+    seen = []
+    real = gpu_replay.ReplayBench.time_case
+
+    def spying(self, cap, seed, samples, warmup, kind="decode"):
+        seen.append(os.environ.get("FLARE_TRITON_TOPK"))
+        return real(self, cap, seed, samples, warmup, kind)
+
+    monkeypatch.setattr(gpu_replay.ReplayBench, "time_case", spying)
+    args = ["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
+            "--device", "cpu", "--ab", "FLARE_TRITON_TOPK=0", "--ab-blocks", "2", "--out", str(tmp_path)]
+    assert gpu_replay.main(args) == 2 and "needs --eager" in capsys.readouterr().err
+    assert gpu_replay.main(args + ["--eager"]) == 0
+    assert "FLARE_TRITON_TOPK" not in os.environ
+    assert seen == [None, "0", "0", None]  # A B B A, B under its switches
+    (run,) = tmp_path.iterdir()
+    timed = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["case"].get("ab") for s in timed] == ["A", "B: FLARE_TRITON_TOPK=0"]
+    assert all(len(s["replay_s"]) == 4 for s in timed)
+    assert "side by side in one process" in capsys.readouterr().out
