@@ -53,6 +53,7 @@ CI exercises the tool; the numbers mean nothing there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -77,36 +78,27 @@ def parse_ab(text: str) -> dict[str, str]:
     return env
 
 
-class switched_env:
+@contextlib.contextmanager
+def switched_env(env: dict[str, str], reset: bool):
     """The process environment with ``env`` set inside the block, restored after (and Dynamo's caches reset on both
     sides when ``reset``: a compiled region does not guard on the environment)."""
+    import os
 
-    def __init__(self, env: dict[str, str], reset: bool):
-        self.env, self.reset, self.saved = env, reset, {}
+    import torch
 
-    def __enter__(self):
-        import os
-
-        self.saved = {k: os.environ.get(k) for k in self.env}
-        os.environ.update(self.env)
-        self._reset()
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        for k, v in self.saved.items():
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    if reset:
+        torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        self._reset()
-        return False
-
-    def _reset(self):
-        if self.reset:
-            import torch
-
+        if reset:
             torch._dynamo.reset()
 
 

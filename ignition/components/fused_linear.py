@@ -174,8 +174,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
 
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
     ``ignition.components.norms.RMSNorm``; ``gated``: ``projection`` is the packed ``(gate, up)`` pair and
-    ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).  One ``flare::fused_linear`` launch when the
-    projection is plain bf16 and :func:`prefers_fused` says so; with ``FLARE_GEMV_DOT=1`` an ungated projection of
+    ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).
+    One ``flare::fused_linear`` launch when the projection is plain bf16 and :func:`prefers_fused` says so; with ``FLARE_GEMV_DOT=1`` an ungated projection of
     2..16 rows behind a norm takes the norm apart and the projection (+ residual) as one tensor-core launch (that
     kernel takes plain inputs only: :func:`uses_dot_kernel`) -- the qkv projection of a decode batch then launches
     from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;

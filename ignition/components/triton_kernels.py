@@ -167,6 +167,12 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+    _store_kv(k1, k2, V, KP, VP, offs, kmask, HALF)
+
+
+@triton.jit
+def _store_kv(k1, k2, V, KP, VP, offs, kmask, HALF: tl.constexpr):
+    """The rotated key halves ``k1, k2`` and the value rows at ``V`` (copied) to the pool rows ``KP, VP``."""
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
     tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
@@ -560,9 +566,7 @@ def _decode_preloaded(q, kt0, v0, nm0, sl0, kt1, v1, nm1, sl1, start, end, write
     if split == writer:
         kp = KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one
         vp = VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one
-        tl.store(kp + offs_h[None, :], k1)
-        tl.store(kp + HALF + offs_h[None, :], k2)
-        tl.store(vp + offs_d[None, :], vnew)
+        _store_kv(k1, k2, vrow + one, kp, vp, offs_h, one < 1, HALF)
         tl.debug_barrier()  # the blocks past the preloaded ones are read below, after the write
     knew = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, D))  # [1, D]: the halves side by side
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
@@ -744,8 +748,9 @@ FUSED_DECODE_MAX_SPLITS = 64
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
     """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most
-    :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two -- the reduce kernel reads
-    ``splits * GP`` partial rows per group), never more than the block-table width's key blocks.  Fit to the H200
+    :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two
+    -- the reduce kernel reads ``splits * GP`` partial rows per group), never more than the block-table width's key
+    blocks.  Fit to the H200
     side by side (1024-token contexts, per layer in a 36-layer graph):
 
     - ``results/20261201T031427Z-sm90-run9`` (before the pre-wait K/V prefetch): Qwen3-8B (G=4) B=1: 32 splits
@@ -1141,8 +1146,9 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: with, 4.6547 without (``results/20261201T103624Z-sm90-run24``: the partial preload holds its tiles in registers
 #: across the rstd pass or the gated-input loop -- down went from 29 to 43 us); Qwen3-0.6B batch 1 (qkv 1 tile, gate/up
 #: 2 -- whole K) 1.0232 ms with, 1.0378 without in run 23, but within noise in run 26 (see
-#: :data:`FUSED_DECODE_MAX_SPLITS`): kept, bitwise the same either way.  Side by side on the H200, batch 1, 1024-token context
-#: (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2 tiles, **1.0354** with 4
+#: :data:`FUSED_DECODE_MAX_SPLITS`): kept, bitwise the same either way.  The plain GEMVs side by side on the H200,
+#: batch 1, 1024-token context (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2
+#: tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.
 GEMV_PRELOAD_TILES = 4
@@ -1168,8 +1174,7 @@ def gemv_partner_prefetch(m: int, plain: bool) -> int:
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
     plain input (no norm, no gated input or output -- those too when the tiles cover K, or as
-    ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only;
-    never more than the tiles of K."""
+    ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only; never more than the tiles of K."""
     tiles = int(number("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES))
     if m != 1 or k % bk or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", k // bk <= min(tiles, 4))):
         return 0
