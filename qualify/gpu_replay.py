@@ -82,24 +82,18 @@ def parse_ab(text: str) -> dict[str, str]:
 def switched_env(env: dict[str, str], reset: bool):
     """The process environment with ``env`` set inside the block, restored after (and Dynamo's caches reset on both
     sides when ``reset``: a compiled region does not guard on the environment)."""
-    import os
-
     import torch
 
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    if reset:
-        torch._dynamo.reset()
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    from ignition.components.switches import environment
+
+    with environment(env):
         if reset:
             torch._dynamo.reset()
+        try:
+            yield
+        finally:
+            if reset:
+                torch._dynamo.reset()
 
 
 def interleaved(time_a, time_b, samples: int, warmup: int, blocks: int) -> tuple[list[float], list[float]]:

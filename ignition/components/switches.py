@@ -10,6 +10,7 @@ the ``FLARE_*`` variables of its environment (``qualify.archive.environment``)."
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 _OFF = ("0", "false", "off", "no")
 
@@ -30,3 +31,18 @@ def number(name: str, default: float | None = None) -> float | None:
         return float(value)
     except ValueError:
         raise ValueError(f"{name}={value!r}: expected a number") from None
+
+
+@contextmanager
+def environment(env: dict[str, str]):
+    """The process environment with ``env`` set inside the block, each variable restored (or removed) after."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -14,12 +14,13 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from contextlib import contextmanager
 from typing import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from ignition.components.switches import environment
 
 #: Total vocabulary size (model vocabulary + the added tokens below).
 VOCAB_SIZE = 4096
@@ -46,18 +47,9 @@ _ENV_LOCK = threading.Lock()
 @contextmanager
 def _single_threaded():
     """Run the trainer without rayon parallelism (a process-wide switch tokenizers reads per call)."""
-    with _ENV_LOCK:
-        saved = {k: os.environ.get(k) for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")}
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        os.environ["RAYON_NUM_THREADS"] = "1"  # effective only if the rayon pool is not started yet
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    # RAYON_NUM_THREADS is effective only if the rayon pool is not started yet
+    with _ENV_LOCK, environment({"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}):
+        yield
 
 
 def new_tokenizer() -> Tokenizer:
