@@ -59,17 +59,11 @@ def cases(tk):
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-        if name == "8B o_proj":  # FLARE_GEMV_PARTNER_PREFETCH: prefetches only, no live registers across the wait
-            out.append((f"gemv {name} preload {c['PRELOAD']} partners 3", "_fused_gemv_kernel", GEMV_SIG,
-                        {**c, "PARTNERS": 3}, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     for heads, splits in ((32, 32), (16, 32)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=64, KV_LINES=2)
         out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, c, dict(num_warps=4)))
-        for pre in (1, 2):  # FLARE_DECODE_PRELOAD_BLOCKS: the first key blocks in registers before the wait
-            out.append((f"fused decode {heads}x8 splits {splits} preload {pre}", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "KV_PREFETCH": 0, "PRE_BLOCKS": pre}, dict(num_warps=4)))
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel",
                     {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P},
                     dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True,

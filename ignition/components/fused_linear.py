@@ -129,19 +129,22 @@ def set_fused_projections(enabled: bool) -> None:
     _ENABLED[0] = bool(enabled)
 
 
-#: Rows the tensor-core variant of the kernel takes (``FLARE_GEMV_DOT=1``; ``triton_kernels._fused_gemm_rows_kernel``).
+#: Rows the tensor-core variant of the kernel takes (``FLARE_GEMV_DOT``; ``triton_kernels._fused_gemm_rows_kernel``).
 DOT_ROWS = range(2, 17)
 
 
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False) -> bool:
-    """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant: ``FLARE_GEMV_DOT=1``,
-    2..16 rows, a plain input (``prologue``: a norm or the gated input) and an ungated output -- the only launches
-    where it beat cuBLAS in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows:
-    o_proj with the residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us --
-    and down 30.0 against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against
-    14.3, down with the gated input 165.7 against 28.7; gated gate/up 61.3 against 49.0).  Off by default until the
-    step measures it; read at trace and at launch time alike."""
-    return rows in DOT_ROWS and not gated and not prologue and switch("FLARE_GEMV_DOT", False)
+    """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
+    ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input) and an
+    ungated output -- the only launches where it beat cuBLAS in isolation on the H200
+    (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the residual 12.1 us against
+    cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0 against 28.6 + the same
+    two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with the gated input 165.7
+    against 28.7; gated gate/up 61.3 against 49.0).  In the step, side by side in one process
+    (``results/20261201T114716Z-sm90-run28``, 1024-token context): Qwen3-8B batch 4 5.2483 ms against 5.4477
+    (0.963x; decode_topk 5.1543 against 5.3491); Qwen3-0.6B batch 4 within noise (1.0078x,
+    ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it.  Read at trace and at launch time alike."""
+    return rows in DOT_ROWS and not gated and not prologue and switch("FLARE_GEMV_DOT", True)
 
 
 def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False) -> bool:
@@ -155,7 +158,7 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
     - 2-4 rows: only narrow, ungated outputs (<= 1024 columns: 0.6B o_proj 0.47x, down 0.91x at 4 rows), where
       cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
     - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
-    - with ``FLARE_GEMV_DOT=1``, 2..16 rows: also the plain-input (``prologue`` False: no norm, no gated input),
+    - 2..16 rows (unless ``FLARE_GEMV_DOT=0``): also the plain-input (``prologue`` False: no norm, no gated input),
       ungated projections, through the tensor-core variant (:func:`uses_dot_kernel`: where it won in isolation).
     """
     if not _ENABLED[0]:
@@ -175,9 +178,10 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
     ``ignition.components.norms.RMSNorm``; ``gated``: ``projection`` is the packed ``(gate, up)`` pair and
     ``act_fn`` the canonical activation, ``act_name`` its config name (``hidden_act``: fusable when ``"silu"``).
-    One ``flare::fused_linear`` launch when the projection is plain bf16 and :func:`prefers_fused` says so; with ``FLARE_GEMV_DOT=1`` an ungated projection of
-    2..16 rows behind a norm takes the norm apart and the projection (+ residual) as one tensor-core launch (that
-    kernel takes plain inputs only: :func:`uses_dot_kernel`) -- the qkv projection of a decode batch then launches
+    One ``flare::fused_linear`` launch when the projection is plain bf16 and :func:`prefers_fused` says so; an
+    ungated projection of 2..16 rows behind a norm (unless ``FLARE_GEMV_DOT=0``) takes the norm apart and the
+    projection (+ residual) as one tensor-core launch (that kernel takes plain inputs only: :func:`uses_dot_kernel`)
+    -- the qkv projection of a decode batch then launches
     from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every

@@ -32,9 +32,8 @@ from ignition.components.switches import number, switch
 #   predecessor") is known complete: a kernel lets its dependents launch only once it passed its own wait, so when
 #   a kernel starts, the one before its predecessor has completed -- EXCEPT after an ``EARLY`` kernel, which lets
 #   its dependents launch before its wait.  Such reads go through L2 (``cache_modifier=".cg"``).  The fused decode
-#   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way -- or
-#   loads its first blocks into registers (``FLARE_DECODE_PRELOAD_BLOCKS``), patching in the new token's slot it
-#   writes after the wait: its predecessor is the qkv projection, never an ``EARLY`` kernel.
+#   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
+#   predecessor is the qkv projection, never an ``EARLY`` kernel.
 # - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
 #   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
 #   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
@@ -268,23 +267,19 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
-                 stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CG: tl.constexpr = False):
+                 stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key block ``blk`` (keys blk * BLOCK_N ..) gathered through the block table: ``(K^T [DP, BLOCK_N], V [BLOCK_N,
-    DP], keys mask [BLOCK_N], pool slots [BLOCK_N])``, zeros past ``seq_len``.  ``CG``: every load through L2 (the
-    reads before a PDL wait, see the rules)."""
+    DP], keys mask [BLOCK_N])``, zeros past ``seq_len``."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
-    cache: tl.constexpr = ".cg" if CG else ""
-    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0,
-                   cache_modifier=cache).to(tl.int64)  # one id per key
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
     kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-                 mask=n_mask[None, :] & d_mask[:, None], other=0.0, cache_modifier=cache)
+                 mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=cache)
-    return kt, v, n_mask, page * PAGE + in_page
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    return kt, v, n_mask
 
 
 @triton.jit
@@ -292,8 +287,8 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
-    kt, v, n_mask, _ = _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
-                                    stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N)
+    kt, v, n_mask = _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
+                                 stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N)
     return _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
 
 
@@ -336,16 +331,6 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
     acc = tl.zeros([QR, DP], dtype=tl.float32)
-    return _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE)
-
-
-@triton.jit
-def _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr):
-    """:func:`_decode_blocks` from the state ``(m_i, l_i, acc)`` of the blocks before ``start``."""
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -474,28 +459,15 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PRE_BLOCKS: tl.constexpr = 0):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
-    # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and
-    # either its first PRE_BLOCKS key blocks loaded into registers (the old keys; the new token's slot, written below,
-    # is patched into them) or an L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the
-    # qkv projection finishes.
+    # Before the wait (the rules at the top of this file): the share of this split from the sequence length and an L2
+    # prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
-    if PRE_BLOCKS >= 1:
-        pre_d = tl.arange(0, D)
-        kt0, v0, nm0, sl0 = _decode_load(start, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
-                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
-    if PRE_BLOCKS >= 2:
-        kt1, v1, nm1, sl1 = _decode_load(start + 1, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
-                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
-    if PRE_BLOCKS == 1:
-        kt1, v1, nm1, sl1 = kt0, v0, nm0, sl0  # unused: one preloaded block
-    if USE_PDL and KV_PREFETCH > 0 and PRE_BLOCKS == 0:
+    if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _pdl_enter(USE_PDL)
@@ -509,25 +481,17 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (QR, D))  # [QR, D]: the halves side by side; 0 past G
 
     writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-    if PRE_BLOCKS == 0:
-        if split == writer:
-            slot = tl.load(SLOTS + b).to(tl.int64)
-            one = tl.arange(0, 1)[:, None]
-            _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                           KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
-            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-        m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
-                                       d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
-                                       stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
-    else:
-        m_i, l_i, acc = _decode_preloaded(q, kt0, v0, nm0, sl0, kt1, v1, nm1, sl1, start, end, writer, split, b, b64,
-                                          kvh, K, V, KW, SLOTS, KP, VP, BT, seq_len, offs_h, offs_d, d_mask, cos1,
-                                          cos2, sin1, sin2, eps, stride_kb, stride_kh, stride_vb, stride_vh,
-                                          stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
-                                          stride_bt, qk_scale_log2, QR, D, HALF, PAGE, BLOCK_N, K_NORM, DOT_F32,
-                                          PIPELINE, PRE_BLOCKS)
+    if split == writer:
+        slot = tl.load(SLOTS + b).to(tl.int64)
+        one = tl.arange(0, 1)[:, None]
+        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+        tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
+                                   d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                                   stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -535,53 +499,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               SPLITS)
-
-
-@triton.jit
-def _patch_new_slot(kt, v, n_mask, slots, slot, knew, vnew, D: tl.constexpr):
-    """The preloaded tiles with the key rows at pool slot ``slot`` replaced by the step's new key ``knew`` and value
-    ``vnew`` (``[1, D]``) -- what a load after the write would have returned."""
-    hit = (slots == slot) & n_mask  # [BLOCK_N]
-    return tl.where(hit[None, :], tl.reshape(knew, (D, 1)), kt), tl.where(hit[:, None], vnew, v)
-
-
-@triton.jit
-def _decode_preloaded(q, kt0, v0, nm0, sl0, kt1, v1, nm1, sl1, start, end, writer, split, b, b64, kvh, K, V, KW,
-                      SLOTS, KP, VP, BT, seq_len, offs_h, offs_d, d_mask, cos1, cos2, sin1, sin2, eps,
-                      stride_kb, stride_kh, stride_vb, stride_vh, stride_kp, stride_kt, stride_kph, stride_vp,
-                      stride_vt, stride_vph, stride_bt, qk_scale_log2, QR: tl.constexpr, D: tl.constexpr,
-                      HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, K_NORM: tl.constexpr,
-                      DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PRE_BLOCKS: tl.constexpr):
-    """The fused decode kernel's attention with its first ``PRE_BLOCKS`` key blocks preloaded before the wait
-    (``kt*, v*, nm*, sl*``: :func:`_decode_load`'s tiles, mask and pool slots): every program forms the step's new key
-    and value (the writer program also stores them to the pool), patches them into the preloaded tiles where those
-    hold its slot, then runs the online softmax over the same blocks in the same order as without the preload --
-    the same bits.  Blocks past the preloaded ones are loaded after the write, as without."""
-    one = tl.arange(0, 1)[:, None]
-    slot = tl.load(SLOTS + b).to(tl.int64)
-    k1, k2 = _norm_rope_halves(K + b64 * stride_kb + kvh * stride_kh + one, one < 1, KW, offs_h, cos1, cos2, sin1,
-                               sin2, eps, D, HALF, K_NORM)
-    vrow = V + b64 * stride_vb + kvh * stride_vh
-    vnew = tl.load(vrow + offs_d)[None, :]  # [1, D]
-    if split == writer:
-        kp = KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one
-        vp = VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one
-        _store_kv(k1, k2, vrow + one, kp, vp, offs_h, one < 1, HALF)
-        tl.debug_barrier()  # the blocks past the preloaded ones are read below, after the write
-    knew = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (1, D))  # [1, D]: the halves side by side
-    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([QR], dtype=tl.float32)
-    acc = tl.zeros([QR, D], dtype=tl.float32)
-    if start < end:
-        kt0, v0 = _patch_new_slot(kt0, v0, nm0, sl0, slot, knew, vnew, D)
-        m_i, l_i, acc = _decode_update(kt0, v0, nm0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
-    if PRE_BLOCKS >= 2:
-        if start + 1 < end:
-            kt1, v1 = _patch_new_slot(kt1, v1, nm1, sl1, slot, knew, vnew, D)
-            m_i, l_i, acc = _decode_update(kt1, v1, nm1, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
-    return _decode_blocks_from(m_i, l_i, acc, q, start + PRE_BLOCKS, end, KP, VP, BT, b64, kvh, seq_len,
-                               tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
-                               stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE)
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -709,23 +626,11 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: (``prefers_fused``); after cuBLAS (more rows) it only lengthens the critical path.  H200, Qwen3-8B, 1024-token
 #: context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 -> 4.779 ms; batch 4 5.524 -> 5.714 (slower: the
 #: first version looped over the blocks, there after cuBLAS).  Qwen3-0.6B batch 1 (``results/20261201T045516Z-sm90-run15``):
-#: 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY reduce and the whole-weight GEMV prefetch.
+#: 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY reduce and the whole-weight GEMV prefetch.  Tried and removed:
+#: loading the first key blocks into registers before the wait instead (new slot patched in after it) -- bitwise in
+#: the interpreter but not compiled for sm90, and Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower
+#: (``results/20261201T114209Z-sm90-run27``).
 DECODE_KV_PREFETCH_KEYS = 64
-
-
-#: Key blocks the fused decode kernel loads into registers before its PDL wait (0..2), instead of the L2 prefetch
-#: (``FLARE_DECODE_PRELOAD_BLOCKS=N``; default 0, not yet measured on the H200): after the wait the attention then
-#: waits only for its query, not for a block-table load and a K/V gather per block -- the whole share of a split at
-#: one row of a 1024-token context (Qwen3-8B: 2 blocks of 32 splits; Qwen3-0.6B: 1 of 64).  The same bits.
-DECODE_PRELOAD_BLOCKS = 0
-
-
-def decode_preload_blocks() -> int:
-    """:data:`DECODE_PRELOAD_BLOCKS`, or ``FLARE_DECODE_PRELOAD_BLOCKS`` (0..2; read at each launch)."""
-    n = number("FLARE_DECODE_PRELOAD_BLOCKS", DECODE_PRELOAD_BLOCKS)
-    if n not in (0, 1, 2):
-        raise ValueError(f"FLARE_DECODE_PRELOAD_BLOCKS={n:g}: expected 0, 1 or 2")
-    return int(n)
 
 
 def decode_kv_prefetch_keys(batch: int) -> int:
@@ -795,7 +700,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), PRE_BLOCKS=decode_preload_blocks(), num_warps=4,
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4,
         **_pdl(q.device))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
@@ -892,22 +797,6 @@ def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
-def _gemv_partner_prefetch(W, N_OUT, stride_w, K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                           PF_LINES: tl.constexpr, PARTNERS: tl.constexpr, GATED: tl.constexpr):
-    """L2 prefetch, by each of the grid's first ``ceil(G / (PARTNERS + 1))`` programs (G: the grid's column blocks;
-    row block 0 only), of the whole weight rows of programs ``pid + j * that`` for ``j = 1 .. PARTNERS``.  A GEMV
-    launched early behind a latency-bound kernel (the output projection after the attention's ``EARLY`` reduce) has
-    only its first wave of programs resident before its wait -- the rest start when those finish, so their own
-    prefetch comes too late; the first wave fetches their rows meanwhile.  Rows past the weight clamp to its last."""
-    first = (tl.num_programs(0) + PARTNERS) // (PARTNERS + 1)
-    pid = tl.program_id(0)
-    if (pid < first) & (tl.program_id(1) == 0):
-        for j in tl.static_range(1, PARTNERS + 1):
-            rows = (pid + j * first) * BN + tl.arange(0, BN)
-            _gemv_prefetch(W, rows, N_OUT, stride_w, K, BK, PF_LINES, 0, (K + BK - 1) // BK, GATED)
-
-
-@triton.jit
 def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
                HAS_NORM: tl.constexpr):
     """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
@@ -972,8 +861,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       PARTNERS: tl.constexpr = 0):
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -995,8 +883,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
-        if PARTNERS > 0:  # ... and of the whole rows of programs that will start only after the wait
-            _gemv_partner_prefetch(W, N_OUT, stride_w, K, BN, BK, PF_LINES, PARTNERS, GATED)
     _pdl_enter(USE_PDL)
 
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
@@ -1150,25 +1036,10 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: batch 1, 1024-token context (``results/20261201T070650Z-sm90-run21``): Qwen3-0.6B 1.1216 ms without, 1.0617 with 2
 #: tiles, **1.0354** with 4
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
-#: 4.7520, 4.7227 -- within noise.
+#: 4.7520, 4.7227 -- within noise.  Tried and removed: first-wave programs of the one-row output projection
+#: prefetching later programs' whole rows into L2 before the wait -- Qwen3-8B batch 1 within noise (1.006x,
+#: ``results/20261201T114716Z-sm90-run28``).
 GEMV_PRELOAD_TILES = 4
-
-
-#: Partner programs whose weight rows each first-wave program of a one-row plain GEMV prefetches into L2 before its
-#: PDL wait (``_gemv_partner_prefetch``; ``FLARE_GEMV_PARTNER_PREFETCH=N`` sets it): 0, off, until measured in the
-#: step on the H200.  Why it may pay: the Qwen3-8B output projection (512 programs at 255 registers: at most two per
-#: SM, fewer beside the attention's programs) takes 10.0 us after the reduce, where its 32 MiB stream in 8.1 at the
-#: measured floor bandwidth and would take less from L2 (``results/20261201T104406Z-sm90-run25``).
-GEMV_PARTNER_PREFETCH = 0
-
-
-def gemv_partner_prefetch(m: int, plain: bool) -> int:
-    """Partner programs per first-wave program (:data:`GEMV_PARTNER_PREFETCH`): one row, a plain input (the GEMVs
-    that launch early behind the attention); raises naming the switch when it is negative."""
-    partners = int(number("FLARE_GEMV_PARTNER_PREFETCH", GEMV_PARTNER_PREFETCH))
-    if partners < 0:
-        raise ValueError(f"FLARE_GEMV_PARTNER_PREFETCH={partners}: expected a count >= 0")
-    return partners if m == 1 and plain else 0
 
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
@@ -1304,8 +1175,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        PARTNERS=gemv_partner_prefetch(m, plain), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
-        **_pdl(x.device))
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
     return out
 
 

@@ -177,34 +177,6 @@ def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n,
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
-@interpreter
-@pytest.mark.parametrize("pre", [1, 2])
-@pytest.mark.parametrize("num_splits,block_n", [(None, None), (1, None), (3, None), (6, None), (2, 32)])
-def test_preloaded_key_blocks_change_no_bit(monkeypatch, pre, num_splits, block_n):
-    """``FLARE_DECODE_PRELOAD_BLOCKS``: the first key blocks of each split loaded before the wait, the new token's
-    slot patched in -- whether the preloaded blocks are the whole share (3 or 6 splits of 6 blocks), part of it (1
-    split: the loop reads the rest after the write) or more than it (6 splits at 2 blocks), with ragged and inactive
-    rows: the output and the pools equal the two-kernel path bit for bit."""
-    from ignition.components import triton_kernels as tk
-
-    monkeypatch.setenv("FLARE_DECODE_PRELOAD_BLOCKS", str(pre))
-    assert tk.decode_preload_blocks() == pre
-    case = make_decode_case(8, 2, 32, seed=pre * 7 + (num_splits or 0) + (block_n or 0))
-    fused, two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
-    assert_same_bits(fused, two)
-
-
-def test_decode_preload_blocks_names_a_bad_value(monkeypatch):
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    assert tk.decode_preload_blocks() == tk.DECODE_PRELOAD_BLOCKS == 0
-    for bad in ("3", "-1", "1.5"):
-        monkeypatch.setenv("FLARE_DECODE_PRELOAD_BLOCKS", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_PRELOAD_BLOCKS"):
-            tk.decode_preload_blocks()
-
-
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk

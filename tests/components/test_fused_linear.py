@@ -88,7 +88,8 @@ def test_op_declares_no_writes_and_rejects_an_odd_gated_weight():
 
 @pytest.mark.parametrize("rows", [8, 16])
 def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, rows):
-    """``FLARE_GEMV_DOT=1`` at 2..16 rows (beyond the narrow few-row rule): a wide MLP (1100-column output) runs
+    """The tensor-core variant (default; ``FLARE_GEMV_DOT=0`` turns it off) at 2..16 rows (beyond the narrow
+    few-row rule): a wide MLP (1100-column output) runs
     gate/up and the SiLU gate as separate modules and down + residual as one ``flare::fused_linear`` with a plain
     input -- never down's gated-input prologue, never a norm prologue (a qkv projection's norm runs apart, the
     projection as one launch) -- with the canonical result, bit for bit."""
@@ -113,11 +114,11 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
 
     monkeypatch.setattr(fl, "fused_linear", counting)
     run = lambda: fl.gated_mlp_block(x, gate_up, down, norm=norm, residual=x, act_fn=F.silu, act_name="silu")  # noqa
-    monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    monkeypatch.setenv("FLARE_GEMV_DOT", "0")
     with torch.no_grad():
         plain = run()
-        assert calls == []  # cuBLAS and separate modules by default
-        monkeypatch.setenv("FLARE_GEMV_DOT", "1")
+        assert calls == []  # cuBLAS and separate modules with the switch off
+        monkeypatch.delenv("FLARE_GEMV_DOT")
         got = run()
     assert calls == [(False, True, False, False)]  # down + residual, plain input
     with torch.no_grad():

@@ -152,28 +152,6 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     assert ((got.float() - ref.float()).abs() <= tol).all()
 
 
-def test_gemv_partner_prefetch_rule_and_bits(monkeypatch):
-    """``FLARE_GEMV_PARTNER_PREFETCH=N``: one-row plain GEMVs only (off by default, a negative count names the
-    switch); the kernel specialized with partners computes the same bits (its prefetches run before the PDL wait,
-    on a GPU -- the interpreter has no PDL, so here the specialization, not the prefetch, is what runs)."""
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_partner_prefetch
-
-    assert gemv_partner_prefetch(1, True) == 0  # the default
-    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "3")
-    assert gemv_partner_prefetch(1, True) == 3
-    assert gemv_partner_prefetch(1, False) == gemv_partner_prefetch(2, True) == 0
-    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "-1")
-    with pytest.raises(ValueError, match="FLARE_GEMV_PARTNER_PREFETCH"):
-        gemv_partner_prefetch(1, True)
-    x, w, _, r = _gemv_inputs(1, 96, 256, norm=False, gated=False, residual=True, seed=5)
-    cfg = {"BN": 16, "BK": 128}
-    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "0")
-    plain = fused_linear_triton(x, w, residual=r, config=cfg)
-    monkeypatch.setenv("FLARE_GEMV_PARTNER_PREFETCH", "2")
-    got = fused_linear_triton(x, w, residual=r, config=cfg)
-    assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
-
-
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
@@ -244,16 +222,16 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-def test_tensor_core_variant_is_opt_in_plain_input_only_and_bounded(monkeypatch):
-    """``FLARE_GEMV_DOT=1`` fuses (and launches the tensor-core kernel for) 2..16 rows of plain-input, ungated
+def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
+    """The tensor-core kernel (default; ``FLARE_GEMV_DOT=0`` turns it off) takes 2..16 rows of plain-input, ungated
     projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""
     from ignition.components.fused_linear import prefers_fused, uses_dot_kernel
     from ignition.components.triton_kernels import fused_linear_triton, gemm_rows_config
 
     wide, gated_w, narrow = torch.zeros(4096, 8), torch.zeros(2 * 12288, 8), torch.zeros(1024, 8)
-    monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    monkeypatch.setenv("FLARE_GEMV_DOT", "0")
     assert not uses_dot_kernel(4) and not prefers_fused(4, wide, False) and prefers_fused(4, narrow, False)
-    monkeypatch.setenv("FLARE_GEMV_DOT", "1")
+    monkeypatch.delenv("FLARE_GEMV_DOT")
     assert uses_dot_kernel(4) and uses_dot_kernel(16) and not uses_dot_kernel(1) and not uses_dot_kernel(17)
     assert not uses_dot_kernel(4, prologue=True) and not uses_dot_kernel(4, gated=True)
     assert prefers_fused(4, wide, False) and prefers_fused(8, wide, False)  # o_proj, down after the activation

@@ -273,10 +273,9 @@ def test_catalog_stages_and_capacities(ckpt):
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):
     """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
     norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:
-    64 columns here), down then taking gate/up's packed output with the SiLU gate in its prologue; prefill chunks
-    fuse nothing.  The greedy-vs-canonical tests above check the results.  (The opt-in tensor-core variant,
-    ``FLARE_GEMV_DOT=1``, adds the wide plain-input projections of 2..16 rows: none in this tiny model --
-    ``tests/components/test_fused_linear.py``.)"""
+    64 columns here), down then taking gate/up's packed output with the SiLU gate in its prologue; an 8-token prefill
+    chunk, within the tensor-core variant's 2..16 rows (on unless ``FLARE_GEMV_DOT=0``), takes it for its
+    plain-input projections (longer chunks fuse nothing).  The greedy-vs-canonical tests above check the results."""
     from ignition.components import fused_linear as fl
 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
@@ -293,7 +292,11 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     layers = model.config.num_hidden_layers
     row = Row(list(PAGES), PAGE)
     prefill(graphs, row, PROMPT[:8], chunk=8)
-    assert calls == []
+    # an 8-token chunk is within the tensor-core kernel's 2..16 rows: its plain-input projections take it (qkv after
+    # its norm, o_proj + residual, down + residual after the SiLU gate); gate/up stays cuBLAS
+    assert len(calls) == 3 * layers
+    assert set(calls) == {(8, False, False, False, False), (8, False, True, False, False)}
+    calls.clear()
     width = graphs.steps[0].max_pages
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
     assert sorted(set(calls)) == sorted({(1, True, False, False, False), (1, False, True, False, False),
