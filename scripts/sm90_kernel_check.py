@@ -36,6 +36,10 @@ DECODE_SIG = {**{n: P for n in "Q K V QW KW COS SIN KP VP".split()}, "SLOTS": "*
                                     "stride_kp stride_kt stride_kph stride_vp stride_vt stride_vph stride_bt "
                                     "max_pages").split()},
               "qk_scale_log2": "fp32", "eps": "fp32"}
+PREFILL_SIG = {"Q": P, "K": P, "V": P, "BT": "*i32", "POS": "*i64", "SL": "*i64", "Out": P,
+               **{n: "i32" for n in ("T stride_qb stride_qt stride_qh stride_kp stride_kt stride_kh stride_vp stride_vt "
+                                     "stride_vh stride_bt stride_pb stride_ob stride_ot max_pages").split()},
+               "qk_scale_log2": "fp32"}
 
 
 #: The one-row projections as the Qwen3 recipe launches them: (name, N weight rows, K, norm, gated, residual,
@@ -78,6 +82,10 @@ def cases(tk):
                  DOT_F32=False)
         out.append((f"tensor-core gemv 8B {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+    cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
+    out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
+                dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,
+                     PIPELINE=True, USE_PDL=True), dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     out.append(("topk chunk 4096 k64", "_topk_chunk_kernel", {"X": "*fp32", "WS": "*fp32", "V": "i32",
                                                                "stride_x": "i32"}, dict(CHUNK=4096, KP=64),
                 dict(num_warps=8)))
