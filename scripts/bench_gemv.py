@@ -52,6 +52,7 @@ SHAPES = [
     ("qwen3-8b", "down", 4096, 12288, False, False, True),
     ("qwen3-8b", "down-gi", 4096, 12288, False, False, True, True),
     ("qwen3-0.6b", "qkv", 4096, 1024, False, True, False),
+    ("qwen3-0.6b", "qkv-plain", 4096, 1024, False, False, False),  # normed apart: the few-row tensor-core qkv
     ("qwen3-0.6b", "o_proj", 1024, 2048, False, False, True),
     ("qwen3-0.6b", "gate_up", 6144, 1024, True, True, False),
     ("qwen3-0.6b", "down", 1024, 3072, False, False, True),
@@ -61,7 +62,7 @@ MS = (1, 4, 8)
 COLD_BYTES = 128 << 20
 BNS, BKS, WARPS, STAGES = (4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 2, 3)
 #: ``--dot``: the tensor-core variant's grid (2..16 rows; ``FLARE_GEMV_DOT``)
-DOT_BNS, DOT_BKS, DOT_STAGES = (16, 32, 64), (64, 128, 256), (3, 4, 5)
+DOT_BNS, DOT_BKS, DOT_STAGES = (16, 32, 64), (64, 128, 256), (3, 4, 5, 6)  # run 31: s5 won at the edge
 
 
 def graph_time_us(fn, launches: int, replays: int) -> float:

@@ -1058,6 +1058,9 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
 GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (4096, 4096, False): (32, 256, 4, 4),  # Qwen3-8B o_proj: 12.12 us at 4 rows, 12.10 at 8 (cuBLAS 13.19, 12.97)
     (4096, 12288, False): (32, 256, 4, 4),  # Qwen3-8B down: 30.02 at 4, 30.17 at 8 (cuBLAS 28.63, 29.03)
+    # the plain qkv (its norm run apart), full grid (``results/20261201T121435Z-sm90-run31``, 4 rows; 8 rows alike):
+    (6144, 4096, False): (64, 128, 4, 5),  # Qwen3-8B: 15.44 us (the heuristic 16x128 w4 s4: 17.36; cuBLAS 14.62)
+    (4096, 1024, False): (32, 128, 4, 5),  # Qwen3-0.6B: 3.70 us (heuristic 4.61; cuBLAS 4.72)
 }
 
 
