@@ -2,7 +2,7 @@
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
 [--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
-[--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N]] [--device cuda|cpu]``
+[--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
 ``W`` -- the pending token plus ``W - 1`` proposals per row -- timed the same way, with the ratio to decode
@@ -44,7 +44,10 @@ Dynamo's caches are reset around it), and every decode case is timed on both, in
 after the other showed ~15 us order effects on the H200, ``results/20261201T104724Z-sm90-run26``).  The cases carry
 ``ab``: ``A`` (the environment as started) or ``B: NAME=VALUE...``; ``qualify.report`` compares runs, the printed
 table compares A with B.  Rounds, timelines and ``--check-compiled`` use A only.  Without a GPU it needs
-``--eager`` (an uncompiled step reads the switches at every call).
+``--eager`` (an uncompiled step reads the switches at every call).  ``--ab-null`` builds A once more after B (``ab``
+``A2: ...``) and times the three interleaved: the bench built second ran 0.35-0.6% slower than the first where
+both were the same kernels (Qwen3-8B batch 1, ``results/20261201T114716Z-sm90-run28``), so A2 / A states that bias
+in the run and B is called faster or slower only when its min-max range clears both A's and A2's.
 
 On CPU (``--device cpu``) the same paths run without capture (perf_counter timing, no floor): it is how
 CI exercises the tool; the numbers mean nothing there.
@@ -63,6 +66,8 @@ import tempfile
 from pathlib import Path
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+#: ``ab`` of the samples of ``--ab-null``'s second A bench
+NULL_LABEL = "A2: A rebuilt after B (null)"
 
 
 def parse_ab(text: str) -> dict[str, str]:
@@ -96,17 +101,29 @@ def switched_env(env: dict[str, str], reset: bool):
                 torch._dynamo.reset()
 
 
-def interleaved(time_a, time_b, samples: int, warmup: int, blocks: int) -> tuple[list[float], list[float]]:
-    """``time_x(samples, warmup) -> samples_s`` of A and B in ``blocks`` blocks each, ordered A B B A A B ...; the
-    first block of each warms up ``warmup`` replays, later ones a few."""
+def interleaved(timers, samples: int, warmup: int, blocks: int) -> list[list[float]]:
+    """``timer(samples, warmup) -> samples_s`` of each bench in ``timers``, in ``blocks`` blocks each, the order
+    reversed every other block (A B B A A B ...; with three, A B C C B A A B C ...); the first block of each warms up
+    ``warmup`` replays, later ones a few.  Returns each timer's samples, in the order given."""
     blocks = max(1, min(blocks, samples))
     sizes = [samples // blocks + (i < samples % blocks) for i in range(blocks)]
-    raw_a, raw_b = [], []
+    raw = [[] for _ in timers]
+    order = list(range(len(timers)))
     for i, n in enumerate(sizes):
         w = warmup if i == 0 else min(warmup, 5)
-        for which in (("a", "b") if i % 2 == 0 else ("b", "a")):
-            (raw_a if which == "a" else raw_b).extend((time_a if which == "a" else time_b)(n, w))
-    return raw_a, raw_b
+        for j in (order if i % 2 == 0 else order[::-1]):
+            raw[j].extend(timers[j](n, w))
+    return raw
+
+
+def ab_verdict(b: dict, refs: list[dict]) -> str:
+    """B's min-max verdict against every reference (A, and A2 with ``--ab-null``): faster or slower only when B's
+    range lies below (above) the ranges of them all."""
+    if all(b["max_ms"] < r["min_ms"] for r in refs):
+        return "B faster"
+    if all(b["min_ms"] > r["max_ms"] for r in refs):
+        return "B slower"
+    return "within noise"
 
 
 def _caps(text: str) -> tuple[int, ...]:
@@ -337,10 +354,15 @@ def run(args) -> dict:
                            greedy_variant=args.greedy_variant, topk_variant=args.topk_variant)
 
     bench = make(_caps(args.widths), args.steps if args.check_compiled else 0)
-    bench_b = None
+    bench_b = bench_null = None
     if env_b:
         with switched_env(env_b, reset=not args.eager):
             bench_b = make((), 0)
+        if args.ab_null:  # A again, built after B the same way: the side by side's own build-order bias
+            with switched_env({}, reset=not args.eager):
+                bench_null = make((), 0)
+    elif args.ab_null:
+        raise ValueError("--ab-null needs --ab")
     label_b = "B: " + ":".join(f"{k}={v}" for k, v in (env_b or {}).items())
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
@@ -357,9 +379,12 @@ def run(args) -> dict:
                     with switched_env(env_b, reset=False):  # uncompiled steps read the switches at each call
                         return bench_b.time_case(cap, seed, n, w, kind)
 
-                raw_a, raw_b = interleaved(lambda n, w, cap=cap, seed=seed, kind=kind: bench.time_case(
-                    cap, seed, n, w, kind), time_b, args.samples, args.warmup, args.ab_blocks)
-                timed = [("A", raw_a), (label_b, raw_b)]
+                def time_on(which):
+                    return lambda n, w, cap=cap, seed=seed, kind=kind: which.time_case(cap, seed, n, w, kind)
+
+                timers = [time_on(bench), time_b] + ([time_on(bench_null)] if bench_null is not None else [])
+                raws = interleaved(timers, args.samples, args.warmup, args.ab_blocks)
+                timed = list(zip(["A", label_b, NULL_LABEL][:len(raws)], raws))
             for ab, raw in timed:
                 s = summarize(raw)
                 case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
@@ -429,15 +454,20 @@ def _print(out: dict) -> None:
         print(f"{c['case']['capacity']:>8} {c['case']['variant']:>13} {c['seed']:>4} {c['median_ms']:10.4f} "
               f"{c['min_ms']:8.4f} {c['max_ms']:8.4f} {floor} {ratio}{ab}")
     if "ab" in out:
-        print(f"side by side in one process: A = the environment as started, {out['ab']}; B / A per case:")
-        a_cases = {(c["case"]["capacity"], c["case"]["variant"], c["seed"]): c for c in out["cases"]
-                   if c["case"].get("ab") == "A"}
-        for c in (c for c in out["cases"] if c["case"].get("ab", "A") != "A"):
-            a = a_cases[(c["case"]["capacity"], c["case"]["variant"], c["seed"])]
-            faster = "B faster" if c["max_ms"] < a["min_ms"] else "B slower" if c["min_ms"] > a["max_ms"] else \
-                "within noise"
-            print(f"{c['case']['capacity']:>8} {c['case']['variant']:>13} {c['seed']:>4} "
-                  f"{c['median_ms'] / a['median_ms']:10.4f}  ({faster}: min-max ranges)")
+        by = {}
+        for c in out["cases"]:
+            if "ab" in c["case"]:
+                by.setdefault(c["case"]["ab"], {})[(c["case"]["capacity"], c["case"]["variant"], c["seed"])] = c
+        a_cases, null = by.pop("A"), by.pop(NULL_LABEL, None)
+        print(f"side by side in one process: A = the environment as started, {out['ab']}; B / A per case"
+              + (" and the null A2 / A (A built again after B: the side by side's own bias; B's verdict is against "
+                 "both)" if null else "") + ":")
+        for key, c in next(iter(by.values())).items():
+            a = a_cases[key]
+            refs = [a] + ([null[key]] if null else [])
+            extra = f"  null A2/A {null[key]['median_ms'] / a['median_ms']:.4f}" if null else ""
+            print(f"{key[0]:>8} {key[1]:>13} {key[2]:>4} {c['median_ms'] / a['median_ms']:10.4f}  "
+                  f"({ab_verdict(c, refs)}: min-max ranges){extra}")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]
     if rounds:
         print(f"{'capacity':>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'vs decode':>9}")
@@ -479,6 +509,9 @@ def main(argv=None) -> int:
                    help="also a bench built with these FLARE_* switches, every decode case timed on both, "
                         "interleaved (see the module docstring)")
     p.add_argument("--ab-blocks", type=int, default=10, help="blocks per case of an --ab side by side (A B B A ...)")
+    p.add_argument("--ab-null", action="store_true",
+                   help="with --ab: also A built again after B, timed interleaved with both (A B A2 A2 B A ...): "
+                        "A2 / A is the side by side's own bias, and B's verdict holds only against both")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="results root (default <repo>/results)")
     p.add_argument("--no-archive", action="store_true")

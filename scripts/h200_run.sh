@@ -21,16 +21,17 @@
 #                   B=1; run 26 with the order swapped found the "gains" within noise)
 #   replayin-G      qualify.gpu_replay --ab on core G: side by side inside one process, interleaved, once per entry of
 #                   $AB_IN (each NAME=VALUE[:NAME=VALUE...], the B side; A is the environment as started; AB_ARGS more
-#                   gpu_replay arguments) -- the order and machine effects of separate processes cancel
+#                   gpu_replay arguments; AB_NULL=1: --ab-null, A built again after B) -- the order and machine effects
+#                   of separate processes cancel
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
 #   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
 #   prefillprof     scripts/prefill_profile.py: kernel timeline of a Qwen3-8B prefill chunk (4 layers, chunks $PROF_CHUNKS)
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
-#   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths); when the Triton prefill
-#                   kernel's GPU test fails, later stages use ATTN=triton-decode (its decode kernel only); when the
-#                   fused decode kernel's fails, ATTN=triton-unfused
+#   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths);
+#                   when the Triton prefill kernel's GPU test fails, later stages use ATTN=triton-decode (its decode
+#                   kernel only); when the fused decode kernel's fails, ATTN=triton-unfused
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
@@ -75,7 +76,8 @@ for s in ${STAGES:?set STAGES}; do
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
     replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-${v//:/-}
           timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
-            --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_ARGS:-} --out $R/replayin-$g-$n 2>&1 | log \
+            --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
+            --out $R/replayin-$g-$n 2>&1 | log \
             > "$OUT/replayin-$g-$n.log"
           tar czf "$OUT/replayin-$g-$n.tgz" -C $R/replayin-$g-$n . 2>/dev/null
           sed -n '/side by side in one process/,$p' "$OUT/replayin-$g-$n.log" | head -n 8; done ;;

@@ -74,14 +74,30 @@ def test_interleaved_blocks_alternate_and_split_the_samples():
             return [float(len(calls))] * n
         return time
 
-    a, b = gpu_replay.interleaved(timer("a"), timer("b"), samples=10, warmup=20, blocks=4)
+    a, b = gpu_replay.interleaved([timer("a"), timer("b")], samples=10, warmup=20, blocks=4)
     assert [c[0] for c in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # A B B A A B B A
     assert [c[1] for c in calls if c[0] == "a"] == [3, 3, 2, 2] and len(a) == len(b) == 10
     assert [c[2] for c in calls] == [20, 20, 5, 5, 5, 5, 5, 5]  # the first block of each warms up fully
+    calls.clear()
+    raws = gpu_replay.interleaved([timer("a"), timer("b"), timer("a2")], samples=6, warmup=3, blocks=3)
+    assert [c[0] for c in calls] == ["a", "b", "a2", "a2", "b", "a", "a", "b", "a2"]  # --ab-null's three
+    assert [len(r) for r in raws] == [6, 6, 6]
     assert gpu_replay.parse_ab("FLARE_GEMV_DOT=1:FLARE_PDL=0") == {"FLARE_GEMV_DOT": "1", "FLARE_PDL": "0"}
     for bad in ("GEMV_DOT=1", "FLARE_X", "FLARE_X=", ":"):
         with pytest.raises(ValueError, match="--ab"):
             gpu_replay.parse_ab(bad)
+
+
+def test_ab_verdict_needs_every_reference_cleared():
+    def rng(lo, hi):
+        return {"min_ms": lo, "max_ms": hi}
+
+    assert gpu_replay.ab_verdict(rng(1.0, 1.1), [rng(1.2, 1.3)]) == "B faster"
+    assert gpu_replay.ab_verdict(rng(1.4, 1.5), [rng(1.2, 1.3)]) == "B slower"
+    assert gpu_replay.ab_verdict(rng(1.0, 1.1), [rng(1.05, 1.3)]) == "within noise"
+    # faster than A but not than the null A2 (A rebuilt after B, run 28's bias in the other direction): no verdict
+    assert gpu_replay.ab_verdict(rng(1.0, 1.1), [rng(1.2, 1.3), rng(0.95, 1.15)]) == "within noise"
+    assert gpu_replay.ab_verdict(rng(1.0, 1.1), [rng(1.2, 1.3), rng(1.15, 1.2)]) == "B faster"
 
 
 def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
@@ -109,3 +125,13 @@ def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
     assert [s["case"].get("ab") for s in timed] == ["A", "B: FLARE_TRITON_TOPK=0"]
     assert all(len(s["replay_s"]) == 4 for s in timed)
     assert "side by side in one process" in capsys.readouterr().out
+    # --ab-null: A built once more after B, the three interleaved, A2 archived and printed as the null ratio
+    seen.clear()
+    assert gpu_replay.main(args + ["--eager", "--ab-null", "--out", str(tmp_path / "null")]) == 0
+    assert seen == [None, "0", None, None, "0", None]  # A B A2 A2 B A
+    (run,) = (tmp_path / "null").iterdir()
+    timed = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["case"].get("ab") for s in timed] == ["A", "B: FLARE_TRITON_TOPK=0", gpu_replay.NULL_LABEL]
+    assert "null A2/A" in capsys.readouterr().out
+    assert gpu_replay.main(["--core", core, "--device", "cpu", "--eager", "--ab-null", "--no-archive"]) == 2
+    assert "--ab-null needs --ab" in capsys.readouterr().err
