@@ -6,7 +6,9 @@
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
 #   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS;
-#                   either set empty: the recipe's full catalog)
+#                   either set empty: the recipe's full catalog); exported with --eager ($EXPORT_ARGS, default
+#                   --eager: the same core, its steps validated uncompiled -- every stage that times a core compiles
+#                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29)
 #   memory-G        qualify.fixed_memory on core G: weights, KV pool, graph pool, workspaces, allocator slack
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
@@ -51,7 +53,7 @@ for s in ${STAGES:?set STAGES}; do
       timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
       catalog=(); [ -n "$CAPS" ] && catalog+=(--capacities "$CAPS"); [ -n "$CHUNKS" ] && catalog+=(--prefill-chunks "$CHUNKS")
       timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
-          --out $W/core-$g --hub-cache .hub "${catalog[@]}" 2>&1 \
+          --out $W/core-$g --hub-cache .hub "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
           | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"; tail -n 4 "$OUT/build.log" ;;
     memory-*) timeout ${MEMORY_S:-200} python3 -m qualify.fixed_memory $W/core-$g --json "$OUT/memory-$g.json" \
           > "$OUT/memory-$g.log" 2>&1; tail -n 3 "$OUT/memory-$g.log" ;;
