@@ -621,7 +621,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     return out
 
 
-#: Keys per program the fused decode kernel prefetches into L2 before its PDL wait, at batch 1 only.  The prefetch
+#: Keys per program the fused decode kernel prefetches into L2 before its PDL wait, at batch 1 by default.  The prefetch
 #: pays when the kernel launches early, during the qkv projection -- the fused GEMV, which Qwen3 runs at one row
 #: (``prefers_fused``); after cuBLAS (more rows) it only lengthens the critical path.  H200, Qwen3-8B, 1024-token
 #: context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 -> 4.779 ms; batch 4 5.524 -> 5.714 (slower: the
@@ -633,10 +633,20 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 DECODE_KV_PREFETCH_KEYS = 64
 
 
+#: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
+#: 13, when batch 4's qkv ran on cuBLAS (no early launch); since the tensor-core GEMV became the default (run 28) the
+#: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- not yet measured.
+DECODE_KV_PREFETCH_ROWS = 1
+
+
 def decode_kv_prefetch_keys(batch: int) -> int:
-    """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows
-    (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; read at each launch, for side-by-side runs)."""
-    if batch != 1 or not switch("FLARE_DECODE_KV_PREFETCH", True):
+    """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
+    :data:`DECODE_KV_PREFETCH_ROWS` rows (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; both read at each launch,
+    for side-by-side runs)."""
+    rows = number("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
+    if rows < 0 or rows != int(rows):
+        raise ValueError(f"FLARE_DECODE_KV_PREFETCH_ROWS={rows:g}: expected a whole number of rows >= 0")
+    if batch > rows or not switch("FLARE_DECODE_KV_PREFETCH", True):
         return 0
     return DECODE_KV_PREFETCH_KEYS
 

@@ -173,8 +173,9 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
 
 
 @pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33))])
-def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
+def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``): the same bits as without;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
       first launch's) gives the same bits (a read of the old value would differ; the rows of 1 and 33 keys give the
       new key a large weight);
@@ -206,6 +207,12 @@ def test_fused_decode_kernel_on_this_gpu(heads, kv_heads, seq_lens):
 
     kp1, vp1 = kp.clone(), vp.clone()
     out = run(kp1, vp1)
+    if len(seq_lens) > 1:  # the prefetch only reads ahead into L2: the same output and pools
+        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", str(len(seq_lens)))
+        assert tk.decode_kv_prefetch_keys(len(seq_lens)) > 0
+        kp3, vp3 = kp.clone(), vp.clone()
+        assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
+        monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
     assert bits(run(kp1.clone(), vp1.clone()), out), "a program read the new slot before its write"
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)

@@ -190,6 +190,27 @@ def test_fused_decode_split_cap_switch(monkeypatch):
     assert tk.fused_decode_num_splits(4, 8, 2, 256) == 16 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
 
 
+def test_kv_prefetch_rows_switch(monkeypatch):
+    """The pre-wait K/V prefetch: batch 1 by default, up to ``FLARE_DECODE_KV_PREFETCH_ROWS`` rows when set (0: none),
+    ``FLARE_DECODE_KV_PREFETCH=0`` off whatever the rows; a bad row count names the switch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    keys = tk.DECODE_KV_PREFETCH_KEYS
+    assert [tk.decode_kv_prefetch_keys(b) for b in (1, 2, 4)] == [keys, 0, 0]
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", "4")
+    assert [tk.decode_kv_prefetch_keys(b) for b in (1, 4, 8)] == [keys, keys, 0]
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH", "0")
+    assert tk.decode_kv_prefetch_keys(1) == 0
+    monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH")
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", "0")
+    assert tk.decode_kv_prefetch_keys(1) == 0
+    for bad in ("-1", "1.5", "four"):
+        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", bad)
+        with pytest.raises(ValueError, match="FLARE_DECODE_KV_PREFETCH_ROWS"):
+            tk.decode_kv_prefetch_keys(1)
+
+
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
