@@ -117,13 +117,12 @@ def interleaved(timers, samples: int, warmup: int, blocks: int) -> list[list[flo
 
 
 def ab_verdict(b: dict, refs: list[dict]) -> str:
-    """B's min-max verdict against every reference (A, and A2 with ``--ab-null``): faster or slower only when B's
-    range lies below (above) the ranges of them all."""
-    if all(b["max_ms"] < r["min_ms"] for r in refs):
-        return "B faster"
-    if all(b["min_ms"] > r["max_ms"] for r in refs):
-        return "B slower"
-    return "within noise"
+    """B's verdict by ``qualify.report``'s min-max rule against every reference (A, and A2 with ``--ab-null``):
+    faster or slower only when it is so against them all."""
+    from qualify.report import verdict
+
+    seen = {verdict([r["min_ms"], r["max_ms"]], [b["min_ms"], b["max_ms"]]) for r in refs}
+    return f"B {seen.pop()}" if len(seen) == 1 and "within noise" not in seen else "within noise"
 
 
 def _caps(text: str) -> tuple[int, ...]:

@@ -37,8 +37,8 @@ DECODE_SIG = {**{n: P for n in "Q K V QW KW COS SIN KP VP".split()}, "SLOTS": "*
                                     "max_pages").split()},
               "qk_scale_log2": "fp32", "eps": "fp32"}
 PREFILL_SIG = {"Q": P, "K": P, "V": P, "BT": "*i32", "POS": "*i64", "SL": "*i64", "Out": P,
-               **{n: "i32" for n in ("T stride_qb stride_qt stride_qh stride_kp stride_kt stride_kh stride_vp stride_vt "
-                                     "stride_vh stride_bt stride_pb stride_ob stride_ot max_pages").split()},
+               **{n: "i32" for n in ("T stride_qb stride_qt stride_qh stride_kp stride_kt stride_kh stride_vp "
+                                     "stride_vt stride_vh stride_bt stride_pb stride_ob stride_ot max_pages").split()},
                "qk_scale_log2": "fp32"}
 
 

@@ -166,12 +166,6 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-    _store_kv(k1, k2, V, KP, VP, offs, kmask, HALF)
-
-
-@triton.jit
-def _store_kv(k1, k2, V, KP, VP, offs, kmask, HALF: tl.constexpr):
-    """The rotated key halves ``k1, k2`` and the value rows at ``V`` (copied) to the pool rows ``KP, VP``."""
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
     tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
@@ -266,10 +260,10 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
-                 stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Key block ``blk`` (keys blk * BLOCK_N ..) gathered through the block table: ``(K^T [DP, BLOCK_N], V [BLOCK_N,
-    DP], keys mask [BLOCK_N])``, zeros past ``seq_len``."""
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
     page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
@@ -279,23 +273,6 @@ def _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, strid
                  mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                 mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    return kt, v, n_mask
-
-
-@triton.jit
-def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
-    kt, v, n_mask = _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
-                                 stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N)
-    return _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32)
-
-
-@triton.jit
-def _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr):
-    """The online-softmax step of one key block: its tiles ``kt [DP, BLOCK_N]``, ``v [BLOCK_N, DP]`` and keys mask
-    (:func:`_decode_load`) -> ``(m, l, acc)``."""
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -464,8 +441,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
-    # Before the wait (the rules at the top of this file): the share of this split from the sequence length and an L2
-    # prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
+    # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
+    # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
@@ -489,9 +466,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                        VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
                        KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
-                                   d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
-                                   stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+
+    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
+                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -621,15 +599,15 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
     return out
 
 
-#: Keys per program the fused decode kernel prefetches into L2 before its PDL wait, at batch 1 by default.  The prefetch
-#: pays when the kernel launches early, during the qkv projection -- the fused GEMV, which Qwen3 runs at one row
-#: (``prefers_fused``); after cuBLAS (more rows) it only lengthens the critical path.  H200, Qwen3-8B, 1024-token
-#: context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 -> 4.779 ms; batch 4 5.524 -> 5.714 (slower: the
-#: first version looped over the blocks, there after cuBLAS).  Qwen3-0.6B batch 1 (``results/20261201T045516Z-sm90-run15``):
-#: 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY reduce and the whole-weight GEMV prefetch.  Tried and removed:
-#: loading the first key blocks into registers before the wait instead (new slot patched in after it) -- bitwise in
-#: the interpreter but not compiled for sm90, and Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower
-#: (``results/20261201T114209Z-sm90-run27``).
+#: Keys per program the fused decode kernel prefetches into L2 before its PDL wait (at batch 1: see
+#: :data:`DECODE_KV_PREFETCH_ROWS`).  The prefetch pays when the kernel launches early, during the qkv projection --
+#: the fused GEMV, which Qwen3 runs at one row (``prefers_fused``); after cuBLAS (more rows) it only lengthens the
+#: critical path.  H200, Qwen3-8B, 1024-token context (``results/20261201T044049Z-sm90-run13``): batch 1 4.846 ->
+#: 4.779 ms; batch 4 5.524 -> 5.714 (slower: the first version looped over the blocks, there after cuBLAS).
+#: Qwen3-0.6B batch 1 (``results/20261201T045516Z-sm90-run15``): 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY
+#: reduce and the whole-weight GEMV prefetch.  Tried and removed: loading the first key blocks into registers before
+#: the wait instead (new slot patched in after it) -- bitwise in the interpreter but not compiled for sm90, and
+#: Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower (``results/20261201T114209Z-sm90-run27``).
 DECODE_KV_PREFETCH_KEYS = 64
 
 
@@ -665,8 +643,7 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
     """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most
     :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two
     -- the reduce kernel reads ``splits * GP`` partial rows per group), never more than the block-table width's key
-    blocks.  Fit to the H200
-    side by side (1024-token contexts, per layer in a 36-layer graph):
+    blocks.  Fit to the H200 side by side (1024-token contexts, per layer in a 36-layer graph):
 
     - ``results/20261201T031427Z-sm90-run9`` (before the pre-wait K/V prefetch): Qwen3-8B (G=4) B=1: 32 splits
       10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2) B=1: 64 splits 9.3 us (32:
@@ -710,8 +687,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4,
-        **_pdl(q.device))
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
@@ -937,10 +913,10 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # tl.dot's minimum) and the weight tile transposed ``[BK, BN]`` (BN >= 16), accumulated in fp32 ``[MP, BN]`` across
 # K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
 # so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
-# CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  Opt-in
-# (``FLARE_GEMV_DOT=1``) and for plain inputs only (``fused_linear.uses_dot_kernel``): where the input tile goes through
-# a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile, far slower than cuBLAS on the
-# H200 (``results/20261201T102332Z-sm90-run23``).
+# CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  The step takes
+# it for plain inputs only (``fused_linear.uses_dot_kernel``; ``FLARE_GEMV_DOT=0`` turns it off): where the input
+# tile goes through a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile, far slower
+# than cuBLAS on the H200 (``results/20261201T102332Z-sm90-run23``).
 
 @triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
@@ -1180,8 +1156,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
-    plain = norm_weight is None and not gated and not gated_input
-    preload = gemv_preload_tiles(m, k, bk, plain)
+    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
