@@ -14,6 +14,9 @@ memcpy node) is counted with the kernel before it.  Reported: per region the med
 increments, and per layer position (the k-th kernel of every ``layer.<i>``) the median, min and max over layers and
 replays -- "qkv 16.3 us, attention 10.4 us, ...".  ``compare`` sets two such results side by side
 (``python -m qualify.report`` appends it to a report when both runs archived their traces).
+
+``gap_to_floor`` sets each region against its share of the floor (its bytes over the measured bandwidth,
+``qualify.replay_floor.region_bytes``): where the step's time above the floor goes -- per region, and per layer.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from qualify.timeline import REPLAYS, _kernels, _trace, kernel_ranges
 
-__all__ = ["increments", "from_run", "compare", "format_table"]
+__all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_lines"]
 
 
 def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
@@ -137,4 +140,52 @@ def compare(base: dict, cand: dict) -> list[str]:
         cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
         diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
         lines.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} |")
+    return lines
+
+
+def gap_to_floor(r: dict, region_bytes: dict[str, int], bandwidth: float) -> dict:
+    """Each region of :func:`increments`' result ``r`` against its floor (``region_bytes[region] / bandwidth``; 0 for a
+    region that reads nothing the floor counts): ``{"regions": [{region, us, floor_us, over_us}], "span_us",
+    "floor_us", "over_us", "per_layer_us", "per_layer_floor_us"}``, regions by time above the floor.  Raises when a
+    region with bytes is missing from the timeline (another step?) or the bandwidth is not positive."""
+    if not bandwidth or bandwidth <= 0:
+        raise ValueError(f"gap to the floor: bandwidth must be positive bytes/s, got {bandwidth!r}")
+    missing = [k for k, v in region_bytes.items() if v and k not in r["per_region"]]
+    if missing:
+        raise ValueError(f"gap to the floor: the timeline has no region {missing}")
+    floor = {k: v / bandwidth * 1e6 for k, v in region_bytes.items()}
+    regions = [{"region": k, "us": us, "floor_us": floor.get(k, 0.0), "over_us": us - floor.get(k, 0.0)}
+               for k, us in r["per_region"].items()]
+    total_floor = sum(floor.values())
+    layer_floor = floor.get("layers (all)", 0.0) / r["layers"] if r["layers"] else 0.0
+    return {"regions": sorted(regions, key=lambda x: -x["over_us"]), "span_us": r["span_us"],
+            "floor_us": total_floor, "over_us": r["span_us"] - total_floor, "per_layer_us": r["per_layer_us"],
+            "per_layer_floor_us": layer_floor, "layers": r["layers"]}
+
+
+def gap_lines(gaps: dict[str, dict]) -> list[str]:
+    """Markdown lines of :func:`gap_to_floor` results by label (``{"baseline": ..., "candidate": ...}``, either may be
+    missing): per region the floor, then each run's time and its time above the floor."""
+    labels = [k for k in ("baseline", "candidate") if gaps.get(k)]
+    if not labels:
+        return []
+    first = gaps[labels[-1]]
+    head = "| region | floor us | " + " | ".join(f"{k} us | {k} above floor" for k in labels) + " |"
+    lines = [head, "|---|---|" + "---|---|" * len(labels)]
+    order = [x["region"] for x in first["regions"]]
+    order += [x["region"] for k in labels for x in gaps[k]["regions"] if x["region"] not in order]
+    for region in order:
+        cells, floor = [], None
+        for k in labels:
+            x = next((y for y in gaps[k]["regions"] if y["region"] == region), None)
+            floor = floor if x is None else x["floor_us"]
+            cells.append("- | -" if x is None else f"{x['us']:.1f} | {x['over_us']:+.1f}")
+        lines.append(f"| {region} | {floor:.1f} | " + " | ".join(cells) + " |")
+    lines.append("| **step span** | " + f"{first['floor_us']:.1f} | " + " | ".join(
+        f"{gaps[k]['span_us']:.1f} | {gaps[k]['over_us']:+.1f}" for k in labels) + " |")
+    lines += ["", "Per layer: " + "; ".join(
+        f"{k} {gaps[k]['per_layer_us']:.2f} us against a floor of {gaps[k]['per_layer_floor_us']:.2f} "
+        f"({gaps[k]['per_layer_us'] - gaps[k]['per_layer_floor_us']:+.2f} us, "
+        f"{gaps[k]['layers'] * (gaps[k]['per_layer_us'] - gaps[k]['per_layer_floor_us']):.0f} us over "
+        f"{gaps[k]['layers']} layers)" for k in labels) + "."]
     return lines

@@ -68,6 +68,10 @@ from pathlib import Path
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 #: ``ab`` of the samples of ``--ab-null``'s second A bench
 NULL_LABEL = "A2: A rebuilt after B (null)"
+#: The weight-traffic fields each sample archives: the report splits the floor by timeline region from them
+#: (``qualify.replay_floor.region_bytes``) to say where the step's time above the floor goes.
+TRAFFIC_FIELDS = ("num_layers", "weight_bytes_read", "lm_head_bytes", "embedding_bytes_gathered", "kv_bytes",
+                  "total_bytes")
 
 
 def parse_ab(text: str) -> dict[str, str]:
@@ -391,7 +395,8 @@ def run(args) -> dict:
                         "projections": "separate" if args.no_fused_projections else "fused where preferred",
                         "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch",
                         **({"ab": ab} if ab else {})}
-                rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"]}
+                rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"],
+                       "traffic": {k: traffic[k] for k in TRAFFIC_FIELDS}}
                 if floor is not None:
                     rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
                                floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],

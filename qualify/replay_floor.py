@@ -86,7 +86,7 @@ def _from_geometry(g: Mapping[str, Any], batch: int, context: int) -> dict:
     gathered = min(batch, vocab) * hidden
     lm_head = vocab * hidden  # separate or tied: the vocabulary projection reads the whole matrix once
     read = layers * per_layer + hidden + gathered + lm_head
-    return {"source": "geometry", "batch": batch, "context": context,
+    return {"source": "geometry", "batch": batch, "context": context, "num_layers": layers,
             "weight_bytes_stored": stored * wb, "weight_bytes_read": read * wb,
             "embedding_bytes_gathered": gathered * wb, "lm_head_bytes": lm_head * wb, "tied_lm_head": tied,
             "kv_bytes": _kv_bytes(layers, kv_heads, head_dim, context, batch, kvb)}
@@ -127,7 +127,7 @@ def _from_manifest(m, batch: int, context: int) -> dict:
     if kv_dtype == pb.DTYPE_UNSPECIFIED:
         kv_dtype = emb.dtype  # no stated KV dtype: the activation dtype of the embedding
     kvb = DTYPES[kv_dtype][1]
-    return {"source": "manifest", "batch": batch, "context": context,
+    return {"source": "manifest", "batch": batch, "context": context, "num_layers": int(g.num_layers),
             "weight_format": pb.WeightFormat.Name(m.weights.format),
             "weight_bytes_stored": stored, "weight_bytes_read": read,
             "embedding_bytes_gathered": gathered, "lm_head_bytes": lm_head, "tied_lm_head": tied,
@@ -154,6 +154,27 @@ def weight_traffic(core_or_geometry, batch: int, context: int, bandwidth: float 
     else:
         raise TypeError(f"expected a core path, LoadedCore, Core manifest or geometry dict, got {type(src).__name__}")
     return _finish(out, bandwidth)
+
+
+#: The regions of a decode step's timeline (``qualify.timeline``) that must read bytes, and which: the decoder
+#: layers every weight but the vocabulary projection and the gathered embedding rows, plus the KV cache; the head
+#: the vocabulary projection; the eager glue the gathered embedding rows.  Every other region (sampler, metadata,
+#: sampling-state advance...) reads nothing the floor counts.
+REGION_LAYERS, REGION_HEAD = "layers (all)", "head"
+
+
+def region_bytes(traffic: Mapping[str, Any]) -> dict[str, int]:
+    """The floor's bytes of :func:`weight_traffic` split by timeline region (:data:`REGION_LAYERS`, ``head``, the
+    eager glue), summing to ``total_bytes``; raises naming a missing field."""
+    from qualify.timeline import UNRANGED
+
+    missing = [k for k in ("weight_bytes_read", "lm_head_bytes", "embedding_bytes_gathered", "kv_bytes")
+               if k not in traffic]
+    if missing:
+        raise KeyError(f"weight traffic lacks {missing} (archived before the per-region split?)")
+    head, gathered = int(traffic["lm_head_bytes"]), int(traffic["embedding_bytes_gathered"])
+    layers = int(traffic["weight_bytes_read"]) - head - gathered + int(traffic["kv_bytes"])
+    return {REGION_LAYERS: layers, REGION_HEAD: head, UNRANGED: gathered}
 
 
 def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:

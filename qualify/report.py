@@ -158,15 +158,16 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
             row["verdict"] = "only in baseline" if b else "only in candidate"
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
-            "ignored_fields": sorted(ignore), "cases": rows, "critical_path": _critical_paths(bdir, cdir)}
+            "ignored_fields": sorted(ignore), "cases": rows, "critical_path": _critical_paths(bdir, cdir, bs, cs)}
 
 
 #: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
 TIMELINE_TAGS = ("b1", "b4")
 
 
-def _critical_paths(bdir: Path, cdir: Path) -> dict:
-    """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``), or the reason
+def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] = ()) -> dict:
+    """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``) and, for each run
+    whose samples carry the per-region traffic (:func:`_gap`), its time above the floor per region; or the reason
     they could not be read."""
     out = {}
     for tag in TIMELINE_TAGS:
@@ -177,7 +178,25 @@ def _critical_paths(bdir: Path, cdir: Path) -> dict:
             continue
         if b is not None and c is not None:
             out[tag] = {"baseline": b, "candidate": c}
+            gaps = {k: _gap(r, samples, tag) for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
+            if any(gaps.values()):
+                out[tag]["gap_to_floor"] = gaps
     return out
+
+
+def _gap(r: dict, samples: list[dict], tag: str) -> dict | None:
+    """``critical_path.gap_to_floor`` of a run's timeline ``tag`` (``b<rows>``) from its ``decode`` sample of that
+    many rows: the archived weight traffic (``gpu_replay`` since run 32) and the floor's measured bandwidth; None
+    when no sample carries both."""
+    from qualify.replay_floor import region_bytes
+
+    rows = int(tag[1:]) if tag[1:].isdigit() else None
+    for s in samples:
+        case = s.get("case") or {}
+        if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
+                and "traffic" in s and s.get("floor_bandwidth_bytes_per_s") and case.get("ab") in (None, "A")):
+            return critical_path.gap_to_floor(r, region_bytes(s["traffic"]), s["floor_bandwidth_bytes_per_s"])
+    return None
 
 
 def _fmt(x) -> str:
@@ -213,6 +232,13 @@ def markdown(rep: dict, png_note: str) -> str:
         lines += ["Each kernel's end minus the previous kernel's end in the graph replay (`qualify/critical_path.py`):",
                   "what it adds to the step, overlap included; medians over replays (and layers).", ""]
         lines += critical_path.compare(cp["baseline"], cp["candidate"]) + [""]
+        if cp.get("gap_to_floor"):
+            lines += [f"### Time above the floor, timeline {tag}", "",
+                      "Each region's critical-path time against its share of the floor: the bytes it must read "
+                      "(`qualify.replay_floor.region_bytes`: the layers' weights and KV cache, the vocabulary "
+                      "projection, the gathered embedding rows) over the floor's measured bandwidth; regions that "
+                      "read nothing the floor counts (sampler, metadata) have a floor of 0.", ""]
+            lines += critical_path.gap_lines(cp["gap_to_floor"]) + [""]
     return "\n".join(lines)
 
 

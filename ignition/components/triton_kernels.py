@@ -612,8 +612,10 @@ DECODE_KV_PREFETCH_KEYS = 64
 
 
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
-#: 13, when batch 4's qkv ran on cuBLAS (no early launch); since the tensor-core GEMV became the default (run 28) the
-#: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- not yet measured.
+#: 13, when batch 4's qkv ran on cuBLAS (no early launch).  Since the tensor-core GEMV became the default (run 28) the
+#: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- but the prefetch still
+#: loses there: Qwen3-8B side by side in one process with the null (``results/20261201T125309Z-sm90-run32``, 4 rows
+#: prefetching): batch 4 1.0211x slower (decode_topk 1.0223x; A rebuilt after B: 1.0020x), batch 1 within noise.
 DECODE_KV_PREFETCH_ROWS = 1
 
 

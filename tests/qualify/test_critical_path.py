@@ -84,6 +84,41 @@ def test_compare_and_report_section(tmp_path):
     assert cp.from_run(tmp_path / "base", "b1")["per_region"] == base["per_region"]
     assert cp.from_run(tmp_path / "base", "b4") is None
 
+    # the report: both runs' timelines side by side, and the candidate's time above the floor from its decode sample's
+    # archived traffic (the baseline's samples predate it: its column is left out)
+    from qualify import report
+
+    traffic = {"num_layers": 2, "weight_bytes_read": 40, "lm_head_bytes": 18, "embedding_bytes_gathered": 2,
+               "kv_bytes": 0, "total_bytes": 40}
+    for name in ("base", "cand"):
+        (tmp_path / name / "environment.json").write_text(json.dumps({"gpu": {"gpu_class": "sm90"}}))
+        rec = {"case": {"tool": "gpu_replay", "capacity": 1, "variant": "decode"}, "replay_s": [57e-6],
+               "floor_s": 40e-6, "floor_bandwidth_bytes_per_s": 1e6}
+        if name == "cand":
+            rec["traffic"] = traffic
+        (tmp_path / name / "samples.jsonl").write_text(json.dumps(rec) + "\n")
+    rep = report.compare(tmp_path / "base", tmp_path / "cand")
+    gaps = rep["critical_path"]["b1"]["gap_to_floor"]
+    assert gaps["baseline"] is None and gaps["candidate"]["over_us"] == pytest.approx(16.0)  # span 56 - floor 40
+    md = report.markdown(rep, "none")
+    assert "### Time above the floor, timeline b1" in md and "| layers (all) | 20.0 | 34.0 | +14.0 |" in md
+
+
+def test_gap_to_the_floor_per_region_and_per_layer():
+    r = cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1)
+    # 1 byte per us: the layers' floor 20 us (10 per layer), the head's 18, the glue's 2
+    gap = cp.gap_to_floor(r, {"layers (all)": 20, "head": 18, "eager glue (embedding, rotary, metadata)": 2}, 1e6)
+    assert [(x["region"], x["floor_us"], x["over_us"]) for x in gap["regions"]] == [
+        ("layers (all)", 20, 15), ("head", 18, 2), ("eager glue (embedding, rotary, metadata)", 2, 0)]
+    assert gap["floor_us"] == 40 and gap["over_us"] == 17 and gap["per_layer_floor_us"] == 10
+    md = "\n".join(cp.gap_lines({"candidate": gap}))
+    assert "| layers (all) | 20.0 | 35.0 | +15.0 |" in md and "| **step span** | 40.0 | 57.0 | +17.0 |" in md
+    assert "candidate 17.50 us against a floor of 10.00 (+7.50 us, 15 us over 2 layers)" in md
+    with pytest.raises(ValueError, match="no region"):
+        cp.gap_to_floor(r, {"sampler": 5}, 1e6)
+    with pytest.raises(ValueError, match="bandwidth"):
+        cp.gap_to_floor(r, {"head": 18}, 0)
+
 
 def test_an_archived_h200_run_decomposes_into_its_span():
     run = ROOT / "results" / "20261201T072115Z-sm90-gpu-replay-0.6B"

@@ -30,6 +30,10 @@ def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_pa
                                                                   ("decode_greedy", 1), ("decode_topk", 0),
                                                                   ("decode_topk", 1)]
     assert all(len(s["replay_s"]) == 4 and all(t > 0 for t in s["replay_s"]) for s in timed)
+    from qualify.replay_floor import region_bytes
+
+    # the traffic the report splits the floor with (per timeline region): the same bytes as the case's total
+    assert all(sum(region_bytes(s["traffic"]).values()) == s["traffic_bytes"] for s in timed)
     rounds = [s for s in samples if s["case"]["tool"] == "gpu_replay.round"]
     assert sorted((s["case"]["width"], s["seed"]) for s in rounds) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert all(len(s["replay_s"]) == 4 and s["vs_decode"] > 0 for s in rounds)

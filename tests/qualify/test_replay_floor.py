@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ignition.core import core_pb2 as pb
-from qualify.replay_floor import main, measure_read_bandwidth, weight_traffic
+from qualify.replay_floor import main, measure_read_bandwidth, region_bytes, weight_traffic
 
 TINY = dict(vocab_size=10, hidden_size=8, num_layers=2, num_attention_heads=2, num_kv_heads=1, head_dim=4,
             intermediate_size=16, tie_word_embeddings=False)
@@ -72,6 +72,20 @@ def test_manifest_matches_geometry(batch, tied):
     got = weight_traffic(_tiny_manifest(tied), batch, 16)
     assert got["total_bytes"] == _tiny_hand(batch, 16)
     assert got["tied_lm_head"] is tied
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_region_bytes_split_the_floor_by_timeline_region(tied):
+    got = weight_traffic(_tiny_manifest(tied), 4, 16)
+    regions = region_bytes(got)
+    assert sum(regions.values()) == got["total_bytes"] and got["num_layers"] == 2
+    # by hand: the head reads the [10, 8] vocabulary matrix (tied or not), the glue the 4 gathered rows, the layers
+    # everything else -- 2 layers of 600 elements, the final norm's 8, the KV cache 2 x 1 x 4 x 2 x 16 x 4
+    assert regions["head"] == 2 * 80
+    assert regions["eager glue (embedding, rotary, metadata)"] == 2 * 4 * 8
+    assert regions["layers (all)"] == 2 * (2 * 600 + 8 + 2 * 1 * 4 * 2 * 16 * 4)
+    with pytest.raises(KeyError, match="lm_head_bytes"):
+        region_bytes({k: v for k, v in got.items() if k != "lm_head_bytes"})
 
 
 def test_fp8_scales_counted_and_kv_dtype_from_layout():
