@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
-from ignition.components.switches import number, switch
+from ignition.components.switches import number, rows as switch_rows, switch
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -34,9 +34,9 @@ from ignition.components.switches import number, switch
 #   its dependents launch before its wait.  Such reads go through L2 (``cache_modifier=".cg"``).  The fused decode
 #   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
 #   predecessor is the qkv projection, never an ``EARLY`` kernel.
-# - ``EARLY`` (``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
-#   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
-#   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
+# - ``EARLY`` (at one row, :data:`PDL_EARLY_ROWS`; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce
+#   kernel, so the output projection after it launches while the attention runs and streams its weight into L2
+#   during the attention's latency-bound span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
 #   (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``): EARLY without the whole-weight o_proj
 #   prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17); Qwen3-0.6B batch 1 with both
 #   1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).
@@ -61,19 +61,28 @@ def pdl_enabled(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _pdl(device: torch.device, early: bool = False) -> dict:
-    """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off); ``early``: the
-    kernel takes an ``EARLY`` constexpr too (on when :func:`pdl_early_enabled`)."""
+def _pdl(device: torch.device, early_rows: int | None = None) -> dict:
+    """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off); ``early_rows``:
+    the kernel takes an ``EARLY`` constexpr too, on when :func:`pdl_early_enabled` for that many rows."""
     opts = {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
-    if early:
-        opts["EARLY"] = opts["USE_PDL"] and pdl_early_enabled()
+    if early_rows is not None:
+        opts["EARLY"] = opts["USE_PDL"] and pdl_early_enabled(early_rows)
     return opts
 
 
-def pdl_early_enabled() -> bool:
-    """Whether the kernels that may let their dependents launch before their own wait do so (``FLARE_PDL_EARLY``,
-    default on; read at each launch, for side-by-side runs)."""
-    return switch("FLARE_PDL_EARLY", True)
+#: The largest batch whose decode reduce kernel is ``EARLY`` (``FLARE_PDL_EARLY_ROWS=N`` sets it).  Measured at one
+#: row (see the rules above); at 4 rows it stalled the output projection after it: Qwen3-0.6B batch 4, side by side
+#: in one process (``results/20261201T131618Z-sm90-run34``), 2.02 ms with EARLY against 0.7457x that without -- the
+#: o_proj's critical-path share went from 5.4 to 24.0 us per layer once the qkv before it ran run 31's 32x128 w4 s5
+#: config (``results/20261201T130837Z-sm90-run33``; either change alone undoes it).
+PDL_EARLY_ROWS = 1
+
+
+def pdl_early_enabled(rows: int = 1) -> bool:
+    """Whether the kernels that may let their dependents launch before their own wait do so for ``rows`` rows: up to
+    :data:`PDL_EARLY_ROWS` (``FLARE_PDL_EARLY_ROWS``) unless ``FLARE_PDL_EARLY=0``; read at each launch, for
+    side-by-side runs."""
+    return rows <= switch_rows("FLARE_PDL_EARLY_ROWS", PDL_EARLY_ROWS) and switch("FLARE_PDL_EARLY", True)
 
 
 @triton.jit
@@ -595,7 +604,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
-        SP=geo["SP"], num_warps=4, **_pdl(q.device, early=True))
+        SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
     return out
 
 
@@ -623,10 +632,8 @@ def decode_kv_prefetch_keys(batch: int) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
     :data:`DECODE_KV_PREFETCH_ROWS` rows (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; both read at each launch,
     for side-by-side runs)."""
-    rows = number("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
-    if rows < 0 or rows != int(rows):
-        raise ValueError(f"FLARE_DECODE_KV_PREFETCH_ROWS={rows:g}: expected a whole number of rows >= 0")
-    if batch > rows or not switch("FLARE_DECODE_KV_PREFETCH", True):
+    if (batch > switch_rows("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
+            or not switch("FLARE_DECODE_KV_PREFETCH", True)):
         return 0
     return DECODE_KV_PREFETCH_KEYS
 
@@ -693,7 +700,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
-            SP=geo["SP"], num_warps=4, **_pdl(q.device, early=True))
+            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
     return out
 
 
@@ -1055,8 +1062,9 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The tensor-core kernel's launch config, a pure function of the shapes: the :data:`GEMM_ROWS_MEASURED` entry,
     else ``BN`` 32 (16 when that leaves fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller,
-    at least 16), 4 warps, 4 stages -- a starting point for ``scripts/bench_gemv.py --dot``."""
-    measured = GEMM_ROWS_MEASURED.get((N, K, bool(gated)))
+    at least 16), 4 warps, 4 stages -- a starting point for ``scripts/bench_gemv.py --dot``.
+    ``FLARE_GEMM_ROWS_TABLE=0`` ignores the table (side-by-side runs; read at each launch)."""
+    measured = GEMM_ROWS_MEASURED.get((N, K, bool(gated))) if switch("FLARE_GEMM_ROWS_TABLE", True) else None
     if measured is not None:
         return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N

@@ -211,6 +211,24 @@ def test_kv_prefetch_rows_switch(monkeypatch):
             tk.decode_kv_prefetch_keys(1)
 
 
+def test_early_reduce_rows_switch(monkeypatch):
+    """The reduce kernel lets the output projection launch before its own wait at one row by default, up to
+    ``FLARE_PDL_EARLY_ROWS`` rows when set, never with ``FLARE_PDL_EARLY=0``; a bad row count names the switch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    assert [tk.pdl_early_enabled(b) for b in (1, 2, 4)] == [True, False, False]
+    monkeypatch.setenv("FLARE_PDL_EARLY_ROWS", "4")
+    assert [tk.pdl_early_enabled(b) for b in (1, 4, 8)] == [True, True, False]
+    monkeypatch.setenv("FLARE_PDL_EARLY", "0")
+    assert not tk.pdl_early_enabled(1)
+    monkeypatch.delenv("FLARE_PDL_EARLY")
+    for bad in ("-1", "2.5", "many"):
+        monkeypatch.setenv("FLARE_PDL_EARLY_ROWS", bad)
+        with pytest.raises(ValueError, match="FLARE_PDL_EARLY_ROWS"):
+            tk.pdl_early_enabled(1)
+
+
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
