@@ -37,7 +37,7 @@
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
-OUT=$W/out; mkdir -p $OUT  # staged here; only the archive goes to the device's $OUT
+OUT=$W/out; rm -rf $OUT; mkdir -p $OUT  # staged here (emptied: a warm machine keeps /tmp); only the archive goes back
 CAPS=${CAPS-1,4,8}; CHUNKS=${CHUNKS-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch:separate triton:separate triton}
 log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
 pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run.tmp" && mv "$DEST/.run.tmp" "$DEST/h200-run.tgz"; }
