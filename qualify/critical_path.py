@@ -27,7 +27,7 @@ from pathlib import Path
 
 from qualify.timeline import REPLAYS, _kernels, _trace, kernel_ranges
 
-__all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_lines"]
+__all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines"]
 
 
 def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
@@ -163,10 +163,24 @@ def gap_to_floor(r: dict, region_bytes: dict[str, int], bandwidth: float) -> dic
             "per_layer_floor_us": layer_floor, "layers": r["layers"]}
 
 
+def gap_from_samples(r: dict, samples: list[dict], rows: int) -> dict | None:
+    """:func:`gap_to_floor` of the decode timeline ``r`` of ``rows`` rows from a ``gpu_replay`` run's samples (or its
+    printed cases): the first ``decode`` case of that many rows (the A side of a side by side) that carries the
+    archived weight traffic (``gpu_replay`` since run 32) and the floor's measured bandwidth; None when none does."""
+    from qualify.replay_floor import region_bytes
+
+    for s in samples:
+        case = s.get("case") or {}
+        if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
+                and case.get("ab") in (None, "A") and "traffic" in s and s.get("floor_bandwidth_bytes_per_s")):
+            return gap_to_floor(r, region_bytes(s["traffic"]), s["floor_bandwidth_bytes_per_s"])
+    return None
+
+
 def gap_lines(gaps: dict[str, dict]) -> list[str]:
-    """Markdown lines of :func:`gap_to_floor` results by label (``{"baseline": ..., "candidate": ...}``, either may be
-    missing): per region the floor, then each run's time and its time above the floor."""
-    labels = [k for k in ("baseline", "candidate") if gaps.get(k)]
+    """Markdown lines of :func:`gap_to_floor` results by label (e.g. ``{"baseline": ..., "candidate": ...}``; a None
+    result is left out): per region the floor, then each run's time and its time above the floor."""
+    labels = [k for k, v in gaps.items() if v]
     if not labels:
         return []
     first = gaps[labels[-1]]

@@ -431,7 +431,10 @@ def run(args) -> dict:
             for width in ((None, 1) if 1 in bench.widths else (None,)):
                 label = f"B={cap}" + ("" if width is None else f" W={width}")
                 try:
-                    out["timeline"].append(timeline(bench, cap, args.timeline_dir, width=width))
+                    t = timeline(bench, cap, args.timeline_dir, width=width)
+                    if width is None:
+                        _add_gap_to_floor(t, cases)
+                    out["timeline"].append(t)
                 except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
                     out["timeline"].append({"capacity": cap, "width": width, "error": repr(exc),
                                             "table": f"timeline {label}: {exc!r}"})
@@ -446,6 +449,21 @@ def run(args) -> dict:
                             "result": c})
     out["samples"] = samples
     return out
+
+
+def _add_gap_to_floor(t: dict, cases: list[dict]) -> None:
+    """The decode timeline ``t``'s critical path against the floor per region (``critical_path.gap_from_samples``,
+    from this run's own decode case of the same rows): ``t["gap_to_floor"]``, and its table appended to the printed
+    one."""
+    from qualify import critical_path
+
+    cp = t.get("critical_path")
+    gap = critical_path.gap_from_samples(cp, cases, t["capacity"]) if cp and "error" not in cp else None
+    if gap is not None:
+        t["gap_to_floor"] = gap
+        t["table"] += "\n" + "\n".join([f"time above the floor B={t['capacity']} (critical path per region against "
+                                         "its bytes over the floor's measured bandwidth):"]
+                                        + critical_path.gap_lines({"this run": gap}))
 
 
 def _print(out: dict) -> None:

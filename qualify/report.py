@@ -185,18 +185,8 @@ def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] 
 
 
 def _gap(r: dict, samples: list[dict], tag: str) -> dict | None:
-    """``critical_path.gap_to_floor`` of a run's timeline ``tag`` (``b<rows>``) from its ``decode`` sample of that
-    many rows: the archived weight traffic (``gpu_replay`` since run 32) and the floor's measured bandwidth; None
-    when no sample carries both."""
-    from qualify.replay_floor import region_bytes
-
-    rows = int(tag[1:]) if tag[1:].isdigit() else None
-    for s in samples:
-        case = s.get("case") or {}
-        if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
-                and "traffic" in s and s.get("floor_bandwidth_bytes_per_s") and case.get("ab") in (None, "A")):
-            return critical_path.gap_to_floor(r, region_bytes(s["traffic"]), s["floor_bandwidth_bytes_per_s"])
-    return None
+    """:func:`critical_path.gap_from_samples` of a run's timeline ``tag`` (``b<rows>``)."""
+    return critical_path.gap_from_samples(r, samples, int(tag[1:])) if tag[1:].isdigit() else None
 
 
 def _fmt(x) -> str:

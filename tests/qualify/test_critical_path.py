@@ -120,6 +120,26 @@ def test_gap_to_the_floor_per_region_and_per_layer():
         cp.gap_to_floor(r, {"head": 18}, 0)
 
 
+def test_gap_from_a_runs_own_decode_case_in_the_printed_timeline():
+    from qualify import gpu_replay
+
+    r = cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1)
+    traffic = {"num_layers": 2, "weight_bytes_read": 40, "lm_head_bytes": 18, "embedding_bytes_gathered": 2,
+               "kv_bytes": 0, "total_bytes": 40}
+    case = lambda rows, variant, **kw: {"case": {"capacity": rows, "variant": variant, **kw}, "traffic": traffic,  # noqa
+                                        "floor_bandwidth_bytes_per_s": 1e6}
+    cases = [case(4, "decode"), case(1, "decode_topk"), case(1, "decode", ab="B: X=1"), case(1, "decode", ab="A")]
+    assert cp.gap_from_samples(r, cases[:3], 1) is None  # another batch, another variant, the B side
+    assert cp.gap_from_samples(r, cases, 1)["over_us"] == 17
+    t = {"capacity": 1, "critical_path": r, "table": "timeline B=1"}
+    gpu_replay._add_gap_to_floor(t, cases)
+    assert t["gap_to_floor"]["floor_us"] == 40
+    assert "time above the floor B=1" in t["table"] and "| layers (all) | 20.0 | 35.0 | +15.0 |" in t["table"]
+    failed = {"capacity": 1, "critical_path": {"error": "no trace"}, "table": "timeline B=1"}
+    gpu_replay._add_gap_to_floor(failed, cases)
+    assert "gap_to_floor" not in failed and failed["table"] == "timeline B=1"
+
+
 def test_an_archived_h200_run_decomposes_into_its_span():
     run = ROOT / "results" / "20261201T072115Z-sm90-gpu-replay-0.6B"
     if not (run / "replay-b1.trace.json.gz").is_file():
