@@ -3,9 +3,9 @@
 1. The conformance matrix this machine supports (every recipe whose assets are present, plus the embedded
    default that needs none; on a GPU the ``gpu`` cases of its class too), archived under ``results/``.
 2. With a CUDA GPU: ``qualify.gpu_replay`` on the embedded default core (decode capacities 1 and 4 against
-   the measured floor, compiled vs uncompiled over 256 steps), archived; then the comparison with the GPU
-   class's accepted baseline (``results/baselines/<class>.json``) by ``qualify.report``, whose Markdown/PNG
-   location is printed -- or, without a baseline, how to accept this run as one.  On a machine without CUDA
+   the measured floor, compiled vs uncompiled over 256 steps), archived; then the comparison with the baseline
+   the GPU class accepts for that core (``results/baselines/<class>.json``, ``cores``) by ``qualify.report``, whose
+   Markdown/PNG location is printed -- or, without one, how to accept this run as one.  On a machine without CUDA
    these stages are skipped and the summary says so.
 """
 
@@ -69,10 +69,11 @@ def gpu_stages(root: Path) -> int:
         return rc or 1
     env = json.loads((runs[-1] / "environment.json").read_text())
     cls = env["gpu"]["gpu_class"]
-    baseline = class_baseline(cls)
+    core = replay_core(runs[-1])
+    baseline = class_baseline(cls, core=core)
     if baseline is None:
-        print(f"\nno accepted baseline for {cls}: to accept this run, write results/baselines/{cls}.json as "
-              f'{{"run": "{runs[-1].name}"}}')
+        print(f"\nno accepted baseline for {core} on {cls}: to accept this run, add it to "
+              f'results/baselines/{cls}.json as "cores": {{"{core}": "{runs[-1].name}"}}')
         return rc
     try:
         paths = write_report(compare(baseline, runs[-1]), runs[-1] / "report")
@@ -81,6 +82,16 @@ def gpu_stages(root: Path) -> int:
         return rc or 1
     print(f"\nbaseline comparison ({cls}: {baseline} -> {runs[-1].name}): {paths['markdown']}")
     return rc
+
+
+def replay_core(run: Path) -> str:
+    """The core a ``gpu_replay`` run measured (its timed cases' ``core`` field); raises naming the run when its
+    samples name none or several."""
+    cores = {json.loads(line)["case"].get("core") for line in (run / "samples.jsonl").read_text().splitlines()
+             if line.strip() and json.loads(line).get("case", {}).get("tool") == "gpu_replay"}
+    if len(cores) != 1 or None in cores:
+        raise ValueError(f"{run.name}: expected the timed cases of one core, found {sorted(map(str, cores))}")
+    return cores.pop()
 
 
 def print_summary(run_dir: Path, elapsed: float) -> None:

@@ -21,7 +21,10 @@ Runs of different GPU classes (``environment.json`` ``gpu.gpu_class``) are never
 error.  Writes ``report.md`` (the table and the rule) and, when matplotlib is importable, ``report.png``
 (each case's two medians with min-max bars, and the floor as a line where samples carry ``floor_s``);
 without matplotlib only the Markdown is written and it says so.  ``results/baselines/<gpu class>.json``
-(``{"run": "<results dir name>"}``) names the accepted baseline run per class: :func:`class_baseline`.
+(``{"run": "<results dir name>", "cores": {"<core>": "<results dir name>", ...}}``) names the accepted baseline run
+per class and, under ``cores``, per core a replay measures (``gpu_replay``'s case field ``core``): a replay is compared
+with the baseline of its own core, never with another model's (:func:`class_baseline`).  A report whose two runs have
+no case in common says so at its top.
 """
 
 from __future__ import annotations
@@ -72,12 +75,14 @@ def gpu_class(env: dict) -> str:
     return cls
 
 
-def class_baseline(cls: str, baselines: Path | None = None) -> str | None:
-    """The accepted baseline run name for a GPU class (``results/baselines/<class>.json``), or None."""
+def class_baseline(cls: str, baselines: Path | None = None, core: str | None = None) -> str | None:
+    """The accepted baseline run name for a GPU class (``results/baselines/<class>.json``'s ``run``) or, with
+    ``core``, for that core on that class (its entry under ``cores``); None when none is accepted."""
     path = Path(baselines or BASELINES) / f"{cls}.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text())["run"]
+    data = json.loads(path.read_text())
+    return data.get("cores", {}).get(core) if core is not None else data["run"]
 
 
 def case_key(case, ignore: frozenset[str] = frozenset()) -> str:
@@ -141,6 +146,7 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
     if not bg and not cg:
         raise ReportError(f"no sample in either run carries a numeric {metric!r}")
     rows = []
+    common = len(set(bg) & set(cg))
     for key in sorted(set(bg) | set(cg)):
         b, c = bg.get(key), cg.get(key)
         row = {"case": key}
@@ -158,7 +164,7 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
             row["verdict"] = "only in baseline" if b else "only in candidate"
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
-            "ignored_fields": sorted(ignore), "cases": rows, "critical_path": _critical_paths(bdir, cdir, bs, cs)}
+            "ignored_fields": sorted(ignore), "cases": rows, "common_cases": common, "critical_path": _critical_paths(bdir, cdir, bs, cs)}
 
 
 #: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
@@ -201,6 +207,9 @@ def markdown(rep: dict, png_note: str) -> str:
              f"- verdict rule: {rep['rule']}", f"- plot: {png_note}"]
     if rep.get("ignored_fields"):
         lines.append(f"- case fields ignored (side-by-side variants): {', '.join(rep['ignored_fields'])}")
+    if rep.get("common_cases") == 0:
+        lines.append("- **no case in common**: the two runs measured different things (another core, other cases) -- "
+                     "nothing below is a comparison")
     lines += ["",
              "| case | baseline median | baseline min–max | candidate median | candidate min–max | ratio c/b "
              "| floor_s | verdict |",

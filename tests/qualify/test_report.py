@@ -106,7 +106,12 @@ def test_explicit_metric_lists_and_baseline_file(tmp_path):
     (tmp_path / "baselines").mkdir()
     (tmp_path / "baselines" / "cpu.json").write_text(json.dumps({"run": "base"}))
     assert rp.class_baseline("cpu", tmp_path / "baselines") == "base"
+    assert rp.class_baseline("cpu", tmp_path / "baselines", core="Qwen/Qwen3-8B") is None  # no per-core entry
+    (tmp_path / "baselines" / "cpu.json").write_text(json.dumps({"run": "base", "cores": {"Qwen/Qwen3-8B": "r8"}}))
+    assert rp.class_baseline("cpu", tmp_path / "baselines", core="Qwen/Qwen3-8B") == "r8"
+    assert rp.class_baseline("cpu", tmp_path / "baselines", core="Qwen/Qwen3-0.6B") is None
     assert rp.class_baseline("sm90", tmp_path / "baselines") is None
+    assert rep["common_cases"] == 0 and "no case in common" in rp.markdown(rep, "none")  # raw_ns: only the baseline
     with pytest.raises(rp.ReportError, match="no samples.jsonl"):
         rp.compare("missing", "cand", results=tmp_path)
 
@@ -123,11 +128,16 @@ def test_every_accepted_baseline_names_a_committed_run_of_its_class():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "results"
+    from qualify.main_job import replay_core
+
     for path in sorted((root / "baselines").glob("*.json")):
-        run = root / json.loads(path.read_text())["run"]
-        assert (run / "samples.jsonl").is_file() and (run / "environment.json").is_file(), f"{path.name}: {run}"
-        env = json.loads((run / "environment.json").read_text())
-        assert env["gpu"]["gpu_class"] == path.stem, f"{path.name} names a run of class {env['gpu']['gpu_class']}"
+        data = json.loads(path.read_text())
+        for core, name in [(None, data["run"]), *data.get("cores", {}).items()]:
+            run = root / name
+            assert (run / "samples.jsonl").is_file() and (run / "environment.json").is_file(), f"{path.name}: {run}"
+            env = json.loads((run / "environment.json").read_text())
+            assert env["gpu"]["gpu_class"] == path.stem, f"{path.name} names a run of class {env['gpu']['gpu_class']}"
+            assert core is None or replay_core(run) == core, f"{path.name}: {name} is not a replay of {core}"
 
 
 def test_ignored_fields_match_side_by_side_variants(tmp_path):
