@@ -2,6 +2,9 @@
 # One H200 device call made of named stages (STAGES="gemv core-0.6B served-0.6B tests replay-0.6B ..."), each
 # time-boxed; after every stage everything written so far is packed into $OUT/h200-run.tgz, so a call cut
 # by its time limit still returns what finished (the device returns only a few files: one archive).
+# The hub files it reads come from .hub/ (git-ignored): `python3 scripts/device_hub.py Qwen/Qwen3-8B` writes a model's
+# (11.4 MB), to be named in the call's carry (".hub/models--Qwen--Qwen3-8B"; the tree and the carried paths share
+# the call's 64 MiB).
 #
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
