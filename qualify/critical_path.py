@@ -12,7 +12,8 @@ Each kernel of a replay takes the region of the same kernel in the attributed ru
 kernels in the same order, names are matched in order, and a graph node the attributed run does not show (a memset or
 memcpy node) is counted with the kernel before it.  Reported: per region the median over replays of the summed
 increments, and per layer position (the k-th kernel of every ``layer.<i>``) the median, min and max over layers and
-replays -- "qkv 16.3 us, attention 10.4 us, ...".  ``compare`` sets two such results side by side
+replays -- "qkv 16.3 us, attention 10.4 us, ..." -- and, for every other region, its k-th kernel the same way
+(the sampler's sort passes, the head's projection).  ``compare`` sets two such results side by side
 (``python -m qualify.report`` appends it to a report when both runs archived their traces).
 
 ``gap_to_floor`` sets each region against its share of the floor (its bytes over the measured bandwidth,
@@ -62,13 +63,16 @@ def _attributed_increments(step: list[dict], attributed: list[tuple[dict, str]])
 
 
 def increments(replay_events: list[dict], attributed_events: list[dict], replays: int = REPLAYS) -> dict:
-    """``{"span_us", "per_region": {region: us}, "layers", "per_layer_us", "positions": [...]}`` (module doc)."""
+    """``{"span_us", "per_region": {region: us}, "layers", "per_layer_us", "positions": [...],
+    "region_kernels": {region: [...]}}`` (module doc); ``region_kernels``: the k-th kernel of each region outside the
+    layers (head, sampler, glue...), as ``positions`` are for the layers."""
     attributed = kernel_ranges(attributed_events)
     spans, per_region, per_pos, per_layer = [], defaultdict(list), defaultdict(list), []
+    per_other: dict[tuple[str, int], list[float]] = defaultdict(list)
     layers = 0
-    names: dict[int, str] = {}
+    names: dict = {}
     for step in _replays(_kernels(replay_events), replays):
-        inc_region, inc_layer = defaultdict(float), defaultdict(list)
+        inc_region, inc_layer, inc_other = defaultdict(float), defaultdict(list), defaultdict(int)
         for name, region, inc in _attributed_increments(step, attributed):
             inc_region[region] += inc
             if region.startswith("layer."):
@@ -76,18 +80,30 @@ def increments(replay_events: list[dict], attributed_events: list[dict], replays
                 inc_layer[region].append(inc)
                 per_pos[j].append(inc)
                 names.setdefault(j, name)
+            else:
+                key = (region, inc_other[region])
+                inc_other[region] += 1
+                per_other[key].append(inc)
+                names.setdefault(key, name)
         spans.append(max(k["ts"] + k.get("dur", 0.0) for k in step) - step[0]["ts"])
         for region, us in inc_region.items():
             per_region[region].append(us)
         per_layer += [sum(v) for v in inc_layer.values()]
         layers = len(inc_layer)
-    positions = [{"position": j, "name": names[j], "median_us": statistics.median(v), "min_us": min(v),
-                  "max_us": max(v)} for j, v in sorted(per_pos.items())]
+    def stats(key, j, v):
+        return {"position": j, "name": names[key], "median_us": statistics.median(v), "min_us": min(v),
+                "max_us": max(v)}
+
+    positions = [stats(j, j, v) for j, v in sorted(per_pos.items())]
+    region_kernels: dict[str, list[dict]] = defaultdict(list)
+    for (region, k), v in sorted(per_other.items()):
+        region_kernels[region].append(stats((region, k), k, v))
     merged = defaultdict(list)  # the layers as one region, the rest as they are
     for region, v in per_region.items():
         merged["layers (all)" if region.startswith("layer.") else region].append(v)
     return {"span_us": statistics.median(spans), "replays": replays, "layers": layers,
             "per_layer_us": statistics.median(per_layer) if per_layer else 0.0, "positions": positions,
+            "region_kernels": dict(region_kernels),
             "per_region": {r: statistics.median([sum(x) for x in zip(*vs)]) for r, vs in merged.items()}}
 
 
@@ -133,14 +149,39 @@ def compare(base: dict, cand: dict) -> list[str]:
                   f"{cand['per_layer_us']:.2f} us.", "",
               "| position | kernel | baseline us (min-max) | candidate us (min-max) | difference |",
               "|---|---|---|---|---|"]
-    for j in range(max(len(base["positions"]), len(cand["positions"]))):
-        b = base["positions"][j] if j < len(base["positions"]) else None
-        c = cand["positions"][j] if j < len(cand["positions"]) else None
-        name = (b or c)["name"] if not (b and c) or b["name"] == c["name"] else f"{b['name']} / {c['name']}"
+    lines += _position_rows(base["positions"], cand["positions"])
+    regions = sorted(set(base.get("region_kernels", {})) | set(cand.get("region_kernels", {})))
+    if regions:
+        lines += ["", "Outside the layers, per kernel (the k-th kernel of each region):", "",
+                  "| region | k | kernel | baseline us (min-max) | candidate us (min-max) | difference |",
+                  "|---|---|---|---|---|---|"]
+        for r in regions:
+            lines += [f"| {r} |{row[1:]}" for row in _position_rows(base.get("region_kernels", {}).get(r, []),
+                                                                   cand.get("region_kernels", {}).get(r, []))]
+    return lines
+
+
+def short_name(kernel: str) -> str:
+    """A kernel's function name without return type, namespaces and template or call arguments
+    (``void at_cuda_detail::cub::...::DeviceRadixSortOnesweepKernel<...>(...)`` -> ``DeviceRadixSortOnesweepKernel``);
+    Triton and cuBLAS names are already that."""
+    base = kernel.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0]
+    return base.split("::")[-1].split(" ")[-1] or kernel
+
+
+def _position_rows(bpos: list[dict], cpos: list[dict]) -> list[str]:
+    """Table rows ``| k | kernel | baseline | candidate | difference |`` of two position lists matched by index; where
+    the two hold other kernels, the names of both are shown."""
+    rows = []
+    for j in range(max(len(bpos), len(cpos))):
+        b = bpos[j] if j < len(bpos) else None
+        c = cpos[j] if j < len(cpos) else None
+        bn, cn = (short_name(p["name"]) if p else None for p in (b, c))
+        name = bn or cn if not (b and c) or bn == cn else f"{bn} / {cn}"
         cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
         diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
-        lines.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} |")
-    return lines
+        rows.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} |")
+    return rows
 
 
 def gap_to_floor(r: dict, region_bytes: dict[str, int], bandwidth: float) -> dict:

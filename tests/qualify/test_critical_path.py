@@ -57,6 +57,9 @@ def test_increments_add_up_per_region_and_per_layer_position():
     assert r["positions"][1]["min_us"] == 2 and r["positions"][1]["max_us"] == 5
     assert r["per_layer_us"] == pytest.approx(17.5)  # layers of 16 and 19 us
     assert sum(r["per_region"].values()) == r["span_us"]
+    # outside the layers, each region's kernels in order: the glue's embed, the head's lm_head
+    assert {k: [(p["name"], p["median_us"]) for p in v] for k, v in r["region_kernels"].items()} == {
+        "eager glue (embedding, rotary, metadata)": [("embed", 2)], "head": [("lm_head", 20)]}
 
 
 def test_mismatched_runs_and_uneven_replays_are_refused():
@@ -75,6 +78,7 @@ def test_compare_and_report_section(tmp_path):
     md = "\n".join(cp.compare(base, cand))
     assert "| step span | 57.0 | 56.0 | -1.0 |" in md and "| layers (all) | 35.0 | 34.0 | -1.0 |" in md
     assert "| 2 | `o` | 4.00 (4.00-4.00) | 3.50 (3.00-4.00) | -0.50 |" in md
+    assert "| head | 0 | `lm_head` | 20.00 (20.00-20.00) | 20.00 (20.00-20.00) | +0.00 |" in md
     for name, b in (("base", base), ("cand", cand)):  # the report reads them from run folders
         d = tmp_path / name
         d.mkdir()
@@ -102,6 +106,16 @@ def test_compare_and_report_section(tmp_path):
     assert gaps["baseline"] is None and gaps["candidate"]["over_us"] == pytest.approx(16.0)  # span 56 - floor 40
     md = report.markdown(rep, "none")
     assert "### Time above the floor, timeline b1" in md and "| layers (all) | 20.0 | 34.0 | +14.0 |" in md
+
+
+def test_short_kernel_names():
+    assert cp.short_name("void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<at_cuda_detail::"
+                         "cub::detail::radix_sort::policy_hub<float>, true>(int*, float const*)") == \
+        "DeviceRadixSortOnesweepKernel"
+    assert cp.short_name("at::native::(anonymous namespace)::fill_reverse_indices_kernel(long*, int)") == \
+        "fill_reverse_indices_kernel"
+    for plain in ("_fused_gemv_kernel", "nvjet_sm90_tst_192x8_64x8_2x1_v_bz_TNT", "triton_poi_fused_copy__16"):
+        assert cp.short_name(plain) == plain
 
 
 def test_gap_to_the_floor_per_region_and_per_layer():
