@@ -36,10 +36,11 @@ from ignition.components.switches import number, rows as switch_rows, switch
 #   predecessor is the qkv projection, never an ``EARLY`` kernel.
 # - ``EARLY`` (at one row, :data:`PDL_EARLY_ROWS`; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce
 #   kernel, so the output projection after it launches while the attention runs and streams its weight into L2
-#   during the attention's latency-bound span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
-#   (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``): EARLY without the whole-weight o_proj
-#   prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17); Qwen3-0.6B batch 1 with both
-#   1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).
+#   during the attention's latency-bound span.  The kernel after an ``EARLY`` one may read nothing but weights
+#   before its wait.  Measured on the H200 (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``):
+#   EARLY without the whole-weight o_proj prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17);
+#   Qwen3-0.6B batch 1 with both 1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).  At batch 4 it
+#   stalls the output projection (``PDL_EARLY_ROWS``).
 #
 # ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
