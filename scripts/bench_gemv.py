@@ -12,7 +12,7 @@ same weight (cuBLAS alone: for gated shapes the bare [2I, K] projection without 
 flags the unfused torch ops are not counted -- the fused kernel's ratio is thus conservative).  The heuristic
 config (``gemv_config``) is timed first, then a bounded sweep of alternatives (BN 4/8/16/32, BK 256/512/1024,
 num_warps 4/8, num_stages 1/2/3; with ``--dot`` the tensor-core variant for 2..16 rows, BN 16/32/64,
-BK 64/128/256, num_stages 3/4/5): by default a coordinate sweep
+BK 64/128/256, num_warps 1/2/4/8, num_stages 3/4/5/6): by default a coordinate sweep
 around the heuristic plus a few joint moves, under ``--budget-s`` seconds in all (compiles dominate; ``--full``
 times the whole grid).  Each config's output is checked against ``fused_linear_reference`` (2 bf16 ulps plus an
 fp32-reordering term; 4 ulps when gated); failing configs are reported and never picked.  Prints a table and
@@ -63,6 +63,10 @@ COLD_BYTES = 128 << 20
 BNS, BKS, WARPS, STAGES = (4, 8, 16, 32), (256, 512, 1024), (4, 8), (1, 2, 3)
 #: ``--dot``: the tensor-core variant's grid (2..16 rows; ``FLARE_GEMV_DOT``)
 DOT_BNS, DOT_BKS, DOT_STAGES = (16, 32, 64), (64, 128, 256), (3, 4, 5, 6)  # run 31: s5 won at the edge
+#: its warps: 1 and 2 too -- with a prologue (norm, gated input) each warp recomputes the whole input tile in the
+#: dot-operand layout (offline sm90 PTX: 4 warps, 4x the ex2 per tile; 1 warp, once), which is what made run 23's
+#: gated down 165 us
+DOT_WARPS = (1, 2, 4, 8)
 
 
 def graph_time_us(fn, launches: int, replays: int) -> float:
@@ -114,18 +118,18 @@ def within_bound(got, ref, y_ref, xn, w, gated, norm) -> tuple[bool, float]:
 
 
 def candidate_configs(m, n, k, gated, heuristic, full, dot=False):
-    bns, bks, stages = (DOT_BNS, DOT_BKS, DOT_STAGES) if dot else (BNS, BKS, STAGES)
+    bns, bks, warps, stages = (DOT_BNS, DOT_BKS, DOT_WARPS, DOT_STAGES) if dot else (BNS, BKS, WARPS, STAGES)
     if full:
         grid = [{"BN": bn, "BK": bk, "num_warps": nw, "num_stages": ns}
-                for bn, bk, nw, ns in itertools.product(bns, bks, WARPS, stages)]
+                for bn, bk, nw, ns in itertools.product(bns, bks, warps, stages)]
     else:
         grid = []
-        for key, vals in (("BN", bns), ("BK", bks), ("num_warps", WARPS), ("num_stages", stages)):
+        for key, vals in (("BN", bns), ("BK", bks), ("num_warps", warps), ("num_stages", stages)):
             grid += [{**heuristic, key: v} for v in vals]
         joint = ((16, 256), (32, 64), (64, 64), (32, 256)) if dot else \
             ((8, 512), (16, 512), (8, 1024), (16, 256), (32, 256), (4, 1024))
         for bn, bk in joint:
-            for nw in WARPS:
+            for nw in warps:
                 grid.append({**heuristic, "BN": bn, "BK": bk, "num_warps": nw})
     mp = min(1 << (m - 1).bit_length(), GEMV_MAX_ROWS)
     out, seen = [], {json.dumps(heuristic, sort_keys=True)}
