@@ -924,24 +924,62 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
 # so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
 # CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  The step takes
-# it for plain inputs only (``fused_linear.uses_dot_kernel``; ``FLARE_GEMV_DOT=0`` turns it off): where the input
-# tile goes through a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile, far slower
-# than cuBLAS on the H200 (``results/20261201T102332Z-sm90-run23``).
+# it for plain inputs only by default (``fused_linear.uses_dot_kernel``; ``FLARE_GEMV_DOT=0`` turns it off): with a
+# prologue (norm, gated input) it was far slower than cuBLAS on the H200 (``results/20261201T102332Z-sm90-run23``:
+# qkv with the norm 26.1 us against 14.3, down with the gated input 165.7 against 28.7).  Its input loads are
+# pipelined all the same (offline sm90 PTX, Triton 3.6: cp.async for the input tile too); the cost is the prologue
+# itself, computed in the dot-operand layout by every warp on all 16 padded rows -- for 4 rows and 4 warps 16x the
+# SiLU's ex2 and divisions the tile needs.  ``MP_IN`` computes it on the real rows only (``dot_prologue_rows``;
+# ``FLARE_GEMV_DOT_PROLOGUE=1`` lets the step use it -- not yet measured on the GPU).
+
+@triton.jit
+def _interleave_zero_rows(x, R: tl.constexpr, BK: tl.constexpr):
+    """``[R, BK] -> [2R, BK]``: row r at 2r, zero rows between (join, permute, reshape: no arithmetic)."""
+    return tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (0, 2, 1)), (2 * R, BK))
+
+
+@triton.jit
+def _pad_rows(x, R: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr):
+    """The row tile ``[R, BK]`` spread over ``MP`` rows for ``tl.dot``: row i at ``i * (MP // R)``, zeros elsewhere
+    (R and MP powers of two, MP <= 16 R)."""
+    if R < MP:
+        x = _interleave_zero_rows(x, R, BK)
+    if 2 * R < MP:
+        x = _interleave_zero_rows(x, 2 * R, BK)
+    if 4 * R < MP:
+        x = _interleave_zero_rows(x, 4 * R, BK)
+    if 8 * R < MP:
+        x = _interleave_zero_rows(x, 8 * R, BK)
+    return x
+
 
 @triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                             K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr):
+                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
+                            MP_IN: tl.constexpr = 0):
+    # MP_IN (a power of two >= M, < MP; one row block): the input tile's prologue runs on MP_IN rows, not MP -- the
+    # tile is then spread over MP rows for tl.dot (row i at i * MP / MP_IN, zero rows between), and the epilogue maps
+    # the accumulator's rows back.  The prologue is computed once per element in a plain layout instead of by every
+    # warp in the dot-operand layout on 16 padded rows (offline sm90 PTX of the gated input, 4 warps: 4x the ex2 per
+    # tile).  No arithmetic moves: the same bits as MP_IN = 0 (the padded rows never meet a real row in tl.dot).
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
+    if MP_IN > 0:
+        in_rows = tl.arange(0, MP_IN)
+        in_mask = in_rows < M
+        x_rows = X + in_rows.to(tl.int64)[:, None] * stride_x  # [MP_IN, 1]
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
+    if MP_IN > 0:
+        rstd = _gemv_rstd(x_rows, in_mask, offs_k, eps, K, MP_IN, BK, HAS_NORM)
+    else:
+        rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
@@ -949,7 +987,11 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     for k0 in range(0, K, BK):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
+        if MP_IN > 0:
+            xm_in, _ = _gemv_masks(kk, in_mask, n_mask, K, EVEN_K)
+            xv = _pad_rows(_gemv_x_tile(x_rows, NW, kk, xm_in, rstd, K, HAS_NORM, GATED_IN, EVEN_K), MP_IN, MP, BK)
+        else:
+            xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
             acc += tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -962,6 +1004,10 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             else:
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
+    if MP_IN > 0:  # accumulator row r holds input row r / (MP / MP_IN) where r is a multiple of it
+        spread = tl.arange(0, MP)
+        offs_m = spread // (MP // MP_IN)
+        m_mask = (spread % (MP // MP_IN) == 0) & (offs_m < M)
     if GATED:
         _gemv_epilogue(acc, acc_u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
     else:
@@ -1076,6 +1122,13 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
+def dot_prologue_rows(m: int, prologue: bool) -> int:
+    """The tensor-core kernel's ``MP_IN``: with a prologue (norm, gated input), the rows it is computed on -- ``m``
+    rounded up to a power of two, when below the 16-row tile (0 otherwise: the whole tile, as without a prologue)."""
+    rows = triton.next_power_of_2(max(1, m))
+    return rows if prologue and rows < GEMV_MAX_ROWS else 0
+
+
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
@@ -1160,8 +1213,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
-            DOT_F32=_interpreting(), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
-            **_pdl(x.device))
+            DOT_F32=_interpreting(), MP_IN=dot_prologue_rows(m, norm_weight is not None or gated_input),
+            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
         return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
