@@ -326,3 +326,25 @@ def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
+@pytest.mark.parametrize("m,n,k,norm,gated_input", [(4, 6144, 4096, True, False), (4, 4096, 12288, False, True),
+                                                    (2, 4096, 1024, True, False)])
+def test_tensor_core_prologue_on_the_real_rows_on_this_gpu(monkeypatch, m, n, k, norm, gated_input):
+    """The tensor-core kernel's prologue (the norm; the gated input of down) on the real rows only (``MP_IN``, what
+    ``FLARE_GEMV_DOT_PROLOGUE=1`` runs in the step) against the prologue on all 16 rows, compiled for this GPU: the
+    same bits (interpreter: ``test_triton_kernels``)."""
+    from gemv_cases import _gemv_inputs
+
+    from ignition.components import triton_kernels as tk
+
+    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=False, residual=gated_input, seed=m + k)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
+    cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
+    run = lambda: tk.fused_linear_triton(cuda[0], cuda[1], norm_weight=cuda[2], eps=1e-6, residual=cuda[3],  # noqa
+                                         gated_input=gated_input, dot=True).cpu()
+    assert tk.dot_prologue_rows(m, True) == m
+    real_rows = run()
+    monkeypatch.setattr(tk, "dot_prologue_rows", lambda m, prologue: 0)
+    assert torch.equal(real_rows.view(torch.int16), run().view(torch.int16))
