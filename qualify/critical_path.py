@@ -26,7 +26,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from qualify.timeline import REPLAYS, _kernels, _trace, kernel_ranges
+from qualify.timeline import LAYERS, REPLAYS, _kernels, _trace, kernel_ranges
 
 __all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines"]
 
@@ -100,7 +100,7 @@ def increments(replay_events: list[dict], attributed_events: list[dict], replays
         region_kernels[region].append(stats((region, k), k, v))
     merged = defaultdict(list)  # the layers as one region, the rest as they are
     for region, v in per_region.items():
-        merged["layers (all)" if region.startswith("layer.") else region].append(v)
+        merged[LAYERS if region.startswith("layer.") else region].append(v)
     return {"span_us": statistics.median(spans), "replays": replays, "layers": layers,
             "per_layer_us": statistics.median(per_layer) if per_layer else 0.0, "positions": positions,
             "region_kernels": dict(region_kernels),
@@ -198,7 +198,7 @@ def gap_to_floor(r: dict, region_bytes: dict[str, int], bandwidth: float) -> dic
     regions = [{"region": k, "us": us, "floor_us": floor.get(k, 0.0), "over_us": us - floor.get(k, 0.0)}
                for k, us in r["per_region"].items()]
     total_floor = sum(floor.values())
-    layer_floor = floor.get("layers (all)", 0.0) / r["layers"] if r["layers"] else 0.0
+    layer_floor = floor.get(LAYERS, 0.0) / r["layers"] if r["layers"] else 0.0
     return {"regions": sorted(regions, key=lambda x: -x["over_us"]), "span_us": r["span_us"],
             "floor_us": total_floor, "over_us": r["span_us"] - total_floor, "per_layer_us": r["per_layer_us"],
             "per_layer_floor_us": layer_floor, "layers": r["layers"]}

@@ -87,8 +87,8 @@ def gpu_stages(root: Path) -> int:
 def replay_core(run: Path) -> str:
     """The core a ``gpu_replay`` run measured (its timed cases' ``core`` field); raises naming the run when its
     samples name none or several."""
-    cores = {json.loads(line)["case"].get("core") for line in (run / "samples.jsonl").read_text().splitlines()
-             if line.strip() and json.loads(line).get("case", {}).get("tool") == "gpu_replay"}
+    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+    cores = {r["case"].get("core") for r in records if r.get("case", {}).get("tool") == "gpu_replay"}
     if len(cores) != 1 or None in cores:
         raise ValueError(f"{run.name}: expected the timed cases of one core, found {sorted(map(str, cores))}")
     return cores.pop()

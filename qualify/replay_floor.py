@@ -156,17 +156,13 @@ def weight_traffic(core_or_geometry, batch: int, context: int, bandwidth: float 
     return _finish(out, bandwidth)
 
 
-#: The regions of a decode step's timeline (``qualify.timeline``) that must read bytes, and which: the decoder
-#: layers every weight but the vocabulary projection and the gathered embedding rows, plus the KV cache; the head
-#: the vocabulary projection; the eager glue the gathered embedding rows.  Every other region (sampler, metadata,
-#: sampling-state advance...) reads nothing the floor counts.
-REGION_LAYERS, REGION_HEAD = "layers (all)", "head"
-
-
 def region_bytes(traffic: Mapping[str, Any]) -> dict[str, int]:
-    """The floor's bytes of :func:`weight_traffic` split by timeline region (:data:`REGION_LAYERS`, ``head``, the
-    eager glue), summing to ``total_bytes``; raises naming a missing field."""
-    from qualify.timeline import UNRANGED
+    """The floor's bytes of :func:`weight_traffic` split by the regions of a decode step's timeline
+    (``qualify.timeline``), summing to ``total_bytes``: the decoder layers every weight but the vocabulary projection
+    and the gathered embedding rows, plus the KV cache; the head the vocabulary projection; the eager glue the
+    gathered rows.  Every other region (sampler, metadata...) reads nothing the floor counts.  Raises naming a missing
+    field."""
+    from qualify.timeline import LAYERS, UNRANGED
 
     missing = [k for k in ("weight_bytes_read", "lm_head_bytes", "embedding_bytes_gathered", "kv_bytes")
                if k not in traffic]
@@ -174,7 +170,7 @@ def region_bytes(traffic: Mapping[str, Any]) -> dict[str, int]:
         raise KeyError(f"weight traffic lacks {missing} (archived before the per-region split?)")
     head, gathered = int(traffic["lm_head_bytes"]), int(traffic["embedding_bytes_gathered"])
     layers = int(traffic["weight_bytes_read"]) - head - gathered + int(traffic["kv_bytes"])
-    return {REGION_LAYERS: layers, REGION_HEAD: head, UNRANGED: gathered}
+    return {LAYERS: layers, "head": head, UNRANGED: gathered}
 
 
 def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:

@@ -164,7 +164,8 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
             row["verdict"] = "only in baseline" if b else "only in candidate"
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
-            "ignored_fields": sorted(ignore), "cases": rows, "common_cases": common, "critical_path": _critical_paths(bdir, cdir, bs, cs)}
+            "ignored_fields": sorted(ignore), "cases": rows, "common_cases": common,
+            "critical_path": _critical_paths(bdir, cdir, bs, cs)}
 
 
 #: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
@@ -173,8 +174,8 @@ TIMELINE_TAGS = ("b1", "b4")
 
 def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] = ()) -> dict:
     """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``) and, for each run
-    whose samples carry the per-region traffic (:func:`_gap`), its time above the floor per region; or the reason
-    they could not be read."""
+    whose samples carry the per-region traffic (``critical_path.gap_from_samples``), its time above the floor per
+    region; or the reason they could not be read."""
     out = {}
     for tag in TIMELINE_TAGS:
         try:
@@ -184,15 +185,12 @@ def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] 
             continue
         if b is not None and c is not None:
             out[tag] = {"baseline": b, "candidate": c}
-            gaps = {k: _gap(r, samples, tag) for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
+            rows = int(tag[1:])  # b<rows>
+            gaps = {k: critical_path.gap_from_samples(r, samples, rows)
+                    for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
             if any(gaps.values()):
                 out[tag]["gap_to_floor"] = gaps
     return out
-
-
-def _gap(r: dict, samples: list[dict], tag: str) -> dict | None:
-    """:func:`critical_path.gap_from_samples` of a run's timeline ``tag`` (``b<rows>``)."""
-    return critical_path.gap_from_samples(r, samples, int(tag[1:])) if tag[1:].isdigit() else None
 
 
 def _fmt(x) -> str:

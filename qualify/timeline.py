@@ -100,6 +100,8 @@ def _kernels(events):
 
 
 UNRANGED = "eager glue (embedding, rotary, metadata)"
+#: The decoder layers (``layer.<i>`` ranges) summed as one region.
+LAYERS = "layers (all)"
 
 
 def kernel_ranges(events) -> list[tuple[dict, str]]:
@@ -240,7 +242,7 @@ def difference(base: dict, other: dict, top: int = 12) -> dict:
     def regions(r):
         out = defaultdict(lambda: {"kernels": 0, "us": 0.0})
         for name, v in r["attributed"]["per_range"].items():
-            key = "layers (all)" if name.startswith("layer.") else name
+            key = LAYERS if name.startswith("layer.") else name
             out[key]["kernels"] += v["kernels"]
             out[key]["us"] += v["us"]
         return out

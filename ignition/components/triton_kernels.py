@@ -967,31 +967,27 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     # tile).  No arithmetic moves: the same bits as MP_IN = 0 (the padded rows never meet a real row in tl.dot).
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
+    ROWS_IN: tl.constexpr = MP_IN if MP_IN > 0 else MP  # the rows the input tile (and its prologue) is formed on
     if MP_IN > 0:
         in_rows = tl.arange(0, MP_IN)
         in_mask = in_rows < M
         x_rows = X + in_rows.to(tl.int64)[:, None] * stride_x  # [MP_IN, 1]
+    else:
+        in_mask = m_mask
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-    if MP_IN > 0:
-        rstd = _gemv_rstd(x_rows, in_mask, offs_k, eps, K, MP_IN, BK, HAS_NORM)
-    else:
-        rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
+    rstd = _gemv_rstd(x_rows, in_mask, offs_k, eps, K, ROWS_IN, BK, HAS_NORM)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        if MP_IN > 0:
-            xm_in, _ = _gemv_masks(kk, in_mask, n_mask, K, EVEN_K)
-            xv = _pad_rows(_gemv_x_tile(x_rows, NW, kk, xm_in, rstd, K, HAS_NORM, GATED_IN, EVEN_K), MP_IN, MP, BK)
-        else:
-            xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
+        xm, wm = _gemv_masks(kk, in_mask, n_mask, K, EVEN_K)
+        xv = _pad_rows(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), ROWS_IN, MP, BK)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
             acc += tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -1197,8 +1193,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
+    prologue = norm_weight is not None or gated_input
     if dot is None:
-        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input)
+        dot = uses_dot_kernel(m, gated=gated, prologue=prologue)
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
@@ -1213,7 +1210,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
-            DOT_F32=_interpreting(), MP_IN=dot_prologue_rows(m, norm_weight is not None or gated_input),
+            DOT_F32=_interpreting(), MP_IN=dot_prologue_rows(m, prologue),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
         return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
