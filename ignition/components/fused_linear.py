@@ -143,12 +143,8 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False) -
     against 28.7; gated gate/up 61.3 against 49.0).  In the step, side by side in one process
     (``results/20261201T114716Z-sm90-run28``, 1024-token context): Qwen3-8B batch 4 5.2483 ms against 5.4477
     (0.963x; decode_topk 5.1543 against 5.3491); Qwen3-0.6B batch 4 within noise (1.0078x,
-    ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it.  ``FLARE_GEMV_DOT_PROLOGUE=1`` (off by
-    default, not yet measured) lets it take the prologue launches too -- qkv with its norm, down with the gated input
-    -- since the prologue runs on the real rows only (``triton_kernels.dot_prologue_rows``: the cost run 23 measured
-    was the prologue recomputed by every warp on 16 padded rows).  Read at trace and at launch time alike."""
-    return (rows in DOT_ROWS and not gated and (not prologue or switch("FLARE_GEMV_DOT_PROLOGUE", False))
-            and switch("FLARE_GEMV_DOT", True))
+    ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it.  Read at trace and at launch time alike."""
+    return rows in DOT_ROWS and not gated and not prologue and switch("FLARE_GEMV_DOT", True)
 
 
 def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False) -> bool:

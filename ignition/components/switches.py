@@ -1,7 +1,8 @@
 """Environment switches for side-by-side measurements (``FLARE_PDL``, ``FLARE_PDL_EARLY``,
 ``FLARE_DECODE_KV_PREFETCH``, ``FLARE_PACKED_GATE_UP``, ``FLARE_TRITON_TOPK``,
-``FLARE_GEMV_PRELOAD_PROLOGUE``, ``FLARE_GEMV_DOT``, ``FLARE_GEMV_DOT_PROLOGUE``; numbers: ``FLARE_GEMV_PREFETCH_MB``,
-``FLARE_GEMV_PRELOAD``, ``FLARE_DECODE_BLOCK_N``, ``FLARE_DECODE_MAX_SPLITS``; row counts:
+``FLARE_GEMV_PRELOAD_PROLOGUE``, ``FLARE_GEMV_DOT``; numbers: ``FLARE_GEMV_PREFETCH_MB``,
+``FLARE_GEMV_PRELOAD``, ``FLARE_DECODE_BLOCK_N``, ``FLARE_DECODE_MAX_SPLITS``, ``FLARE_DECODE_PROGRAMS``,
+``FLARE_DECODE_MAXNREG``; row counts:
 ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``; ``FLARE_GEMM_ROWS_TABLE``;
 README, "Side-by-side switches").
 Each is read where a launch or a trace decides, so one process can measure both settings; every archived run records
@@ -33,13 +34,19 @@ def number(name: str, default: float | None = None) -> float | None:
         raise ValueError(f"{name}={value!r}: expected a number") from None
 
 
+def whole(name: str, default: int, *, low: int = 0, what: str = "") -> int:
+    """The whole-number switch ``name``: unset or empty -> ``default``; raises naming the variable when it is not a
+    whole number >= ``low``."""
+    value = number(name, default)
+    if value < low or value != int(value):
+        raise ValueError(f"{name}={value:g}: expected a whole number{what} >= {low}")
+    return int(value)
+
+
 def rows(name: str, default: int) -> int:
     """The row-count switch ``name`` (the largest batch a behaviour applies to): unset or empty -> ``default``;
     raises naming the variable when it is not a whole number >= 0."""
-    value = number(name, default)
-    if value < 0 or value != int(value):
-        raise ValueError(f"{name}={value:g}: expected a whole number of rows >= 0")
-    return int(value)
+    return whole(name, default, what=" of rows")
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
-from ignition.components.switches import number, rows as switch_rows, switch
+from ignition.components.switches import number, rows as switch_rows, switch, whole
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -662,7 +662,25 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
       Qwen3-8B B=1 32 splits 9.08, B=4 16 splits 18.40 (32: 18.84)."""
     gp = triton.next_power_of_2(max(1, groups))
     cap = max(1, int(number("FLARE_DECODE_MAX_SPLITS", FUSED_DECODE_MAX_SPLITS)))  # side-by-side runs
-    return max(1, min(max_blocks, cap, max(1, 128 // gp), triton.cdiv(512, max(1, batch * kv_heads))))
+    programs = whole("FLARE_DECODE_PROGRAMS", FUSED_DECODE_PROGRAMS, low=1)
+    return max(1, min(max_blocks, cap, max(1, 128 // gp), triton.cdiv(programs, max(1, batch * kv_heads))))
+
+
+#: Programs the fused decode kernel's split count aims for (``FLARE_DECODE_PROGRAMS=N``, side-by-side runs): 512,
+#: one wave on the H200 at its register count -- 95 to 104 registers per thread at 4 warps (offline sm90 ptxas,
+#: ``scripts/sm90_kernel_check.py``) hold 4 to 5 programs per SM, 528 to 660 on 132 SMs; 1024 programs ran in two
+#: waves (run 9: 32 splits at batch 4 21.3 us per layer against 17.1 for 16).
+FUSED_DECODE_PROGRAMS = 512
+
+
+def fused_decode_launch_options() -> dict:
+    """Extra launch options of the fused decode kernel: ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (side-by-side
+    runs: a register cap of N per thread -- 64 holds 8 programs per SM, one wave of 1024 -- at the cost of a few
+    spilled values), none by default or in the interpreter."""
+    cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
+    if cap and not 24 <= cap <= 255:
+        raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
+    return {"maxnreg": cap} if cap and not _interpreting() else {}
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -697,7 +715,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device))
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
+        **fused_decode_launch_options())
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
@@ -924,70 +943,35 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # K in order -- bf16 products are exact in fp32; the sum order within a tile is the MMA's, fixed by the config,
 # so the same shapes give the same bits.  The elementwise kernel above costs MP fp32 FMAs per weight element on the
 # CUDA cores, which is why it lost to cuBLAS from 4 rows on (``fused_linear.prefers_fused``).  The step takes
-# it for plain inputs only by default (``fused_linear.uses_dot_kernel``; ``FLARE_GEMV_DOT=0`` turns it off): with a
-# prologue (norm, gated input) it was far slower than cuBLAS on the H200 (``results/20261201T102332Z-sm90-run23``:
-# qkv with the norm 26.1 us against 14.3, down with the gated input 165.7 against 28.7).  Its input loads are
-# pipelined all the same (offline sm90 PTX, Triton 3.6: cp.async for the input tile too); the cost is the prologue
-# itself, computed in the dot-operand layout by every warp on all 16 padded rows -- for 4 rows and 4 warps 16x the
-# SiLU's ex2 and divisions the tile needs.  ``MP_IN`` computes it on the real rows only (``dot_prologue_rows``;
-# ``FLARE_GEMV_DOT_PROLOGUE=1`` lets the step use it -- not yet measured on the GPU).
-
-@triton.jit
-def _interleave_zero_rows(x, R: tl.constexpr, BK: tl.constexpr):
-    """``[R, BK] -> [2R, BK]``: row r at 2r, zero rows between (join, permute, reshape: no arithmetic)."""
-    return tl.reshape(tl.permute(tl.join(x, tl.zeros_like(x)), (0, 2, 1)), (2 * R, BK))
-
-
-@triton.jit
-def _pad_rows(x, R: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr):
-    """The row tile ``[R, BK]`` spread over ``MP`` rows for ``tl.dot``: row i at ``i * (MP // R)``, zeros elsewhere
-    (R and MP powers of two, MP <= 16 R)."""
-    if R < MP:
-        x = _interleave_zero_rows(x, R, BK)
-    if 2 * R < MP:
-        x = _interleave_zero_rows(x, 2 * R, BK)
-    if 4 * R < MP:
-        x = _interleave_zero_rows(x, 4 * R, BK)
-    if 8 * R < MP:
-        x = _interleave_zero_rows(x, 8 * R, BK)
-    return x
-
+# it for plain inputs only (``fused_linear.uses_dot_kernel``; ``FLARE_GEMV_DOT=0`` turns it off): where the input
+# tile goes through a prologue (norm, gated input) its loads are not pipelined -- one latency per K tile, far slower
+# than cuBLAS on the H200 (``results/20261201T102332Z-sm90-run23``).  Tried and removed: the prologue computed on
+# the real rows only (rows rounded to a power of two, spread over the 16-row tile by joins) and qkv with its norm,
+# down with the gated input taken through it -- bitwise in the interpreter but not compiled for sm90 at 4 rows, and
+# the step 1.41x slower at batch 4 (Qwen3-8B side by side in one process, ``results/20261201T141644Z-sm90-run37``).
 
 @triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                             K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
-                            MP_IN: tl.constexpr = 0):
-    # MP_IN (a power of two >= M, < MP; one row block): the input tile's prologue runs on MP_IN rows, not MP -- the
-    # tile is then spread over MP rows for tl.dot (row i at i * MP / MP_IN, zero rows between), and the epilogue maps
-    # the accumulator's rows back.  The prologue is computed once per element in a plain layout instead of by every
-    # warp in the dot-operand layout on 16 padded rows (offline sm90 PTX of the gated input, 4 warps: 4x the ex2 per
-    # tile).  No arithmetic moves: the same bits as MP_IN = 0 (the padded rows never meet a real row in tl.dot).
+                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
-    ROWS_IN: tl.constexpr = MP_IN if MP_IN > 0 else MP  # the rows the input tile (and its prologue) is formed on
-    if MP_IN > 0:
-        in_rows = tl.arange(0, MP_IN)
-        in_mask = in_rows < M
-        x_rows = X + in_rows.to(tl.int64)[:, None] * stride_x  # [MP_IN, 1]
-    else:
-        in_mask = m_mask
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-    rstd = _gemv_rstd(x_rows, in_mask, offs_k, eps, K, ROWS_IN, BK, HAS_NORM)
+    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
         acc_u = tl.zeros([MP, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         kk = k0 + offs_k
-        xm, wm = _gemv_masks(kk, in_mask, n_mask, K, EVEN_K)
-        xv = _pad_rows(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), ROWS_IN, MP, BK)
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
             acc += tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -1000,10 +984,6 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             else:
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
-    if MP_IN > 0:  # accumulator row r holds input row r / (MP / MP_IN) where r is a multiple of it
-        spread = tl.arange(0, MP)
-        offs_m = spread // (MP // MP_IN)
-        m_mask = (spread % (MP // MP_IN) == 0) & (offs_m < M)
     if GATED:
         _gemv_epilogue(acc, acc_u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
     else:
@@ -1118,13 +1098,6 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
-def dot_prologue_rows(m: int, prologue: bool) -> int:
-    """The tensor-core kernel's ``MP_IN``: with a prologue (norm, gated input), the rows it is computed on -- ``m``
-    rounded up to a power of two, when below the 16-row tile (0 otherwise: the whole tile, as without a prologue)."""
-    rows = triton.next_power_of_2(max(1, m))
-    return rows if prologue and rows < GEMV_MAX_ROWS else 0
-
-
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
@@ -1193,9 +1166,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
-    prologue = norm_weight is not None or gated_input
     if dot is None:
-        dot = uses_dot_kernel(m, gated=gated, prologue=prologue)
+        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input)
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
@@ -1210,8 +1182,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
-            DOT_F32=_interpreting(), MP_IN=dot_prologue_rows(m, prologue),
-            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
+            DOT_F32=_interpreting(), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
+            **_pdl(x.device))
         return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])

@@ -190,6 +190,36 @@ def test_fused_decode_split_cap_switch(monkeypatch):
     assert tk.fused_decode_num_splits(4, 8, 2, 256) == 16 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
 
 
+def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
+    """``FLARE_DECODE_PROGRAMS`` sets the programs the split count aims for (the group and table caps still hold);
+    ``FLARE_DECODE_MAXNREG`` a register cap of the launch (none by default, none in the interpreter); bad values name
+    the switch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    assert tk.FUSED_DECODE_PROGRAMS == 512 and tk.fused_decode_num_splits(4, 8, 4, 256) == 16
+    monkeypatch.setenv("FLARE_DECODE_PROGRAMS", "1024")
+    assert tk.fused_decode_num_splits(4, 8, 4, 256) == 32 and tk.fused_decode_num_splits(4, 8, 2, 256) == 32
+    assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
+    monkeypatch.setenv("FLARE_DECODE_PROGRAMS", "768")
+    assert tk.fused_decode_num_splits(4, 8, 4, 256) == 24
+    for bad in ("0", "2.5", "many"):
+        monkeypatch.setenv("FLARE_DECODE_PROGRAMS", bad)
+        with pytest.raises(ValueError, match="FLARE_DECODE_PROGRAMS"):
+            tk.fused_decode_num_splits(4, 8, 4, 256)
+    monkeypatch.delenv("FLARE_DECODE_PROGRAMS")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert tk.fused_decode_launch_options() == {}
+    monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")
+    assert tk.fused_decode_launch_options() == {"maxnreg": 64}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert tk.fused_decode_launch_options() == {}
+    for bad in ("16", "300", "-1", "x"):
+        monkeypatch.setenv("FLARE_DECODE_MAXNREG", bad)
+        with pytest.raises(ValueError, match="FLARE_DECODE_MAXNREG"):
+            tk.fused_decode_launch_options()
+
+
 def test_kv_prefetch_rows_switch(monkeypatch):
     """The pre-wait K/V prefetch: batch 1 by default, up to ``FLARE_DECODE_KV_PREFETCH_ROWS`` rows when set (0: none),
     ``FLARE_DECODE_KV_PREFETCH=0`` off whatever the rows; a bad row count names the switch."""

@@ -135,12 +135,3 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
         want = qkv(norm(x))
     assert calls == [(False, False, False, False)]
     assert len(got) == 3 and all(_bits_equal(g, w) for g, w in zip(got, want))
-    # FLARE_GEMV_DOT_PROLOGUE=1 (opt-in): the norm and the gated input go into the tensor-core launches -- one launch
-    # each, the same canonical result (the CPU op is the reference decomposition)
-    monkeypatch.setenv("FLARE_GEMV_DOT_PROLOGUE", "1")
-    with torch.no_grad():
-        calls.clear()
-        got_mlp, got_qkv = run(), fl.linear_block(x, qkv, norm=norm)
-    assert calls == [(False, True, False, True), (True, False, False, False)]  # down's gated input; qkv's norm
-    assert _bits_equal(got_mlp, x + down(F.silu(gate) * up))
-    assert all(_bits_equal(g, w) for g, w in zip(got_qkv, want))

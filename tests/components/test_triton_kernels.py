@@ -222,24 +222,6 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-@pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", [c for c in _DOT_CASES if c[3] or c[6]])
-def test_tensor_core_prologue_on_the_real_rows_changes_no_bit(monkeypatch, m, n, k, norm, gated, residual,
-                                                              gated_input):
-    """With a prologue the tensor-core kernel computes the input tile on the rows it has (``MP_IN``, a power of two)
-    and spreads it over the 16-row tile only for ``tl.dot``: the same bits as the prologue on all 16 rows."""
-    from ignition.components import triton_kernels as tk
-
-    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=2 * m + n)
-    if gated_input:
-        x = torch.cat([x, x.flip(-1)], dim=-1)
-    run = lambda: tk.fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,  # noqa: E731
-                                         gated_input=gated_input, config={"BN": 16, "BK": 64}, dot=True)
-    assert 0 < tk.dot_prologue_rows(m, True) < tk.GEMV_MAX_ROWS and tk.dot_prologue_rows(m, False) == 0
-    spread = run()
-    monkeypatch.setattr(tk, "dot_prologue_rows", lambda m, prologue: 0)
-    assert torch.equal(spread.view(torch.int16), run().view(torch.int16))
-
-
 def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     """The tensor-core kernel (default; ``FLARE_GEMV_DOT=0`` turns it off) takes 2..16 rows of plain-input, ungated
     projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""
@@ -255,10 +237,6 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     assert prefers_fused(4, wide, False) and prefers_fused(8, wide, False)  # o_proj, down after the activation
     assert not prefers_fused(4, wide, False, prologue=True) and not prefers_fused(8, gated_w, True)  # qkv, gate/up
     assert prefers_fused(4, narrow, False, prologue=True)  # the CUDA-core few-row rule, prologue or not
-    monkeypatch.setenv("FLARE_GEMV_DOT_PROLOGUE", "1")  # opt-in: the prologue launches too, never the gated output
-    assert uses_dot_kernel(4, prologue=True) and prefers_fused(4, wide, False, prologue=True)
-    assert not uses_dot_kernel(4, gated=True) and not prefers_fused(8, gated_w, True)
-    monkeypatch.delenv("FLARE_GEMV_DOT_PROLOGUE")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}
