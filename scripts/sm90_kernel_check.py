@@ -93,6 +93,9 @@ def cases(tk):
     out.append(("topk merge 4096 k64", "_topk_merge_kernel", {"WS": "*fp32", "Out": "*fp32", "N": "i32", "K": "i32",
                                                                "stride_o": "i32"}, dict(NP=4096, KP=64),
                 dict(num_warps=8)))
+    out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
+                                                                      "R": "i32", "scaling": "fp32"},
+                dict(HALF=64, HP=64, BLOCK_R=tk.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
     return out
 
 

@@ -331,3 +331,31 @@ def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape,rope", [((1, 1), "default"), ((8, 1), "default"), ((2, 4096), "default"),
+                                        ((3, 33), "yarn")])
+def test_rotary_kernel_on_this_gpu_equals_the_module_bitwise(monkeypatch, dtype, shape, rope):
+    """``flare::rotary_cos_sin`` compiled for this GPU against transformers' ``Qwen3RotaryEmbedding`` on the same
+    GPU: the same bits (positions across Qwen3's 40960, a decode step's rows and a prefill chunk; yarn's scaling),
+    and the step's entry point (``position_embeddings``) takes the op there."""
+    from test_rotary import positions_case, qwen3_rotary
+
+    from ignition.components import rotary as rotary_mod
+
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768} if rope == "yarn" else None
+    rot = qwen3_rotary(rope_parameters=params).cuda()
+    pos = positions_case(shape, seed=shape[-1]).cuda()
+    x = torch.zeros(2, dtype=dtype, device="cuda")
+    want = rot(x, pos)
+    view = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    op = rotary_mod.rotary_cos_sin
+    for g, w in zip(op(pos, rot.inv_freq, rot.attention_scaling, x), want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.view(view), w.view(view)), \
+            f"{int((g != w).sum())} values differ, max {float((g.float() - w.float()).abs().max())}"
+    seen = []
+    monkeypatch.setattr(rotary_mod, "rotary_cos_sin", lambda *args: seen.append(args) or op(*args))
+    assert all(torch.equal(g, w) for g, w in zip(rotary_mod.position_embeddings(rot, x, pos), want))
+    assert len(seen) == 1

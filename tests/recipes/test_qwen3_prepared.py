@@ -24,7 +24,7 @@ from transformers import AutoConfig
 from transformers.models.qwen3 import modeling_qwen3
 
 from ignition.components.norms import RMSNorm
-
+from ignition.components.rotary import fused_rotary_applies
 from ignition.graphs.catalog import GraphCatalog
 from ignition.recipes.qwen3.model import PagedQwen3Attention, PreparedQwen3, PreparedQwen3DecoderLayer
 from tiny_qwen3 import Row, canonical_greedy, logit_bound, make_checkpoint, prefill, prepared_greedy
@@ -247,6 +247,9 @@ def test_composition_is_instance_local(ckpt):
         assert layer.self_attn.qkv_proj.packed and layer.mlp.gate_up_proj.packed
     assert not any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
     assert isinstance(model.hf.model.norm, RMSNorm)
+    # the canonical rotary module, which the step's flare::rotary_cos_sin reproduces on CUDA (fixed fp32 frequencies)
+    assert type(model.hf.model.rotary_emb) is modeling_qwen3.Qwen3RotaryEmbedding
+    assert fused_rotary_applies(model.hf.model.rotary_emb)
     fresh = modeling_qwen3.Qwen3ForCausalLM(model.config)
     assert type(fresh.model.layers[0]) is modeling_qwen3.Qwen3DecoderLayer
     assert type(fresh.model.layers[0].self_attn) is modeling_qwen3.Qwen3Attention

@@ -15,7 +15,8 @@ Composition (what is reused, what is replaced, and why):
   as one kernel (``flare::fused_linear``, by the measured rule of ``fused_linear.prefers_fused``).
   ``lm_head`` becomes a ``Projection`` (tied to the embedding where the config says so).
 * ``Qwen3Model.forward`` is not called: it builds a ``DynamicCache`` and a causal mask from Python
-  values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed, canonical rotary, then
+  values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed, the rotary (on CUDA the module's
+  cos/sin by one launch, ``flare::rotary_cos_sin``: the same values bit for bit), then
   each prepared decoder layer, which hands the step's ``AttentionBatch`` to our attention as
   ``paged_batch=`` (no ``Cache`` argument: the ``past_key_values``/``cache`` rename between transformers
   versions never matters).
@@ -45,6 +46,7 @@ from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
 from ignition.components.fused_linear import gated_mlp_block, linear_block
 from ignition.components.norms import RMSNorm
+from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
     BF16, PackedProjection, Quantization, UnquantizedProjection, format_for, make_projection,
@@ -319,7 +321,7 @@ class PreparedQwen3(nn.Module):
                                      tensors_fn=batch_fn)
         m = self.hf.model
         hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        position_embeddings = m.rotary_emb(hidden, positions)
+        position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
         for i, layer in enumerate(m.layers):
             if layer_fn is None:
                 hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)

@@ -1,0 +1,86 @@
+"""``flare::rotary_cos_sin``: a step's rotary ``(cos, sin)`` in one launch instead of the canonical module's nine.
+
+The canonical rotary module (``Qwen3RotaryEmbedding`` and its kind: an ``inv_freq`` buffer and an
+``attention_scaling``) computes, for integer positions ``p``::
+
+    f   = fp32(p) * inv_freq                      (one fp32 product per element)
+    cos = dtype(cos(cat(f, f)) * attention_scaling),  sin likewise
+
+- CUDA: ``rotary_cos_sin_triton`` (``triton_kernels.py``), one Triton launch doing exactly those operations and
+  roundings, ``cos``/``sin`` by libdevice -- the CUDA math library PyTorch's own kernels use -- so the values are
+  the module's bit for bit (``test_components_gpu.py`` compares them with the module on the GPU).  On the H200 the
+  module's nine kernels took about 17 us of a Qwen3 decode step's critical path (``results/20261201T143416Z-sm90-run39``).
+- CPU: :func:`rotary_cos_sin_reference`, the same expression in torch ops.
+
+:func:`position_embeddings` is the one entry point for a prepared model: the op on CUDA when the module's
+frequencies are fixed (every rope type but the dynamic ones, whose ``inv_freq`` the module rewrites as positions
+grow) unless ``FLARE_FUSED_ROTARY=0`` (side-by-side runs; read when a step is traced), else the module itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ignition.components.custom_ops import opaque_op
+from ignition.components.switches import switch
+
+__all__ = ["rotary_cos_sin", "rotary_cos_sin_reference", "position_embeddings", "fused_rotary_applies"]
+
+
+def _check(positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise ValueError(f"rotary_cos_sin: positions must be integers, got {positions.dtype}")
+    if inv_freq.dim() != 1 or inv_freq.dtype != torch.float32 or inv_freq.numel() == 0:
+        raise ValueError(f"rotary_cos_sin: inv_freq must be a non-empty 1-D float32 tensor, got "
+                         f"{tuple(inv_freq.shape)} {inv_freq.dtype}")
+    if inv_freq.device != positions.device:
+        raise ValueError(f"rotary_cos_sin: inv_freq on {inv_freq.device}, positions on {positions.device}")
+
+
+def rotary_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                             like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The module's expression in torch ops (the op's CPU path): ``(cos, sin)`` ``[..., 2 * len(inv_freq)]`` in
+    ``like``'s dtype."""
+    _check(positions, inv_freq)
+    freqs = positions[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(like.dtype), (emb.sin() * scaling).to(like.dtype)
+
+
+def _fake(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+          like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (*positions.shape, 2 * inv_freq.shape[0])
+    return positions.new_empty(shape, dtype=like.dtype), positions.new_empty(shape, dtype=like.dtype)
+
+
+@opaque_op("rotary_cos_sin", mutates_args=(), fake=_fake)
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                   like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``positions [...]`` (integer), ``inv_freq [D / 2]`` float32, the module's ``attention_scaling`` -> new
+    ``(cos, sin)`` ``[..., D]`` in ``like``'s dtype (``like`` is read for its dtype only)."""
+    if positions.is_cuda:
+        from ignition.components.triton_kernels import rotary_cos_sin_triton  # imports triton: CUDA only
+
+        _check(positions, inv_freq)
+        return rotary_cos_sin_triton(positions, inv_freq, scaling, like.dtype)
+    return rotary_cos_sin_reference(positions, inv_freq, scaling, like)
+
+
+def fused_rotary_applies(rotary: nn.Module) -> bool:
+    """Whether ``rotary`` is a module the op reproduces: an fp32 ``inv_freq`` buffer, a numeric ``attention_scaling``
+    and fixed frequencies (not a dynamic rope type, whose forward updates ``inv_freq`` with the positions)."""
+    inv = getattr(rotary, "inv_freq", None)
+    scaling = getattr(rotary, "attention_scaling", None)
+    rope_type = str(getattr(rotary, "rope_type", "default"))
+    return (isinstance(inv, torch.Tensor) and inv.dim() == 1 and inv.dtype == torch.float32
+            and isinstance(scaling, (int, float)) and "dynamic" not in rope_type and rope_type != "longrope")
+
+
+def position_embeddings(rotary: nn.Module, x: torch.Tensor,
+                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary(x, positions)``'s ``(cos, sin)``: by the op on CUDA where :func:`fused_rotary_applies` (unless
+    ``FLARE_FUSED_ROTARY=0``), else by the module."""
+    if x.is_cuda and fused_rotary_applies(rotary) and switch("FLARE_FUSED_ROTARY", True):
+        return rotary_cos_sin(positions, rotary.inv_freq, float(rotary.attention_scaling), x)
+    return rotary(x, positions)

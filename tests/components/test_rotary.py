@@ -1,0 +1,120 @@
+"""``flare::rotary_cos_sin`` against transformers' ``Qwen3RotaryEmbedding`` (the independent reference): the CPU
+op and the wrapper bit for bit, the Triton kernel in the interpreter (the compiled kernel is compared bit for bit on
+the GPU in ``test_components_gpu.py``), the rule for which modules it takes, and its errors."""
+
+import os
+
+import pytest
+import torch
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+from ignition.components.rotary import (fused_rotary_applies, position_embeddings, rotary_cos_sin,
+                                        rotary_cos_sin_reference)
+
+try:
+    import triton  # noqa: F401
+
+    _HAVE_TRITON = True
+except ImportError:
+    _HAVE_TRITON = False
+
+interpreter = pytest.mark.skipif(
+    torch.cuda.is_available() or not _HAVE_TRITON,
+    reason="interpreter tests run on CPU machines with Triton installed; the GPU matrix runs the compiled kernels")
+
+
+def qwen3_rotary(head_dim=128, theta=1_000_000.0, rope_parameters=None) -> Qwen3RotaryEmbedding:
+    """Qwen3's rotary module for a head size (Qwen3-0.6B and -8B: 128, theta 1e6, 40960 positions)."""
+    params = {"rope_type": "default", "rope_theta": theta, **(rope_parameters or {})}
+    cfg = Qwen3Config(head_dim=head_dim, hidden_size=1024, num_attention_heads=16, max_position_embeddings=40960,
+                      rope_parameters=params)
+    return Qwen3RotaryEmbedding(cfg)
+
+
+def positions_case(shape=(3, 37), seed=0, hi=40960) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, hi, shape, generator=g)
+    ends = torch.tensor([0, 1, hi - 1])  # the ends of the range
+    n = min(3, pos.numel())
+    pos.view(-1)[:n] = ends[:n]
+    return pos
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1), (2, 33)])
+def test_cpu_op_and_wrapper_equal_the_module_bitwise(dtype, shape):
+    rot = qwen3_rotary()
+    pos = positions_case(shape, seed=len(shape) + shape[-1])
+    x = torch.zeros(2, dtype=dtype)
+    want = rot(x, pos)
+    for got in (rotary_cos_sin(pos, rot.inv_freq, rot.attention_scaling, x), position_embeddings(rot, x, pos)):
+        assert all(g.dtype == dtype and g.shape == (*shape, 128) for g in got)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_which_modules_the_op_takes(monkeypatch):
+    """Fixed frequencies only: a dynamic rope type rewrites ``inv_freq`` as positions grow -- the module runs
+    there; the switch turns the op off (on CPU the wrapper always runs the module)."""
+    assert fused_rotary_applies(qwen3_rotary())
+    yarn = qwen3_rotary(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    assert fused_rotary_applies(yarn) and yarn.attention_scaling != 1.0
+    dynamic = qwen3_rotary(rope_parameters={"rope_type": "dynamic", "factor": 2.0})
+    assert not fused_rotary_applies(dynamic)
+
+    class NoBuffer(torch.nn.Module):
+        attention_scaling = 1.0
+
+    assert not fused_rotary_applies(NoBuffer())
+    rot = qwen3_rotary()
+    rot.inv_freq = rot.inv_freq.double()
+    assert not fused_rotary_applies(rot)
+
+
+def test_yarn_scaling_on_cpu_equals_the_module():
+    rot = qwen3_rotary(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    pos, x = positions_case((2, 9), seed=3), torch.zeros(1, dtype=torch.bfloat16)
+    assert all(torch.equal(g, w) for g, w in zip(rotary_cos_sin(pos, rot.inv_freq, rot.attention_scaling, x),
+                                                 rot(x, pos)))
+
+
+def test_errors_name_the_bad_input():
+    rot, x = qwen3_rotary(), torch.zeros(1, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="positions must be integers"):
+        rotary_cos_sin_reference(torch.zeros(2, 1), rot.inv_freq, 1.0, x)
+    with pytest.raises(ValueError, match="inv_freq must be a non-empty 1-D float32"):
+        rotary_cos_sin_reference(torch.zeros(2, 1, dtype=torch.long), rot.inv_freq.double(), 1.0, x)
+    with pytest.raises(ValueError, match="inv_freq must be a non-empty 1-D float32"):
+        rotary_cos_sin_reference(torch.zeros(2, 1, dtype=torch.long), rot.inv_freq[None], 1.0, x)
+
+
+def _bf16_truncated(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16 by truncation (what Triton 3.6's interpreter does where the GPU rounds to nearest even)."""
+    return (x.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+
+
+@interpreter
+@pytest.mark.parametrize("head_dim,shape,scaling", [(128, (3, 37), 1.0), (64, (5, 1), 0.5), (96, (1, 20), 1.0)])
+def test_triton_kernel_in_the_interpreter(monkeypatch, head_dim, shape, scaling):
+    """The kernel's fp32 cos/sin within one fp32 ulp of the module's (the interpreter's NumPy cos against torch's:
+    different libms), both halves filled, the rows past a program's block (37 = 2 x 16 + 5) and a head size whose
+    half is no power of two (96) masked right; its bf16 output is its own fp32 result rounded the interpreter's way
+    (truncation), within one bf16 spacing of the module's."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ignition.components.triton_kernels import rotary_cos_sin_triton
+
+    rot = qwen3_rotary(head_dim=head_dim)
+    pos = positions_case(shape, seed=head_dim)
+    got32 = rotary_cos_sin_triton(pos, rot.inv_freq, scaling, torch.float32)
+    want32 = [w * scaling for w in rot(torch.zeros(1), pos)]
+    got16 = rotary_cos_sin_triton(pos, rot.inv_freq, scaling, torch.bfloat16)
+    for g32, w32, g16 in zip(got32, want32, got16):
+        assert g32.shape == w32.shape == (*shape, head_dim)
+        ulp = torch.finfo(torch.float32).eps * w32.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        assert ((g32 - w32).abs() <= ulp).all()
+        assert (g32 != w32).float().mean() < 0.5  # most values equal: the same product, cos and scaling
+        assert torch.equal(g16, _bf16_truncated(g32))
+        assert ((g16.float() - w32).abs() <= 2.0 ** -7 * w32.abs() + 1e-30).all()
+        half = head_dim // 2
+        assert torch.equal(g32[..., :half], g32[..., half:])
+    assert os.environ["TRITON_INTERPRET"] == "1"
