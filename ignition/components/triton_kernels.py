@@ -669,7 +669,10 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 #: Programs the fused decode kernel's split count aims for (``FLARE_DECODE_PROGRAMS=N``, side-by-side runs): 512,
 #: one wave on the H200 at its register count -- 95 to 104 registers per thread at 4 warps (offline sm90 ptxas,
 #: ``scripts/sm90_kernel_check.py``) hold 4 to 5 programs per SM, 528 to 660 on 132 SMs; 1024 programs ran in two
-#: waves (run 9: 32 splits at batch 4 21.3 us per layer against 17.1 for 16).
+#: waves (run 9: 32 splits at batch 4 21.3 us per layer against 17.1 for 16).  A register cap that fits more programs
+#: lost (Qwen3-8B side by side in one process, ``results/20261201T142844Z-sm90-run38``): 64 registers and 1024
+#: programs 1.090x slower at batch 1, 1.056x at batch 4; 64 registers alone 1.092x / 1.025x (the spills); 80
+#: registers and 768 programs 1.039x at batch 1, within noise at batch 4.
 FUSED_DECODE_PROGRAMS = 512
 
 
