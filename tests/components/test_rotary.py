@@ -2,8 +2,6 @@
 op and the wrapper bit for bit, the Triton kernel in the interpreter (the compiled kernel is compared bit for bit on
 the GPU in ``test_components_gpu.py``), the rule for which modules it takes, and its errors."""
 
-import os
-
 import pytest
 import torch
 from transformers import Qwen3Config
@@ -11,17 +9,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ignition.components.rotary import (fused_rotary_applies, position_embeddings, rotary_cos_sin,
                                         rotary_cos_sin_reference)
-
-try:
-    import triton  # noqa: F401
-
-    _HAVE_TRITON = True
-except ImportError:
-    _HAVE_TRITON = False
-
-interpreter = pytest.mark.skipif(
-    torch.cuda.is_available() or not _HAVE_TRITON,
-    reason="interpreter tests run on CPU machines with Triton installed; the GPU matrix runs the compiled kernels")
+from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
 
 
 def qwen3_rotary(head_dim=128, theta=1_000_000.0, rope_parameters=None) -> Qwen3RotaryEmbedding:
@@ -95,12 +83,11 @@ def _bf16_truncated(x: torch.Tensor) -> torch.Tensor:
 
 @interpreter
 @pytest.mark.parametrize("head_dim,shape,scaling", [(128, (3, 37), 1.0), (64, (5, 1), 0.5), (96, (1, 20), 1.0)])
-def test_triton_kernel_in_the_interpreter(monkeypatch, head_dim, shape, scaling):
+def test_triton_kernel_in_the_interpreter(head_dim, shape, scaling):
     """The kernel's fp32 cos/sin within one fp32 ulp of the module's (the interpreter's NumPy cos against torch's:
     different libms), both halves filled, the rows past a program's block (37 = 2 x 16 + 5) and a head size whose
     half is no power of two (96) masked right; its bf16 output is its own fp32 result rounded the interpreter's way
     (truncation), within one bf16 spacing of the module's."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     from ignition.components.triton_kernels import rotary_cos_sin_triton
 
     rot = qwen3_rotary(head_dim=head_dim)
@@ -117,4 +104,3 @@ def test_triton_kernel_in_the_interpreter(monkeypatch, head_dim, shape, scaling)
         assert ((g16.float() - w32).abs() <= 2.0 ** -7 * w32.abs() + 1e-30).all()
         half = head_dim // 2
         assert torch.equal(g32[..., :half], g32[..., half:])
-    assert os.environ["TRITON_INTERPRET"] == "1"
