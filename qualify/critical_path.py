@@ -13,7 +13,10 @@ kernels in the same order, names are matched in order, and a graph node the attr
 memcpy node) is counted with the kernel before it.  Reported: per region the median over replays of the summed
 increments, and per layer position (the k-th kernel of every ``layer.<i>``) the median, min and max over layers and
 replays -- "qkv 16.3 us, attention 10.4 us, ..." -- and, for every other region, its k-th kernel the same way
-(the sampler's sort passes, the head's projection).  ``compare`` sets two such results side by side
+(the sampler's sort passes, the head's projection).  With each, its **launch lead**: how long before the end of the
+kernel before it the kernel started (median) -- what programmatic dependent launch bought it (a weight prefetch, a
+K/V prefetch before its wait); 0 or less: it started only after (a kernel after cuBLAS, which never lets a dependent
+launch early, or a kernel launched without PDL).  ``compare`` sets two such results side by side
 (``python -m qualify.report`` appends it to a report when both runs archived their traces).
 
 ``gap_to_floor`` sets each region against its share of the floor (its bytes over the measured bandwidth,
@@ -39,23 +42,24 @@ def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
     return [ks[i * n:(i + 1) * n] for i in range(replays)]
 
 
-def _attributed_increments(step: list[dict], attributed: list[tuple[dict, str]]) -> list[tuple[str, str, float]]:
-    """``(kernel name, region, increment)`` of one replay's kernels, matched by name in order with the attributed
-    run; a kernel the attributed run does not show (a graph memset or memcpy node) adds its increment to the kernel
-    before it."""
+def _attributed_increments(step: list[dict],
+                           attributed: list[tuple[dict, str]]) -> list[tuple[str, str, float, float]]:
+    """``(kernel name, region, increment, launch lead)`` of one replay's kernels, matched by name in order with the
+    attributed run; a kernel the attributed run does not show (a graph memset or memcpy node) adds its increment to
+    the kernel before it (whose lead stays its own).  Lead: the end of the kernels before it minus its start."""
     out: list[list] = []
     j, prev_end = 0, step[0]["ts"]
     for k in step:
         end = k["ts"] + k.get("dur", 0.0)
-        inc = max(end - prev_end, 0.0)
+        inc, lead = max(end - prev_end, 0.0), prev_end - k["ts"]
         prev_end = max(prev_end, end)
         if j < len(attributed) and k["name"] == attributed[j][0]["name"]:
-            out.append([k["name"], attributed[j][1], inc])
+            out.append([k["name"], attributed[j][1], inc, lead])
             j += 1
         elif out:
             out[-1][2] += inc
         else:
-            out.append([k["name"], attributed[0][1] if attributed else "?", inc])
+            out.append([k["name"], attributed[0][1] if attributed else "?", inc, lead])
     if j < len(attributed):
         raise ValueError(f"critical path: only {j} of the attributed run's {len(attributed)} kernels found in order "
                          "in a replay (different graphs?)")
@@ -64,27 +68,29 @@ def _attributed_increments(step: list[dict], attributed: list[tuple[dict, str]])
 
 def increments(replay_events: list[dict], attributed_events: list[dict], replays: int = REPLAYS) -> dict:
     """``{"span_us", "per_region": {region: us}, "layers", "per_layer_us", "positions": [...],
-    "region_kernels": {region: [...]}}`` (module doc); ``region_kernels``: the k-th kernel of each region outside the
-    layers (head, sampler, glue...), as ``positions`` are for the layers."""
+    "region_kernels": {region: [...]}}`` (module doc); each position ``{position, name, median_us, min_us, max_us,
+    lead_us}``; ``region_kernels``: the k-th kernel of each region outside the layers (head, sampler, glue...), as
+    ``positions`` are for the layers."""
     attributed = kernel_ranges(attributed_events)
     spans, per_region, per_pos, per_layer = [], defaultdict(list), defaultdict(list), []
     per_other: dict[tuple[str, int], list[float]] = defaultdict(list)
+    leads: dict = defaultdict(list)
     layers = 0
     names: dict = {}
     for step in _replays(_kernels(replay_events), replays):
         inc_region, inc_layer, inc_other = defaultdict(float), defaultdict(list), defaultdict(int)
-        for name, region, inc in _attributed_increments(step, attributed):
+        for name, region, inc, lead in _attributed_increments(step, attributed):
             inc_region[region] += inc
             if region.startswith("layer."):
-                j = len(inc_layer[region])
+                key = len(inc_layer[region])
                 inc_layer[region].append(inc)
-                per_pos[j].append(inc)
-                names.setdefault(j, name)
+                per_pos[key].append(inc)
             else:
                 key = (region, inc_other[region])
                 inc_other[region] += 1
                 per_other[key].append(inc)
-                names.setdefault(key, name)
+            names.setdefault(key, name)
+            leads[key].append(lead)
         spans.append(max(k["ts"] + k.get("dur", 0.0) for k in step) - step[0]["ts"])
         for region, us in inc_region.items():
             per_region[region].append(us)
@@ -92,7 +98,7 @@ def increments(replay_events: list[dict], attributed_events: list[dict], replays
         layers = len(inc_layer)
     def stats(key, j, v):
         return {"position": j, "name": names[key], "median_us": statistics.median(v), "min_us": min(v),
-                "max_us": max(v)}
+                "max_us": max(v), "lead_us": statistics.median(leads[key])}
 
     positions = [stats(j, j, v) for j, v in sorted(per_pos.items())]
     region_kernels: dict[str, list[dict]] = defaultdict(list)
@@ -129,9 +135,10 @@ def format_table(r: dict, label: str = "") -> str:
     lines = [f"critical path {label}: span {r['span_us']:.1f} us (median of {r['replays']} replays); "
              f"per layer {r['per_layer_us']:.1f} us ({r['layers']} layers)"]
     lines += [f"  {name[:50]:<50} {us:9.1f} us" for name, us in sorted(r["per_region"].items(), key=lambda x: -x[1])]
-    lines.append("  per layer position (median over layers and replays; min-max):")
+    lines.append("  per layer position (median over layers and replays; min-max; lead: how long before the kernel "
+                 "before it ended it started):")
     lines += [f"    {p['position']:>2} {p['name'][:48]:<48} {p['median_us']:7.2f} us ({p['min_us']:.2f}-"
-              f"{p['max_us']:.2f})" for p in r["positions"]]
+              f"{p['max_us']:.2f})  lead {p['lead_us']:6.2f} us" for p in r["positions"]]
     return "\n".join(lines)
 
 
@@ -147,14 +154,14 @@ def compare(base: dict, cand: dict) -> list[str]:
                      f"{'-' if b is None or c is None else f'{c - b:+.1f}'} |")
     lines += ["", f"Per layer ({base['layers']} / {cand['layers']} layers): {base['per_layer_us']:.2f} -> "
                   f"{cand['per_layer_us']:.2f} us.", "",
-              "| position | kernel | baseline us (min-max) | candidate us (min-max) | difference |",
-              "|---|---|---|---|---|"]
+              "| position | kernel | baseline us (min-max) | candidate us (min-max) | difference | launch lead us "
+              "(baseline / candidate) |", "|---|---|---|---|---|---|"]
     lines += _position_rows(base["positions"], cand["positions"])
     regions = sorted(set(base.get("region_kernels", {})) | set(cand.get("region_kernels", {})))
     if regions:
         lines += ["", "Outside the layers, per kernel (the k-th kernel of each region):", "",
-                  "| region | k | kernel | baseline us (min-max) | candidate us (min-max) | difference |",
-                  "|---|---|---|---|---|---|"]
+                  "| region | k | kernel | baseline us (min-max) | candidate us (min-max) | difference | launch lead "
+                  "us (baseline / candidate) |", "|---|---|---|---|---|---|---|"]
         for r in regions:
             lines += [f"| {r} |{row[1:]}" for row in _position_rows(base.get("region_kernels", {}).get(r, []),
                                                                    cand.get("region_kernels", {}).get(r, []))]
@@ -170,8 +177,8 @@ def short_name(kernel: str) -> str:
 
 
 def _position_rows(bpos: list[dict], cpos: list[dict]) -> list[str]:
-    """Table rows ``| k | kernel | baseline | candidate | difference |`` of two position lists matched by index; where
-    the two hold other kernels, the names of both are shown."""
+    """Table rows ``| k | kernel | baseline | candidate | difference | lead (baseline / candidate) |`` of two position
+    lists matched by index; where the two hold other kernels, the names of both are shown."""
     rows = []
     for j in range(max(len(bpos), len(cpos))):
         b = bpos[j] if j < len(bpos) else None
@@ -180,7 +187,8 @@ def _position_rows(bpos: list[dict], cpos: list[dict]) -> list[str]:
         name = bn or cn if not (b and c) or bn == cn else f"{bn} / {cn}"
         cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
         diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
-        rows.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} |")
+        lead = " / ".join("-" if p is None or "lead_us" not in p else f"{p['lead_us']:.2f}" for p in (b, c))
+        rows.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} | {lead} |")
     return rows
 
 

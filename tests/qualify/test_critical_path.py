@@ -55,6 +55,11 @@ def test_increments_add_up_per_region_and_per_layer_position():
     assert r["per_region"] == {"eager glue (embedding, rotary, metadata)": 2, "layers (all)": 35, "head": 20}
     assert [(p["name"], p["median_us"]) for p in r["positions"]] == [("qkv", 10), ("attn", 3.5), ("o", 4)]
     assert r["positions"][1]["min_us"] == 2 and r["positions"][1]["max_us"] == 5
+    # launch leads: attention started 7 us (layer.0) and 1 us (layer.1) before the qkv before it ended; the rest at
+    # their predecessor's end
+    assert [p["lead_us"] for p in r["positions"]] == [0, 4, 0]
+    late = [(n, ts + 2 * (n == "lm_head"), dur) for n, ts, dur in STEP]  # the head 2 us after the last layer
+    assert cp.increments(_replay([late]), _attributed(LAYOUT), replays=1)["region_kernels"]["head"][0]["lead_us"] == -2
     assert r["per_layer_us"] == pytest.approx(17.5)  # layers of 16 and 19 us
     assert sum(r["per_region"].values()) == r["span_us"]
     # outside the layers, each region's kernels in order: the glue's embed, the head's lm_head
@@ -77,7 +82,8 @@ def test_compare_and_report_section(tmp_path):
     cand = cp.increments(_replay([faster]), _attributed(LAYOUT), replays=1)
     md = "\n".join(cp.compare(base, cand))
     assert "| step span | 57.0 | 56.0 | -1.0 |" in md and "| layers (all) | 35.0 | 34.0 | -1.0 |" in md
-    assert "| 2 | `o` | 4.00 (4.00-4.00) | 3.50 (3.00-4.00) | -0.50 |" in md
+    assert "| 2 | `o` | 4.00 (4.00-4.00) | 3.50 (3.00-4.00) | -0.50 | 0.00 / 0.00 |" in md
+    assert "| 1 | `attn` | 3.50 (2.00-5.00) | 3.50 (2.00-5.00) | +0.00 | 4.00 / 4.00 |" in md
     assert "| head | 0 | `lm_head` | 20.00 (20.00-20.00) | 20.00 (20.00-20.00) | +0.00 |" in md
     for name, b in (("base", base), ("cand", cand)):  # the report reads them from run folders
         d = tmp_path / name
@@ -154,6 +160,10 @@ def test_gap_from_a_runs_own_decode_case_in_the_printed_timeline():
     assert "gap_to_floor" not in failed and failed["table"] == "timeline B=1"
 
 
+def short(name: str) -> str:
+    return "nvjet" if name.startswith("nvjet") else name
+
+
 def test_an_archived_h200_run_decomposes_into_its_span():
     run = ROOT / "results" / "20261201T072115Z-sm90-gpu-replay-0.6B"
     if not (run / "replay-b1.trace.json.gz").is_file():
@@ -163,3 +173,9 @@ def test_an_archived_h200_run_decomposes_into_its_span():
     assert sum(r["per_region"].values()) == pytest.approx(r["span_us"], rel=0.02)
     assert [p["name"] for p in r["positions"]][:3] == ["_fused_gemv_kernel", "_rope_decode_kernel",
                                                        "_paged_decode_reduce_kernel"]
+    assert all(p["lead_us"] > 0 for p in r["positions"])  # every kernel of a layer is a PDL launch there
+    run = ROOT / "results" / "20261201T141844Z-sm90-gpu-replay-8B"
+    if (run / "replay-b1.trace.json.gz").is_file():  # Qwen3-8B: gate/up on cuBLAS, so down cannot launch early
+        pos = cp.from_run(run, "b1")["positions"]
+        assert [short(p["name"]) for p in pos[-2:]] == ["nvjet", "_fused_gemv_kernel"] and pos[-1]["lead_us"] <= 0
+        assert pos[0]["lead_us"] > 10  # qkv launches during the down projection before it
