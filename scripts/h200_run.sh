@@ -32,6 +32,8 @@
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
 #   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
+#   chain           scripts/bench_kernel_chain.py: the cost of one dependent kernel (a chain of trivial kernels in
+#                   one graph; without PDL, with it, with the early trigger; $CHAIN_ARGS)
 #   prefillprof     scripts/prefill_profile.py: kernel timeline of a Qwen3-8B prefill chunk (4 layers, chunks $PROF_CHUNKS)
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths);
@@ -98,6 +100,8 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*fused_decode_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
+    chain) timeout 150 python3 scripts/bench_kernel_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
+          tail -n 12 "$OUT/chain.log" ;;
     decodeattn) timeout 200 python3 scripts/bench_decode_attention.py ${DECODEATTN_ARGS:-} --json "$OUT/decode-attn.json" \
           > "$OUT/decode-attn.log" 2>&1; tail -n 50 "$OUT/decode-attn.log" ;;
     prefillprof) for chunk in ${PROF_CHUNKS:-4096}; do
