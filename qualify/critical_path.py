@@ -187,7 +187,7 @@ def _position_rows(bpos: list[dict], cpos: list[dict]) -> list[str]:
         name = bn or cn if not (b and c) or bn == cn else f"{bn} / {cn}"
         cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
         diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
-        lead = " / ".join("-" if p is None or "lead_us" not in p else f"{p['lead_us']:.2f}" for p in (b, c))
+        lead = " / ".join("-" if p is None else f"{p['lead_us']:.2f}" for p in (b, c))
         rows.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} | {lead} |")
     return rows
 

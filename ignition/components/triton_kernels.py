@@ -1458,8 +1458,8 @@ def topk_values_triton(x: torch.Tensor, k: int) -> torch.Tensor:
 # operations in the same order, each rounded where the module rounds: ``f = fp32(position) * inv_freq`` (one fp32
 # product; the module's K=1 matmul or elementwise product rounds it once), ``cos(f)`` / ``sin(f)`` (``tl.cos`` /
 # ``tl.sin`` compile to libdevice's ``__nv_cosf`` / ``__nv_sinf`` for sm90 -- the CUDA math library's accurate
-# functions, which PyTorch's own kernels call; offline PTX: no ``.approx``), ``* scaling`` in fp32, one rounding to the output dtype; both halves
-# of the head dimension get the same values (the module's ``cat((freqs, freqs))``).
+# functions, which PyTorch's own kernels call; offline PTX: no ``.approx``), ``* scaling`` in fp32, one rounding to
+# the output dtype; both halves of the head dimension get the same values (the module's ``cat((freqs, freqs))``).
 
 
 @triton.jit
@@ -1496,11 +1496,7 @@ def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scali
     r = positions.numel()
     if r == 0:
         return cos, sin
-    pos = positions.reshape(-1)
-    if not pos.is_contiguous():
-        pos = pos.contiguous()
-    inv = inv_freq if inv_freq.is_contiguous() else inv_freq.contiguous()
     _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS),)](
-        pos, inv, cos, sin, r, float(scaling), HALF=half, HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS,
-        num_warps=4)
+        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), HALF=half,
+        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4)
     return cos, sin
