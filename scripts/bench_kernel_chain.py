@@ -72,10 +72,10 @@ def measure(sizes: list[int], links: int, samples: int, block: int, variants=VAR
     """Per size and variant: the graph's per-link time, ``samples`` replays, interleaved."""
     rows = []
     for size in sizes:
-        graphs = {}
+        graphs, kept = {}, {}  # kept: each graph's buffers, alive while it replays (run 42 freed them: a fault)
         for v in variants:
             check(size, links, v, block, "cuda")
-            bufs = (torch.zeros(size, device="cuda"), torch.zeros(size, device="cuda"))
+            bufs = kept[v] = (torch.zeros(size, device="cuda"), torch.zeros(size, device="cuda"))
             run_chain(bufs, links, v, block)  # compile outside the capture
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()

@@ -34,6 +34,8 @@
 #   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
 #   chain           scripts/bench_kernel_chain.py: the cost of one dependent kernel (a chain of trivial kernels in
 #                   one graph; without PDL, with it, with the early trigger; $CHAIN_ARGS)
+#   sampler         scripts/bench_sampler.py: the general sampler alone, full sort vs the top-64 route with
+#                   flare::sampling_cut, per row mix, batches 1 and 4 ($SAMPLER_ARGS)
 #   prefillprof     scripts/prefill_profile.py: kernel timeline of a Qwen3-8B prefill chunk (4 layers, chunks $PROF_CHUNKS)
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
 #   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths);
@@ -102,6 +104,8 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
     chain) timeout 150 python3 scripts/bench_kernel_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
           tail -n 12 "$OUT/chain.log" ;;
+    sampler) timeout ${SAMPLER_S:-200} python3 scripts/bench_sampler.py ${SAMPLER_ARGS:-} --json "$OUT/sampler.json" \
+          > "$OUT/sampler.log" 2>&1; tail -n 25 "$OUT/sampler.log" ;;
     decodeattn) timeout 200 python3 scripts/bench_decode_attention.py ${DECODEATTN_ARGS:-} --json "$OUT/decode-attn.json" \
           > "$OUT/decode-attn.log" 2>&1; tail -n 50 "$OUT/decode-attn.log" ;;
     prefillprof) for chunk in ${PROF_CHUNKS:-4096}; do

@@ -23,8 +23,10 @@ wrote into them before replay).  Order, as vLLM's v1 sampler applies it:
    batch the row shares, and replaying a step (rollback, re-capture) redraws the same token.
 
 Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step untouched.
-Cost: without a bound the cut sorts the whole vocabulary (``[B, V]`` fp32) every step, as vLLM's
-PyTorch path does.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
+Cost: without a bound the cut is stated by sorting the whole vocabulary (``[B, V]`` fp32), as vLLM's PyTorch path
+does -- the CPU path; on CUDA the top ``GENERAL_PREFIX`` values (``flare::topk_values``) cut the rows with
+``1 <= top_k <= GENERAL_PREFIX`` exactly as the bounded variant below cuts them, and ``flare::sampling_cut``'s
+sort-free kernel the others (``sampling_cut.py``; ``FLARE_SAMPLER_PREFIX=0``: the full sort on CUDA too).  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
 by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values; two Triton launches on CUDA unless
 ``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
 a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
@@ -39,6 +41,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ignition.components.sampling_cut import general_prefix, sampling_cut, top_k_threshold, top_p_threshold
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
@@ -241,10 +244,7 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
     """Mask values below the k-th largest.  ``sorted_desc``: the row's ``n`` largest values, descending
     (``n = V`` after a full sort; with ``topk(n)`` every row must have ``1 <= top_k <= n``)."""
-    n = sorted_desc.shape[-1]
-    k = torch.where((top_k <= 0) | (top_k > n), n, top_k).to(torch.int64)
-    kth = sorted_desc.gather(1, (k - 1)[:, None])
-    return logits.masked_fill(logits < kth, float("-inf"))
+    return logits.masked_fill(logits < top_k_threshold(top_k, sorted_desc)[:, None], float("-inf"))
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
@@ -253,31 +253,36 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Te
     ``sorted_desc`` must already carry every earlier mask (it is the sorted ``logits``, or their top
     ``n`` when top-k has masked everything beyond ``n``).
     """
-    probs = torch.softmax(sorted_desc, dim=-1)
-    above = torch.nn.functional.pad(_cumsum_last(probs)[:, :-1], (1, 0))  # mass strictly above
-    keep = (above < top_p[:, None]) | (top_p[:, None] >= 1.0)
-    n_keep = keep.sum(dim=-1, keepdim=True).clamp_min(1)
-    threshold = sorted_desc.gather(1, n_keep - 1)
-    return logits.masked_fill(logits < threshold, float("-inf"))
+    return logits.masked_fill(logits < top_p_threshold(top_p, sorted_desc)[:, None], float("-inf"))
 
 
-def _cumsum_last(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """Inclusive cumsum over the last dim as two short scans (within blocks of ``block``, then over
-    block totals).  Inductor in torch 2.11 fails to generate code for one 150k-long scan on CUDA
-    (SplitScan); short scans compile everywhere."""
-    b, v = x.shape
-    n = -(-v // block)
-    blocks = torch.nn.functional.pad(x, (0, n * block - v)).view(b, n, block)
-    inner = torch.cumsum(blocks, dim=-1)
-    offsets = torch.cumsum(inner[:, :, -1], dim=-1) - inner[:, :, -1]  # exclusive over blocks
-    return (inner + offsets[:, :, None]).view(b, n * block)[:, :v]
+def _prefix_cut(y: torch.Tensor, params: SamplingTensors, n: int, skip: torch.Tensor) -> torch.Tensor:
+    """``[B]`` cuts (keep ``y >= cut``) from the top ``n`` values of each row: rows with ``1 <= top_k <= n`` are cut
+    there, as the bounded variant cuts them; the others by ``flare::sampling_cut`` (``skip``: rows whose filtered
+    logits the caller ignores)."""
+    prefix = topk_values(y, n)
+    kth = top_k_threshold(params.top_k, prefix)
+    cut = torch.maximum(kth, top_p_threshold(params.top_p, prefix.masked_fill(prefix < kth[:, None],
+                                                                              float("-inf"))))
+    in_prefix = (params.top_k >= 1) & (params.top_k <= n)
+    return torch.where(in_prefix, cut, sampling_cut(y, params.top_k, params.top_p, in_prefix | skip))
 
 
-def filter_logits(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+def filter_logits(logits: torch.Tensor, params: SamplingTensors,
+                  skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(penalized, filtered)``: penalized logits (greedy source) and the temperature-scaled,
-    min-p/top-k/top-p-masked logits that random rows sample from."""
+    min-p/top-k/top-p-masked logits that random rows sample from.  ``skip [B]`` bool: rows whose filtered logits
+    the caller ignores (greedy rows in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
+
+    Without ``max_top_k``, on CUDA (unless ``FLARE_SAMPLER_PREFIX=0``): the top :func:`general_prefix` values
+    instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not decide
+    (``sampling_cut.py``); elsewhere the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
+    n = min(general_prefix(), y.shape[-1])
+    if params.max_top_k is None and y.is_cuda and n > 0:
+        skip = torch.zeros_like(params.active) if skip is None else skip
+        return x, y.masked_fill(y < _prefix_cut(y, params, n, skip)[:, None], float("-inf"))
     if params.max_top_k is None:
         sorted_desc = torch.sort(y, dim=-1, descending=True).values
     else:  # every row has 1 <= top_k <= max_top_k: its kept set lies inside the top max_top_k values
@@ -306,7 +311,7 @@ def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tenso
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
-    penalized, filtered = filter_logits(logits, params)
+    penalized, filtered = filter_logits(logits, params, skip=params.temperature < GREEDY_EPS)
     greedy = argmax_last(penalized)
     u = uniform_noise(params.seed, params.step, logits.shape[-1])
     drawn = argmax_last(filtered - torch.log(-torch.log(u)))

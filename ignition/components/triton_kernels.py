@@ -1452,6 +1452,141 @@ def topk_values_triton(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# The sampler's cut without a sort (``flare::sampling_cut``, ``ignition/components/sampling_cut.py``, which states
+# the semantics).  One program per row.  Values become 32-bit order-preserving keys (int64 in [0, 2**32): a
+# non-negative float's bits with the sign bit set, a negative float's bits inverted; -0.0 keyed as +0.0, so key
+# order is float order).  ``_cut_search`` finds the largest key ``t`` whose statistic over the keys ``>= t`` (and
+# ``>= lo``) reaches ``target`` -- the count (top-k) or the mass ``exp(y - m)`` (top-p) -- one bit per pass from
+# the top: a pass reads the values whose keys share the bits chosen so far and sums the statistic of those with
+# the pass's bit set; when that sum plus the statistic of the values already known to lie above reaches the
+# target the bit is set, else those values join the ones above.  A pass whose values are at most half of the
+# previous pass's copies them (compacted, in read order) into the row's workspace as it reads, and later passes
+# read only those; a copy never overtakes the reads of its own pass (a value's new position is at most its old
+# one), and a CTA barrier after each pass orders its copies before the next pass's reads.  Every sum runs over
+# the same values in the same order in every process: the result is a pure function of the row.
+
+
+@triton.jit
+def _cut_key(x):
+    """The order-preserving key (int64 in [0, 2**32)) of fp32 ``x`` (no NaN); -0.0 keyed as +0.0."""
+    i = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    return (i ^ ((i >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _cut_value(t):
+    """The fp32 value of key ``t`` (``_cut_key``'s inverse)."""
+    s = (t - 2147483648).to(tl.int32)
+    return (s ^ ((s >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """The largest key ``t`` whose statistic over the values with key ``>= max(t, lo)`` reaches ``target``: their
+    count (``MASS`` False, int32 ``target``) or the sum of ``exp(y - m)`` (``MASS``, fp32).  ``Y``: the row,
+    ``WS``: its workspace (``V`` fp32)."""
+    offs0 = tl.arange(0, BLOCK)
+    t = lo * 0
+    above = target * 0  # the statistic of the values whose keys lie above every key still in play
+    src = Y
+    n = V  # values in play: src[0 .. n-1] (those sharing t's chosen bits and >= lo among them)
+    expect = V  # of which share the bits chosen so far (the previous pass's side)
+    for bit in range(32):
+        shift = 31 - bit
+        half = tl.full((), 1, tl.int64) << shift
+        prefix = t >> (shift + 1)
+        compact = expect * 2 <= n
+        hi_stat = target * 0
+        hi_n = 0
+        n_match = 0
+        start = 0
+        while start < n:
+            offs = start + offs0
+            inside = offs < n
+            x = tl.load(src + offs, mask=inside, other=float("-inf"))
+            key = _cut_key(x)
+            match = inside & (key >= lo) & ((key >> (shift + 1)) == prefix)
+            hi = match & ((key & half) != 0)
+            if MASS:
+                hi_stat += tl.sum(tl.where(hi, tl.exp(x - m), 0.0), axis=0)
+            else:
+                hi_stat += tl.sum(hi.to(tl.int32), axis=0)
+            hi_n += tl.sum(hi.to(tl.int32), axis=0)
+            taken = tl.sum(match.to(tl.int32), axis=0)
+            if compact:
+                tl.store(WS + n_match + tl.cumsum(match.to(tl.int32), axis=0) - 1, x, mask=match)
+            n_match += taken
+            start += BLOCK
+        if compact:
+            src = WS
+            n = n_match
+        tl.debug_barrier()  # this pass's copies before the next pass's reads
+        if above + hi_stat >= target:
+            t += half
+            expect = hi_n
+        else:
+            above += hi_stat
+            expect = n_match - hi_n
+    return t
+
+
+@triton.jit
+def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = Y + b * stride_y
+    ws = WS + b * V
+    k = tl.load(TOPK + b)
+    p = tl.load(TOPP + b)
+    live = tl.load(SKIP + b).to(tl.int32) == 0
+    need_k = live & (k >= 1) & (k < V)
+    need_p = live & (p < 1.0)
+    offs0 = tl.arange(0, BLOCK)
+    cut = float("-inf")
+    lo = tl.full((), 0, tl.int64)
+    if need_k:
+        lo = _cut_search(row, ws, V, lo, 0.0, k, False, BLOCK)
+        cut = _cut_value(lo)
+    if need_p:
+        m = float("-inf")
+        start = 0
+        while start < V:
+            offs = start + offs0
+            m = tl.maximum(m, tl.max(tl.load(row + offs, mask=offs < V, other=float("-inf")), axis=0))
+            start += BLOCK
+        m = tl.where(m == float("-inf"), 0.0, m)
+        z = 0.0
+        start = 0
+        while start < V:
+            offs = start + offs0
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
+            z += tl.sum(tl.where((offs < V) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0), axis=0)
+            start += BLOCK
+        tl.debug_barrier()  # the top-k search's workspace copies are read no more
+        cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK))
+    tl.store(CUT + b, cut)
+
+
+#: Values per block of :func:`sampling_cut_triton`'s passes.
+SAMPLING_CUT_BLOCK = 4096
+
+
+def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+                        block: int = SAMPLING_CUT_BLOCK) -> torch.Tensor:
+    """``flare::sampling_cut`` on the GPU (or the interpreter): one program per row (see above).  Shapes are checked
+    by the op (``sampling_cut.py``)."""
+    b, v = y.shape
+    cut = torch.empty((b,), dtype=torch.float32, device=y.device)
+    if b == 0:
+        return cut
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    ws = torch.empty((b, v), dtype=torch.float32, device=y.device)
+    _sampling_cut_kernel[(b,)](y, top_k.contiguous(), top_p.contiguous(), skip.contiguous(), cut, ws, v, y.stride(0),
+                               BLOCK=min(block, triton.next_power_of_2(v)), num_warps=8)
+    return cut
+
+
+# ------------------------------------------------------------------------------------------------------------
 # The rotary embedding's cos and sin (``flare::rotary_cos_sin``, ``ignition/components/rotary.py``): one launch for
 # what the canonical module runs as nine (the position cast, the product with inv_freq, the cat, cos, sin, two
 # scalings, two casts -- about 17 us on the Qwen3 decode step's critical path on the H200, run 39).  The same

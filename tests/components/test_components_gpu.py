@@ -307,6 +307,56 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
     assert torch.equal(out, want)
 
 
+def test_sampling_cut_on_this_gpu():
+    """``flare::sampling_cut``'s sort-free kernel on vocabulary-sized rows: the definition (``_cut64``, float64)
+    up to top-p near ties, the sorting reference bit for bit where top-k alone cuts, eager and captured."""
+    from test_sampling_cut import _assert_cuts, _rows
+
+    from ignition.components.sampling_cut import sampling_cut, sampling_cut_reference
+
+    b = 10
+    y = _rows(b, VOCAB, 5).cuda()
+    top_k = torch.tensor([0, 20, 1000, 0, 1, 151935, 64, 0, 5000, 0], dtype=torch.int32, device="cuda")
+    top_p = torch.tensor([0.95, 1.0, 1.0, 0.5, 0.9, 0.8, 0.999, 1.0, 0.3, 0.01], device="cuda")
+    skip = torch.zeros(b, dtype=torch.bool, device="cuda")
+    skip[7] = True
+    got = sampling_cut(y, top_k, top_p, skip)
+    _assert_cuts(y.cpu(), top_k.cpu(), top_p.cpu(), skip.cpu(), got.cpu())
+    exact = (top_p >= 1.0) | skip
+    assert torch.equal(got[exact], sampling_cut_reference(y, top_k, top_p, skip)[exact])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sampling_cut(y, top_k, top_p, skip)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
+
+
+def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
+    """The general sampler's CUDA route (top 64, the op for the other rows) keeps what the full sort keeps, up to
+    top-p near ties, and draws the same tokens."""
+    from test_sampling_cut import _cut64
+
+    from ignition.components.sampling import apply_min_p, apply_temperature, filter_logits
+
+    b = 8
+    g = torch.Generator(device="cuda").manual_seed(3)
+    logits = torch.randn(b, VOCAB, device="cuda", generator=g) * 3
+    rows = [{"temperature": [0.0, 0.8, 1.0, 0.6][r % 4], "top_k": [0, 20, 100, 64][r % 4],
+             "top_p": [0.95, 0.9, 1.0, 0.5, 0.99][r % 5], "min_p": [0.0, 0.01][r % 2], "seed": r} for r in range(b)]
+    params = SamplingTensors.from_resolved(rows, b, vocab_size=VOCAB, device="cuda")
+    _, routed = filter_logits(logits, params)
+    monkeypatch.setenv("FLARE_SAMPLER_PREFIX", "0")
+    x, full = filter_logits(logits, params)
+    y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)  # what both routes cut
+    for r in range(b):
+        if not torch.equal(routed[r], full[r]):  # only a top-p near tie may differ
+            assert _cut64(y[r].double().tolist(), rows[r]["top_k"], rows[r]["top_p"])[1], r
+    tokens_full = sample(logits, params)
+    monkeypatch.delenv("FLARE_SAMPLER_PREFIX")
+    assert torch.equal(sample(logits, params), tokens_full)
+
+
 @pytest.mark.parametrize("m,n,k,norm,gated,residual", [(4, 6144, 4096, True, False, False),
                                                          (4, 4096, 4096, False, False, True),
                                                          (8, 24576, 4096, True, True, False),

@@ -1,0 +1,114 @@
+"""The sampler's top-k / top-p cut without sorting the vocabulary (``flare::sampling_cut``).
+
+The general sampler (``SamplingTensors.max_top_k`` unset) keeps, per row, the values ``>= cut`` of the
+temperature-scaled, min-p-masked logits ``y [B, V]``, where ``cut = max(K, P)``:
+
+- ``K``: the ``top_k``-th largest value (with multiplicity) when ``1 <= top_k < V``, else ``-inf``;
+- ``P``: when ``top_p < 1``, the smallest value whose probability mass *strictly above* it (probabilities over
+  the values ``>= K``) is ``< top_p`` -- the last value of the smallest descending prefix reaching ``top_p``;
+  else ``-inf``.
+
+:func:`sampling_cut_reference` states it by sorting (the sampler's full-sort path, :mod:`sampling`).  On CUDA the
+sampler takes the top ``GENERAL_PREFIX`` values of each row (``flare::topk_values``, two launches) and cuts rows
+with ``1 <= top_k <= GENERAL_PREFIX`` there exactly as the bounded variant does; this op cuts the other rows --
+``top_k`` off or larger than the prefix -- and skips the rest (``skip``: their cut is ``-inf``, the caller's
+prefix cut replaces it).  Its Triton kernel (one program per row) never sorts: ``K`` and ``P`` are the largest
+32-bit order-preserving keys ``t`` whose count (``K``: ``#{key >= t} >= top_k``) or mass (``P``:
+``sum exp(y - max) over key >= max(t, key(K))`` ``>= top_p * Z``) reaches the target, built bit by bit from the
+top; each pass reads only the values sharing the bits chosen so far, compacted into a workspace row once they
+are at most half of what the pass before read.  Counts are exact, so ``K`` is the reference's bit for bit; the
+masses are fp32 sums in the kernel's own fixed order (deterministic, every run and batch the same), so ``P`` can
+differ from the sorted reference's only where the mass above a value is within rounding of ``top_p``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ignition.components.custom_ops import opaque_op
+from ignition.components.switches import whole
+
+__all__ = ["sampling_cut", "sampling_cut_reference", "top_k_threshold", "top_p_threshold", "general_prefix",
+           "GENERAL_PREFIX"]
+
+#: Values per row the CUDA general sampler ranks with ``flare::topk_values`` (``FLARE_SAMPLER_PREFIX=N`` sets it;
+#: 0: the full sort of every row, the sampler before this op).  Rows with ``1 <= top_k <= GENERAL_PREFIX`` are cut
+#: there; the others by :func:`sampling_cut`'s kernel.
+GENERAL_PREFIX = 64
+
+
+def general_prefix() -> int:
+    """:data:`GENERAL_PREFIX`, or ``FLARE_SAMPLER_PREFIX`` when set (read at each trace, for side-by-side runs)."""
+    return whole("FLARE_SAMPLER_PREFIX", GENERAL_PREFIX, low=0)
+
+
+def top_k_threshold(top_k: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the ``top_k``-th of each row's ``n`` largest values ``sorted_desc [B, n]`` (descending); rows with
+    ``top_k`` off (``<= 0``) or above ``n`` get the ``n``-th."""
+    n = sorted_desc.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k > n), n, top_k).to(torch.int64)
+    return sorted_desc.gather(1, (k - 1)[:, None])[:, 0]
+
+
+def top_p_threshold(top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the last value of the smallest descending prefix of ``sorted_desc [B, n]`` whose probability mass
+    reaches ``top_p`` (a value stays when the mass strictly above it is ``< top_p``; ``top_p >= 1`` keeps all).
+    ``sorted_desc`` must carry every earlier mask (``-inf``) and hold every value that has mass."""
+    probs = torch.softmax(sorted_desc, dim=-1)
+    above = torch.nn.functional.pad(_cumsum_last(probs)[:, :-1], (1, 0))  # mass strictly above
+    keep = (above < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    n_keep = keep.sum(dim=-1, keepdim=True).clamp_min(1)
+    return sorted_desc.gather(1, n_keep - 1)[:, 0]
+
+
+def _cumsum_last(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """Inclusive cumsum over the last dim as two short scans (within blocks of ``block``, then over
+    block totals).  Inductor in torch 2.11 fails to generate code for one 150k-long scan on CUDA
+    (SplitScan); short scans compile everywhere."""
+    b, v = x.shape
+    n = -(-v // block)
+    blocks = torch.nn.functional.pad(x, (0, n * block - v)).view(b, n, block)
+    inner = torch.cumsum(blocks, dim=-1)
+    offsets = torch.cumsum(inner[:, :, -1], dim=-1) - inner[:, :, -1]  # exclusive over blocks
+    return (inner + offsets[:, :, None]).view(b, n * block)[:, :v]
+
+
+def _check(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> None:
+    if y.dim() != 2 or y.dtype != torch.float32:
+        raise ValueError(f"sampling_cut: y must be a [B, V] float32 tensor, got {tuple(y.shape)} {y.dtype}")
+    b = y.shape[0]
+    for name, t, dtype in (("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32),
+                           ("skip", skip, torch.bool)):
+        if tuple(t.shape) != (b,) or t.dtype != dtype:
+            raise ValueError(f"sampling_cut: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def sampling_cut_reference(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                           skip: torch.Tensor) -> torch.Tensor:
+    """The cut by sorting each row (module docstring): ``max(K, P)``, ``-inf`` for skipped rows (the op's CPU
+    path)."""
+    _check(y, top_k, top_p, skip)
+    v = y.shape[1]
+    s = torch.sort(y, dim=-1, descending=True).values
+    kth = top_k_threshold(top_k, s)
+    p_cut = top_p_threshold(top_p, s.masked_fill(s < kth[:, None], float("-inf")))
+    ninf = torch.full_like(kth, float("-inf"))
+    cut = torch.maximum(torch.where((top_k >= 1) & (top_k < v), kth, ninf), torch.where(top_p < 1.0, p_cut, ninf))
+    return torch.where(skip, ninf, cut)
+
+
+def _fake(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    return y.new_empty((y.shape[0],))
+
+
+@opaque_op("sampling_cut", mutates_args=(), fake=_fake)
+def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    """``y [B, V]`` float32, ``top_k [B]`` int32, ``top_p [B]`` float32, ``skip [B]`` bool -> a new ``[B]``
+    float32: each row keeps the values ``>= cut`` (module docstring); skipped rows ``-inf``.  CUDA: the sort-free
+    Triton kernel; elsewhere the sorting reference."""
+    if y.is_cuda:
+        from ignition.components.triton_kernels import sampling_cut_triton  # imports triton: CUDA only
+
+        _check(y, top_k, top_p, skip)
+        return sampling_cut_triton(y, top_k, top_p, skip)
+    return sampling_cut_reference(y, top_k, top_p, skip)

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The general sampler (``sample``, no ``max_top_k``) alone on this GPU: the full sort of every row against the
+top-``n`` route with ``flare::sampling_cut`` for the rows the prefix does not decide (``FLARE_SAMPLER_PREFIX``),
+side by side in one process.
+
+One compiled, captured graph per (batch, route) -- the parameters are tensors the graph reads, so each row mix below
+is written into them between timing blocks, not compiled again:
+
+- ``replay``: ``qualify.gpu_replay``'s rows (odd rows sampled: temperature 0.8, top_k 20, top_p 0.95; even rows
+  greedy) -- what the decode graphs measured there sample;
+- ``k20``: every row sampled with top_k 20, top_p 0.95;
+- ``k0-p95``: top_k off, top_p 0.95 (the op's mass search over the whole row);
+- ``k1000``: top_k 1000, top_p 1 (the op's count search);
+- ``k0-p1``: top_k off, top_p 1 (no cut).
+
+Before timing, each mix's tokens from both routes are compared (the same draws, up to top-p near ties -- counted and
+printed, never hidden).  Then ``--samples`` replays per graph with CUDA events, the routes interleaved.  Prints a
+table; ``--json`` archives the samples.
+
+    python scripts/bench_sampler.py [--batches 1,4] [--vocab 151936] [--samples 200] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ignition.components.sampling import SamplingTensors, sample  # noqa: E402
+from ignition.components.sampling_cut import GENERAL_PREFIX  # noqa: E402
+from ignition.components.switches import environment  # noqa: E402
+
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+MIXES = {
+    "replay": lambda r: SAMPLED if r % 2 else {"temperature": 0.0},
+    "k20": lambda r: SAMPLED,
+    "k0-p95": lambda r: {**SAMPLED, "top_k": 0},
+    "k1000": lambda r: {**SAMPLED, "top_k": 1000, "top_p": 1.0},
+    "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
+}
+ROUTES = {"sort": "0", "prefix": str(GENERAL_PREFIX)}
+
+
+def build(batch: int, vocab: int, route: str, logits: torch.Tensor):
+    """``(graph, params, tokens)``: the compiled sampler over ``logits`` captured with ``FLARE_SAMPLER_PREFIX`` of
+    ``route``."""
+    params = SamplingTensors.empty(batch, vocab_size=vocab, device="cuda")
+    torch._dynamo.reset()  # the route is read at trace time
+    with environment({"FLARE_SAMPLER_PREFIX": ROUTES[route]}):
+        fn = torch.compile(lambda x: sample(x, params), fullgraph=True, dynamic=False)
+        set_mix(params, "k20")
+        for _ in range(2):
+            fn(logits)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            tokens = fn(logits)
+    return graph, params, tokens
+
+
+def set_mix(params: SamplingTensors, mix: str) -> None:
+    for r in range(params.capacity):
+        params.set_row(r, {**MIXES[mix](r), "seed": 77 + r})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--scale", type=float, default=3.0, help="logits ~ N(0, scale^2)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_sampler: no CUDA device", file=sys.stderr)
+        return 2
+    rows, differ = [], {}
+    for batch in [int(b) for b in args.batches.split(",") if b]:
+        g = torch.Generator(device="cuda").manual_seed(batch)
+        logits = torch.randn(batch, args.vocab, device="cuda", generator=g) * args.scale
+        built = {route: build(batch, args.vocab, route, logits) for route in ROUTES}
+        for mix in MIXES:
+            for _, params, _ in built.values():
+                set_mix(params, mix)
+            toks = {}
+            for route, (graph, params, tokens) in built.items():
+                graph.replay()
+                toks[route] = tokens.clone()
+            differ[f"b{batch}-{mix}"] = int((toks["sort"] != toks["prefix"]).sum())
+            times = {route: [] for route in built}
+            for i in range(args.samples + 5):
+                for route, (graph, _, _) in built.items():
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    end.record()
+                    end.synchronize()
+                    if i >= 5:
+                        times[route].append(start.elapsed_time(end) * 1e3)
+            for route, t in times.items():
+                rows.append({"batch": batch, "mix": mix, "route": route, "us": t, "median_us": statistics.median(t),
+                             "min_us": min(t), "max_us": max(t)})
+    print(f"{'B':>3} {'mix':>8} {'route':>7} {'median us':>10} {'min':>8} {'max':>8}")
+    for r in rows:
+        print(f"{r['batch']:>3} {r['mix']:>8} {r['route']:>7} {r['median_us']:10.2f} {r['min_us']:8.2f} "
+              f"{r['max_us']:8.2f}")
+    print("tokens differing between the routes (first replay of each mix):", differ)
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "prefix": GENERAL_PREFIX,
+                                         "differ": differ, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""``flare::sampling_cut`` (``ignition/components/sampling_cut.py``): the general sampler's top-k / top-p cut.
+
+Checked against :func:`_cut64`, written here: the definition in float64 on Python lists (sorted, the mass strictly
+above each value, no torch).  Where the top-p boundary lies within ``TIE`` of ``top_p`` (the mass above a value is
+that close to it, so fp32 rounding may decide either way) the case is reported as a near tie and either neighbour
+is accepted; the top-k part and every other case must be exact.
+
+- CPU: the op's reference (the sort) against ``_cut64`` and against the sampler's full-sort path; the sampler's CUDA
+  route (top ``n`` values, the op for the other rows) run on CPU against the full sort; arguments checked by name.
+- Interpreter (CPU machines with Triton): the sort-free kernel against ``_cut64`` -- ties, ``-inf`` (min-p), signed
+  zeros, a constant row, ``top_k`` at and beyond the row length, skipped rows, blocks that do not divide the row.
+- The vocabulary-sized rows on the H200 are in ``test_components_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ignition.components.sampling import SamplingTensors, filter_logits
+from ignition.components.sampling_cut import sampling_cut, sampling_cut_reference
+from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
+
+TIE = 1e-5
+
+
+def _cut64(row: list[float], k: int, p: float) -> tuple[float, bool]:
+    """``(cut, near_tie)``: the definition in float64 -- K the k-th largest (``1 <= k < V``, else -inf), P the
+    smallest value whose mass strictly above it (over the values >= K) is < p (``p < 1``, else -inf); cut
+    ``max(K, P)``.  ``near_tie``: a value's mass above lies within TIE of p."""
+    v = len(row)
+    s = sorted(row, reverse=True)
+    kth = s[k - 1] if 1 <= k < v else -math.inf
+    if p >= 1.0:
+        return kth, False
+    kept = [x for x in s if x >= kth]
+    m = kept[0] if kept[0] != -math.inf else 0.0
+    w = [math.exp(x - m) for x in kept]
+    z = sum(w)
+    above, cut, near = 0.0, -math.inf, False
+    for i, (x, wx) in enumerate(zip(kept, w)):
+        if i == 0 or x != kept[i - 1]:  # the mass strictly above a distinct value
+            near |= abs(above / z - p) < TIE
+            if above / z < p:
+                cut = x
+        above += wx
+    return max(kth, cut), near
+
+
+def _rows(b: int, v: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(b, v, generator=g) * 3
+    if b > 0:
+        y[0, : v // 2] = float("-inf")  # min-p masks half the row
+    if b > 1:
+        y[1] = torch.round(y[1])  # many ties
+    if b > 2:
+        y[2, :: 5] = 0.0
+        y[2, 1:: 5] = -0.0  # signed zeros compare equal
+    if b > 3:
+        y[3] = 1.5  # one value everywhere
+    return y
+
+
+def _params(v: int, b: int):
+    ks = [0, 1, 2, 20, 64, 65, 300, v - 1, v, v + 7]
+    ps = [1.0, 0.95, 0.5, 0.01, 0.999, 0.8]
+    top_k = torch.tensor([ks[(i * 3) % len(ks)] for i in range(b)], dtype=torch.int32)
+    top_p = torch.tensor([ps[(i * 5 + 1) % len(ps)] for i in range(b)], dtype=torch.float32)
+    return top_k, top_p
+
+
+def _assert_cuts(y, top_k, top_p, skip, got):
+    near_ties = 0
+    for i in range(y.shape[0]):
+        if skip[i]:
+            assert got[i].item() == -math.inf, i
+            continue
+        want, near = _cut64(y[i].double().tolist(), int(top_k[i]), float(top_p[i]))
+        near_ties += near
+        if not near:
+            assert got[i].item() == want, (i, int(top_k[i]), float(top_p[i]), got[i].item(), want)
+    assert near_ties <= 1, f"{near_ties} near ties: the data no longer tests the cut"
+
+
+def test_reference_is_the_definition_and_the_full_sort_sampler():
+    y = _rows(24, 700, 0)
+    top_k, top_p = _params(700, 24)
+    skip = torch.zeros(24, dtype=torch.bool)
+    skip[5] = True
+    cut = sampling_cut_reference(y, top_k, top_p, skip)
+    _assert_cuts(y, top_k, top_p, skip, cut)
+    rows = [{"temperature": 1.0, "top_k": int(top_k[i]), "top_p": float(top_p[i]), "seed": i} for i in range(24)]
+    _, filtered = filter_logits(y, SamplingTensors.from_resolved(rows, 24))  # CPU: the full sort
+    live = ~skip
+    assert torch.equal(filtered[live], y.masked_fill(y < cut[:, None], float("-inf"))[live])
+
+
+def test_prefix_route_equals_the_full_sort(monkeypatch):
+    """The CUDA route (top ``n`` values, the op for the rows they do not decide) run on CPU."""
+    from ignition.components import sampling
+
+    y = _rows(24, 700, 1)
+    top_k, top_p = _params(700, 24)
+    rows = [{"temperature": 1.0, "top_k": int(top_k[i]), "top_p": float(top_p[i]), "seed": i} for i in range(24)]
+    params = SamplingTensors.from_resolved(rows, 24)
+    full = sampling_cut_reference(y, top_k, top_p, torch.zeros(24, dtype=torch.bool))
+    for n in (64, 1, 700):
+        routed = sampling._prefix_cut(y, params, n, torch.zeros(24, dtype=torch.bool))
+        for i in range(24):
+            if routed[i] != full[i]:
+                assert _cut64(y[i].double().tolist(), int(top_k[i]), float(top_p[i]))[1], (n, i)
+
+
+def test_op_checks_arguments_and_compiles():
+    y = _rows(3, 300, 2)
+    top_k, top_p = _params(300, 3)
+    skip = torch.zeros(3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="y must be"):
+        sampling_cut(y.double(), top_k, top_p, skip)
+    with pytest.raises(ValueError, match="top_k"):
+        sampling_cut(y, top_k.long(), top_p, skip)
+    with pytest.raises(ValueError, match="top_p"):
+        sampling_cut(y, top_k, top_p[:2], skip)
+    with pytest.raises(ValueError, match="skip"):
+        sampling_cut(y, top_k, top_p, skip.int())
+    fn = torch.compile(lambda *a: sampling_cut(*a) * 2.0, backend="aot_eager", fullgraph=True)
+    assert torch.equal(fn(y, top_k, top_p, skip), sampling_cut(y, top_k, top_p, skip) * 2.0)
+
+
+@interpreter
+@pytest.mark.parametrize("b,v,block", [(12, 2000, 512), (5, 777, 256), (1, 64, 64), (0, 100, 64)])
+def test_triton_kernel_is_the_definition(b, v, block):
+    from ignition.components.triton_kernels import sampling_cut_triton
+
+    y = _rows(b, v, v + block)
+    top_k, top_p = _params(v, b)
+    skip = torch.zeros(b, dtype=torch.bool)
+    if b > 6:
+        skip[6] = True
+    got = sampling_cut_triton(y, top_k, top_p, skip, block=block)
+    assert got.shape == (b,) and got.dtype == torch.float32
+    _assert_cuts(y, top_k, top_p, skip, got)
+    ref = sampling_cut_reference(y, top_k, top_p, skip)
+    exact = (top_p >= 1.0) | skip  # top-k alone: counts, no rounding
+    assert torch.equal(got[exact], ref[exact])
