@@ -13,6 +13,9 @@ is written into them between timing blocks, not compiled again:
 - ``k1000``: top_k 1000, top_p 1 (the op's count search);
 - ``k0-p1``: top_k off, top_p 1 (no cut).
 
+Then ``flare::sampling_cut``'s kernel alone (``--cut-configs``: warps x block), on the mixes that reach its
+searches, captured one launch per graph.
+
 Before timing, each mix's tokens from both routes are compared (the same draws, up to top-p near ties -- counted and
 printed, never hidden).  Then ``--samples`` replays per graph with CUDA events, the routes interleaved.  Prints a
 table; ``--json`` archives the samples.
@@ -64,6 +67,49 @@ def build(batch: int, vocab: int, route: str, logits: torch.Tensor):
     return graph, params, tokens
 
 
+def time_graphs(graphs: dict, samples: int) -> dict:
+    """``samples`` replays of each graph (interleaved, after 5 untimed rounds): microseconds per replay."""
+    times = {name: [] for name in graphs}
+    for i in range(samples + 5):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            if i >= 5:
+                times[name].append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def cut_alone(batch: int, vocab: int, scale: float, configs: list[tuple[int, int]], samples: int) -> list[dict]:
+    """The sort-free kernel alone per config on the ``k0-p95`` and ``k1000`` rows (temperature-scaled logits)."""
+    from ignition.components.sampling_cut import sampling_cut_reference
+    from ignition.components.triton_kernels import sampling_cut_triton
+
+    g = torch.Generator(device="cuda").manual_seed(100 + batch)
+    y = torch.randn(batch, vocab, device="cuda", generator=g) * scale / SAMPLED["temperature"]
+    skip = torch.zeros(batch, dtype=torch.bool, device="cuda")
+    rows = []
+    for mix, k, p in (("k0-p95", 0, 0.95), ("k1000", 1000, 1.0)):
+        top_k = torch.full((batch,), k, dtype=torch.int32, device="cuda")
+        top_p = torch.full((batch,), p, device="cuda")
+        want = sampling_cut_reference(y, top_k, top_p, skip)
+        graphs, outs = {}, {}
+        for warps, block in configs:
+            sampling_cut_triton(y, top_k, top_p, skip, block=block, num_warps=warps)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs[(warps, block)] = sampling_cut_triton(y, top_k, top_p, skip, block=block, num_warps=warps)
+            graphs[(warps, block)] = graph
+        for cfg, t in time_graphs(graphs, samples).items():
+            rows.append({"batch": batch, "mix": mix, "warps": cfg[0], "block": cfg[1], "us": t,
+                         "median_us": statistics.median(t), "min_us": min(t), "max_us": max(t),
+                         "cuts_equal_sorted_reference": int((outs[cfg] == want).sum())})
+    return rows
+
+
 def set_mix(params: SamplingTensors, mix: str) -> None:
     for r in range(params.capacity):
         params.set_row(r, {**MIXES[mix](r), "seed": 77 + r})
@@ -75,6 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--scale", type=float, default=3.0, help="logits ~ N(0, scale^2)")
+    ap.add_argument("--cut-configs", default="16x4096,32x4096,8x4096", help="warps x block of the kernel alone")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -93,16 +140,7 @@ def main(argv=None) -> int:
                 graph.replay()
                 toks[route] = tokens.clone()
             differ[f"b{batch}-{mix}"] = int((toks["sort"] != toks["prefix"]).sum())
-            times = {route: [] for route in built}
-            for i in range(args.samples + 5):
-                for route, (graph, _, _) in built.items():
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    end.record()
-                    end.synchronize()
-                    if i >= 5:
-                        times[route].append(start.elapsed_time(end) * 1e3)
+            times = time_graphs({route: graph for route, (graph, _, _) in built.items()}, args.samples)
             for route, t in times.items():
                 rows.append({"batch": batch, "mix": mix, "route": route, "us": t, "median_us": statistics.median(t),
                              "min_us": min(t), "max_us": max(t)})
@@ -111,9 +149,16 @@ def main(argv=None) -> int:
         print(f"{r['batch']:>3} {r['mix']:>8} {r['route']:>7} {r['median_us']:10.2f} {r['min_us']:8.2f} "
               f"{r['max_us']:8.2f}")
     print("tokens differing between the routes (first replay of each mix):", differ)
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.cut_configs.split(",") if c]
+    alone = [r for b in [int(b) for b in args.batches.split(",") if b]
+             for r in cut_alone(b, args.vocab, args.scale, configs, args.samples)]
+    print(f"{'B':>3} {'mix':>8} {'warps':>6} {'block':>6} {'median us':>10} {'min':>8} {'max':>8} {'= sorted':>9}")
+    for r in alone:
+        print(f"{r['batch']:>3} {r['mix']:>8} {r['warps']:>6} {r['block']:>6} {r['median_us']:10.2f} {r['min_us']:8.2f} "
+              f"{r['max_us']:8.2f} {r['cuts_equal_sorted_reference']:>9}")
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "prefix": GENERAL_PREFIX,
-                                         "differ": differ, "rows": rows}, indent=1))
+                                         "differ": differ, "rows": rows, "cut_alone": alone}, indent=1))
     return 0
 
 

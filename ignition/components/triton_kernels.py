@@ -1456,27 +1456,29 @@ def topk_values_triton(x: torch.Tensor, k: int) -> torch.Tensor:
 # the semantics).  One program per row.  Values become 32-bit order-preserving keys (int64 in [0, 2**32): a
 # non-negative float's bits with the sign bit set, a negative float's bits inverted; -0.0 keyed as +0.0, so key
 # order is float order).  ``_cut_search`` finds the largest key ``t`` whose statistic over the keys ``>= t`` (and
-# ``>= lo``) reaches ``target`` -- the count (top-k) or the mass ``exp(y - m)`` (top-p) -- one bit per pass from
-# the top: a pass reads the values whose keys share the bits chosen so far and sums the statistic of those with
-# the pass's bit set; when that sum plus the statistic of the values already known to lie above reaches the
-# target the bit is set, else those values join the ones above.  A pass whose values are at most half of the
-# previous pass's copies them (compacted, in read order) into the row's workspace as it reads, and later passes
-# read only those; a copy never overtakes the reads of its own pass (a value's new position is at most its old
-# one), and a CTA barrier after each pass orders its copies before the next pass's reads.  Every sum runs over
-# the same values in the same order in every process: the result is a pure function of the row.
+# ``>= lo``) reaches ``target`` -- the count (top-k) or the mass ``exp(y - m)`` (top-p) -- two bits per pass from
+# the top: a pass reads the values whose keys share the bits chosen so far and sums the statistic of those whose
+# next two bits are >= j (j = 1, 2, 3); the largest j whose sum plus the statistic of the values already known to
+# lie above reaches the target is chosen, and the values above it join those above.  A pass whose values are at
+# most half of the previous pass's copies them (compacted, in read order) into the row's workspace as it reads, and
+# later passes read only those; a copy never overtakes the reads of its own pass (a value's new position is at most
+# its old one), and a CTA barrier after each pass orders its copies before the next pass's reads.  Every sum runs
+# over the same values in the same order in every process: the result is a pure function of the row.
+# One bit per pass with 8 warps and 4096-value blocks took 647 us for one 151,936-value row's top-p search on the
+# H200 (``scripts/bench_sampler.py``, run 43) -- a full sort there: 92 us.
 
 
 @triton.jit
 def _cut_key(x):
-    """The order-preserving key (int64 in [0, 2**32)) of fp32 ``x`` (no NaN); -0.0 keyed as +0.0."""
+    """The order-preserving key (uint32) of fp32 ``x`` (no NaN); -0.0 keyed as +0.0."""
     i = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
-    return (i ^ ((i >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+    return ((i ^ ((i >> 31) & 0x7FFFFFFF)) ^ -2147483648).to(tl.uint32, bitcast=True)
 
 
 @triton.jit
 def _cut_value(t):
     """The fp32 value of key ``t`` (``_cut_key``'s inverse)."""
-    s = (t - 2147483648).to(tl.int32)
+    s = t.to(tl.int32, bitcast=True) ^ -2147483648
     return (s ^ ((s >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
 
 
@@ -1484,49 +1486,45 @@ def _cut_value(t):
 def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr):
     """The largest key ``t`` whose statistic over the values with key ``>= max(t, lo)`` reaches ``target``: their
     count (``MASS`` False, int32 ``target``) or the sum of ``exp(y - m)`` (``MASS``, fp32).  ``Y``: the row,
-    ``WS``: its workspace (``V`` fp32)."""
+    ``WS``: its workspace (``V`` fp32).  Two bits per pass: the statistic of the values in play whose next two key
+    bits are ``>= j`` for j = 0..3, and the largest ``j`` whose sum with ``above`` reaches the target."""
     offs0 = tl.arange(0, BLOCK)
+    jj = tl.arange(0, 4)
     t = lo * 0
     above = target * 0  # the statistic of the values whose keys lie above every key still in play
     src = Y
     n = V  # values in play: src[0 .. n-1] (those sharing t's chosen bits and >= lo among them)
     expect = V  # of which share the bits chosen so far (the previous pass's side)
-    for bit in range(32):
-        shift = 31 - bit
-        half = tl.full((), 1, tl.int64) << shift
-        prefix = t >> (shift + 1)
+    for step in range(16):
+        shift = 30 - 2 * step
+        prefix = t >> (shift + 2)
         compact = expect * 2 <= n
-        hi_stat = target * 0
-        hi_n = 0
-        n_match = 0
+        stat = tl.zeros([4], dtype=target.dtype)
+        count = tl.zeros([4], dtype=tl.int32)
         start = 0
         while start < n:
             offs = start + offs0
-            inside = offs < n
-            x = tl.load(src + offs, mask=inside, other=float("-inf"))
+            x = tl.load(src + offs, mask=offs < n, other=float("-inf"))
             key = _cut_key(x)
-            match = inside & (key >= lo) & ((key >> (shift + 1)) == prefix)
-            hi = match & ((key & half) != 0)
+            match = (offs < n) & (key >= lo) & ((key >> (shift + 2)) == prefix)
+            ge = match[:, None] & (((key >> shift) & 3)[:, None] >= jj[None, :])  # [BLOCK, 4]: next bits >= j
+            if compact:  # after the values this pass has matched so far (count[0])
+                tl.store(WS + tl.sum(tl.where(jj == 0, count, 0), axis=0) + tl.cumsum(match.to(tl.int32), axis=0) - 1,
+                         x, mask=match)
             if MASS:
-                hi_stat += tl.sum(tl.where(hi, tl.exp(x - m), 0.0), axis=0)
+                stat += tl.sum(tl.where(ge, tl.exp(x - m)[:, None], 0.0), axis=0)
             else:
-                hi_stat += tl.sum(hi.to(tl.int32), axis=0)
-            hi_n += tl.sum(hi.to(tl.int32), axis=0)
-            taken = tl.sum(match.to(tl.int32), axis=0)
-            if compact:
-                tl.store(WS + n_match + tl.cumsum(match.to(tl.int32), axis=0) - 1, x, mask=match)
-            n_match += taken
+                stat += tl.sum(ge.to(tl.int32), axis=0)
+            count += tl.sum(ge.to(tl.int32), axis=0)
             start += BLOCK
         if compact:
             src = WS
-            n = n_match
+            n = tl.sum(tl.where(jj == 0, count, 0), axis=0)
         tl.debug_barrier()  # this pass's copies before the next pass's reads
-        if above + hi_stat >= target:
-            t += half
-            expect = hi_n
-        else:
-            above += hi_stat
-            expect = n_match - hi_n
+        j = tl.max(tl.where((jj >= 1) & (above + stat >= target), jj, 0), axis=0)
+        above += tl.sum(tl.where(jj == j + 1, stat, 0), axis=0)
+        expect = tl.sum(tl.where(jj == j, count, 0), axis=0) - tl.sum(tl.where(jj == j + 1, count, 0), axis=0)
+        t += j.to(tl.uint32) << shift
     return t
 
 
@@ -1542,7 +1540,7 @@ def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.co
     need_p = live & (p < 1.0)
     offs0 = tl.arange(0, BLOCK)
     cut = float("-inf")
-    lo = tl.full((), 0, tl.int64)
+    lo = tl.full((), 0, tl.uint32)
     if need_k:
         lo = _cut_search(row, ws, V, lo, 0.0, k, False, BLOCK)
         cut = _cut_value(lo)
@@ -1566,12 +1564,14 @@ def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.co
     tl.store(CUT + b, cut)
 
 
-#: Values per block of :func:`sampling_cut_triton`'s passes.
+#: Values per block of :func:`sampling_cut_triton`'s passes and its warps (8 values per thread: 0 bytes spilled,
+#: 98 registers -- offline sm90 ptxas; 32 warps spill at 4 or 8 values per thread).
 SAMPLING_CUT_BLOCK = 4096
+SAMPLING_CUT_WARPS = 16
 
 
 def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
-                        block: int = SAMPLING_CUT_BLOCK) -> torch.Tensor:
+                        block: int = SAMPLING_CUT_BLOCK, num_warps: int = SAMPLING_CUT_WARPS) -> torch.Tensor:
     """``flare::sampling_cut`` on the GPU (or the interpreter): one program per row (see above).  Shapes are checked
     by the op (``sampling_cut.py``)."""
     b, v = y.shape
@@ -1582,7 +1582,7 @@ def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
         y = y.contiguous()
     ws = torch.empty((b, v), dtype=torch.float32, device=y.device)
     _sampling_cut_kernel[(b,)](y, top_k.contiguous(), top_p.contiguous(), skip.contiguous(), cut, ws, v, y.stride(0),
-                               BLOCK=min(block, triton.next_power_of_2(v)), num_warps=8)
+                               BLOCK=min(block, triton.next_power_of_2(v)), num_warps=num_warps)
     return cut
 
 
