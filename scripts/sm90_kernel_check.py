@@ -96,7 +96,7 @@ def cases(tk):
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
                                                                       "R": "i32", "scaling": "fp32"},
                 dict(HALF=64, HP=64, BLOCK_R=tk.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
-    out.append(("sampling cut 4096", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
+    out.append(("sampling cut 2048", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},
                 dict(BLOCK=tk.SAMPLING_CUT_BLOCK), dict(num_warps=tk.SAMPLING_CUT_WARPS)))

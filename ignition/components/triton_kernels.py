@@ -1464,8 +1464,9 @@ def topk_values_triton(x: torch.Tensor, k: int) -> torch.Tensor:
 # later passes read only those; a copy never overtakes the reads of its own pass (a value's new position is at most
 # its old one), and a CTA barrier after each pass orders its copies before the next pass's reads.  Every sum runs
 # over the same values in the same order in every process: the result is a pure function of the row.
-# One bit per pass with 8 warps and 4096-value blocks took 647 us for one 151,936-value row's top-p search on the
-# H200 (``scripts/bench_sampler.py``, run 43) -- a full sort there: 92 us.
+# Measured on the H200 (``scripts/bench_sampler.py``; one 151,936-value row, top-p 0.95 without top-k): one bit per
+# pass with CTA-wide sums after every block took 647 us (run 43), two bits per pass 605 us (run 44) -- the sort it
+# replaces, 92 us; the sums per thread over the pass, reduced once after it, are run 45's.
 
 
 @triton.jit
@@ -1499,8 +1500,10 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
         shift = 30 - 2 * step
         prefix = t >> (shift + 2)
         compact = expect * 2 <= n
-        stat = tl.zeros([4], dtype=target.dtype)
-        count = tl.zeros([4], dtype=tl.int32)
+        # per-thread sums over the pass, one CTA-wide reduction after it (none per block: they were the pass's cost)
+        acc_stat = tl.zeros([BLOCK, 4], dtype=target.dtype)
+        acc_count = tl.zeros([BLOCK, 4], dtype=tl.int32)
+        base = 0
         start = 0
         while start < n:
             offs = start + offs0
@@ -1508,15 +1511,18 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
             key = _cut_key(x)
             match = (offs < n) & (key >= lo) & ((key >> (shift + 2)) == prefix)
             ge = match[:, None] & (((key >> shift) & 3)[:, None] >= jj[None, :])  # [BLOCK, 4]: next bits >= j
-            if compact:  # after the values this pass has matched so far (count[0])
-                tl.store(WS + tl.sum(tl.where(jj == 0, count, 0), axis=0) + tl.cumsum(match.to(tl.int32), axis=0) - 1,
-                         x, mask=match)
+            if compact:  # after the values this pass has matched so far
+                tl.store(WS + base + tl.cumsum(match.to(tl.int32), axis=0) - 1, x, mask=match)
+                base += tl.sum(match.to(tl.int32), axis=0)
             if MASS:
-                stat += tl.sum(tl.where(ge, tl.exp(x - m)[:, None], 0.0), axis=0)
-            else:
-                stat += tl.sum(ge.to(tl.int32), axis=0)
-            count += tl.sum(ge.to(tl.int32), axis=0)
+                acc_stat += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
+            acc_count += ge.to(tl.int32)
             start += BLOCK
+        count = tl.sum(acc_count, axis=0)
+        if MASS:
+            stat = tl.sum(acc_stat, axis=0)
+        else:
+            stat = count
         if compact:
             src = WS
             n = tl.sum(tl.where(jj == 0, count, 0), axis=0)
@@ -1545,28 +1551,30 @@ def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.co
         lo = _cut_search(row, ws, V, lo, 0.0, k, False, BLOCK)
         cut = _cut_value(lo)
     if need_p:
-        m = float("-inf")
+        m_acc = tl.full([BLOCK], float("-inf"), tl.float32)
         start = 0
         while start < V:
             offs = start + offs0
-            m = tl.maximum(m, tl.max(tl.load(row + offs, mask=offs < V, other=float("-inf")), axis=0))
+            m_acc = tl.maximum(m_acc, tl.load(row + offs, mask=offs < V, other=float("-inf")))
             start += BLOCK
+        m = tl.max(m_acc, axis=0)
         m = tl.where(m == float("-inf"), 0.0, m)
-        z = 0.0
+        z_acc = tl.zeros([BLOCK], tl.float32)
         start = 0
         while start < V:
             offs = start + offs0
             x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-            z += tl.sum(tl.where((offs < V) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0), axis=0)
+            z_acc += tl.where((offs < V) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
             start += BLOCK
+        z = tl.sum(z_acc, axis=0)
         tl.debug_barrier()  # the top-k search's workspace copies are read no more
         cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK))
     tl.store(CUT + b, cut)
 
 
-#: Values per block of :func:`sampling_cut_triton`'s passes and its warps (8 values per thread: 0 bytes spilled,
-#: 98 registers -- offline sm90 ptxas; 32 warps spill at 4 or 8 values per thread).
-SAMPLING_CUT_BLOCK = 4096
+#: Values per block of :func:`sampling_cut_triton`'s passes and its warps: 4 values per thread, 0 bytes spilled, 110
+#: registers (offline sm90 ptxas; 8 per thread spill at 16 warps, need 230 registers at 8).
+SAMPLING_CUT_BLOCK = 2048
 SAMPLING_CUT_WARPS = 16
 
 
