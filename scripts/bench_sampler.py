@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--scale", type=float, default=3.0, help="logits ~ N(0, scale^2)")
-    ap.add_argument("--cut-configs", default="16x2048,8x2048,4x1024,16x4096", help="warps x block of the kernel alone")
+    ap.add_argument("--cut-configs", default="16x2048,8x2048,16x1024,8x1024", help="warps x block of the kernel alone")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

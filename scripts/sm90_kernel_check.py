@@ -99,7 +99,7 @@ def cases(tk):
     out.append(("sampling cut 2048", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},
-                dict(BLOCK=tk.SAMPLING_CUT_BLOCK), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
+                dict(BLOCK=tk.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
     return out
 
 

@@ -1484,7 +1484,17 @@ def _cut_value(t):
 
 
 @triton.jit
-def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr):
+def _cut_block(src, offs, n, lo, prefix, shift, jj):
+    """One block of a search pass: ``(x, match [BLOCK], ge [BLOCK, 4])`` -- the values, those in play (keys ``>= lo``
+    sharing ``prefix`` above bit ``shift + 2``), and those of them whose next two key bits are ``>= j``."""
+    x = tl.load(src + offs, mask=offs < n, other=float("-inf"))
+    key = _cut_key(x)
+    match = (offs < n) & (key >= lo) & ((key >> (shift + 2)) == prefix)
+    return x, match, match[:, None] & (((key >> shift) & 3)[:, None] >= jj[None, :])
+
+
+@triton.jit
+def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr, PIPELINE: tl.constexpr):
     """The largest key ``t`` whose statistic over the values with key ``>= max(t, lo)`` reaches ``target``: their
     count (``MASS`` False, int32 ``target``) or the sum of ``exp(y - m)`` (``MASS``, fp32).  ``Y``: the row,
     ``WS``: its workspace (``V`` fp32).  Two bits per pass: the statistic of the values in play whose next two key
@@ -1504,20 +1514,30 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
         acc_stat = tl.zeros([BLOCK, 4], dtype=target.dtype)
         acc_count = tl.zeros([BLOCK, 4], dtype=tl.int32)
         base = 0
-        start = 0
-        while start < n:
-            offs = start + offs0
-            x = tl.load(src + offs, mask=offs < n, other=float("-inf"))
-            key = _cut_key(x)
-            match = (offs < n) & (key >= lo) & ((key >> (shift + 2)) == prefix)
-            ge = match[:, None] & (((key >> shift) & 3)[:, None] >= jj[None, :])  # [BLOCK, 4]: next bits >= j
-            if compact:  # after the values this pass has matched so far
+        if compact:  # copies the values in play after those this pass has matched so far (a scan per block)
+            start = 0
+            while start < n:
+                x, match, ge = _cut_block(src, start + offs0, n, lo, prefix, shift, jj)
                 tl.store(WS + base + tl.cumsum(match.to(tl.int32), axis=0) - 1, x, mask=match)
                 base += tl.sum(match.to(tl.int32), axis=0)
-            if MASS:
-                acc_stat += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
-            acc_count += ge.to(tl.int32)
-            start += BLOCK
+                if MASS:
+                    acc_stat += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
+                acc_count += ge.to(tl.int32)
+                start += BLOCK
+        elif PIPELINE:  # compiled: a range() loop, software-pipelined (a while loop waits for each block's loads)
+            for start in range(0, n, BLOCK):
+                x, match, ge = _cut_block(src, start + offs0, n, lo, prefix, shift, jj)
+                if MASS:
+                    acc_stat += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
+                acc_count += ge.to(tl.int32)
+        else:  # the interpreter cannot take a tensor bound in range(): the same blocks in the same order
+            start = 0
+            while start < n:
+                x, match, ge = _cut_block(src, start + offs0, n, lo, prefix, shift, jj)
+                if MASS:
+                    acc_stat += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
+                acc_count += ge.to(tl.int32)
+                start += BLOCK
         count = tl.sum(acc_count, axis=0)
         if MASS:
             stat = tl.sum(acc_stat, axis=0)
@@ -1535,7 +1555,8 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.constexpr):
+def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
+                         NB: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     row = Y + b * stride_y
     ws = WS + b * V
@@ -1548,27 +1569,23 @@ def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.co
     cut = float("-inf")
     lo = tl.full((), 0, tl.uint32)
     if need_k:
-        lo = _cut_search(row, ws, V, lo, 0.0, k, False, BLOCK)
+        lo = _cut_search(row, ws, V, lo, 0.0, k, False, BLOCK, PIPELINE)
         cut = _cut_value(lo)
     if need_p:
         m_acc = tl.full([BLOCK], float("-inf"), tl.float32)
-        start = 0
-        while start < V:
-            offs = start + offs0
+        for i in range(0, tl.cdiv(V, BLOCK) if PIPELINE else NB):  # the interpreter: NB, the same trip count
+            offs = i * BLOCK + offs0
             m_acc = tl.maximum(m_acc, tl.load(row + offs, mask=offs < V, other=float("-inf")))
-            start += BLOCK
         m = tl.max(m_acc, axis=0)
         m = tl.where(m == float("-inf"), 0.0, m)
         z_acc = tl.zeros([BLOCK], tl.float32)
-        start = 0
-        while start < V:
-            offs = start + offs0
+        for i in range(0, tl.cdiv(V, BLOCK) if PIPELINE else NB):
+            offs = i * BLOCK + offs0
             x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
             z_acc += tl.where((offs < V) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
-            start += BLOCK
         z = tl.sum(z_acc, axis=0)
         tl.debug_barrier()  # the top-k search's workspace copies are read no more
-        cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK))
+        cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK, PIPELINE))
     tl.store(CUT + b, cut)
 
 
@@ -1589,8 +1606,10 @@ def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     if y.stride(-1) != 1:
         y = y.contiguous()
     ws = torch.empty((b, v), dtype=torch.float32, device=y.device)
+    blk = min(block, triton.next_power_of_2(v))
     _sampling_cut_kernel[(b,)](y, top_k.contiguous(), top_p.contiguous(), skip.contiguous(), cut, ws, v, y.stride(0),
-                               BLOCK=min(block, triton.next_power_of_2(v)), num_warps=num_warps)
+                               BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(v, blk) if _interpreting() else 0,
+                               num_warps=num_warps)
     return cut
 
 
