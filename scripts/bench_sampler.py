@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components.sampling import SamplingTensors, sample  # noqa: E402
-from ignition.components.sampling_cut import GENERAL_PREFIX  # noqa: E402
+from ignition.components.sampling_cut import MEASURED_PREFIX  # noqa: E402
 from ignition.components.switches import environment  # noqa: E402
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
@@ -47,7 +47,7 @@ MIXES = {
     "k1000": lambda r: {**SAMPLED, "top_k": 1000, "top_p": 1.0},
     "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
 }
-ROUTES = {"sort": "0", "prefix": str(GENERAL_PREFIX)}
+ROUTES = {"sort": "0", "prefix": str(MEASURED_PREFIX)}
 
 
 def build(batch: int, vocab: int, route: str, logits: torch.Tensor):
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         print(f"{r['batch']:>3} {r['mix']:>8} {r['warps']:>6} {r['block']:>6} {r['median_us']:10.2f} {r['min_us']:8.2f} "
               f"{r['max_us']:8.2f} {r['cuts_equal_sorted_reference']:>9}")
     if args.json:
-        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "prefix": GENERAL_PREFIX,
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "prefix": MEASURED_PREFIX,
                                          "differ": differ, "rows": rows, "cut_alone": alone}, indent=1))
     return 0
 

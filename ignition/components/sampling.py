@@ -24,9 +24,9 @@ wrote into them before replay).  Order, as vLLM's v1 sampler applies it:
 
 Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step untouched.
 Cost: without a bound the cut is stated by sorting the whole vocabulary (``[B, V]`` fp32), as vLLM's PyTorch path
-does -- the CPU path; on CUDA the top ``GENERAL_PREFIX`` values (``flare::topk_values``) cut the rows with
-``1 <= top_k <= GENERAL_PREFIX`` exactly as the bounded variant below cuts them, and ``flare::sampling_cut``'s
-sort-free kernel the others (``sampling_cut.py``; ``FLARE_SAMPLER_PREFIX=0``: the full sort on CUDA too).  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
+does; with ``FLARE_SAMPLER_PREFIX=N`` (off by default: ``sampling_cut.GENERAL_PREFIX`` gives the measurements) the
+top ``N`` values (``flare::topk_values``) cut the CUDA rows with ``1 <= top_k <= N`` exactly as the bounded variant
+below cuts them, and ``flare::sampling_cut``'s sort-free kernel the others.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
 by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values; two Triton launches on CUDA unless
 ``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
 a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
@@ -274,9 +274,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
     min-p/top-k/top-p-masked logits that random rows sample from.  ``skip [B]`` bool: rows whose filtered logits
     the caller ignores (greedy rows in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
 
-    Without ``max_top_k``, on CUDA (unless ``FLARE_SAMPLER_PREFIX=0``): the top :func:`general_prefix` values
-    instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not decide
-    (``sampling_cut.py``); elsewhere the full sort."""
+    Without ``max_top_k``, on CUDA with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off): the top
+    ``N`` values instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not decide
+    (``sampling_cut.py``); otherwise the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
     n = min(general_prefix(), y.shape[-1])

@@ -8,9 +8,10 @@ temperature-scaled, min-p-masked logits ``y [B, V]``, where ``cut = max(K, P)``:
   the values ``>= K``) is ``< top_p`` -- the last value of the smallest descending prefix reaching ``top_p``;
   else ``-inf``.
 
-:func:`sampling_cut_reference` states it by sorting (the sampler's full-sort path, :mod:`sampling`).  On CUDA the
-sampler takes the top ``GENERAL_PREFIX`` values of each row (``flare::topk_values``, two launches) and cuts rows
-with ``1 <= top_k <= GENERAL_PREFIX`` there exactly as the bounded variant does; this op cuts the other rows --
+:func:`sampling_cut_reference` states it by sorting (the sampler's full-sort path, :mod:`sampling`).  With
+``FLARE_SAMPLER_PREFIX=N`` (default off: ``GENERAL_PREFIX`` says why) the CUDA sampler takes the top ``N`` values of
+each row (``flare::topk_values``, two launches) and cuts rows
+with ``1 <= top_k <= N`` there exactly as the bounded variant does; this op cuts the other rows --
 ``top_k`` off or larger than the prefix -- and skips the rest (``skip``: their cut is ``-inf``, the caller's
 prefix cut replaces it).  Its Triton kernel (one program per row) never sorts: ``K`` and ``P`` are the largest
 32-bit order-preserving keys ``t`` whose count (``K``: ``#{key >= t} >= top_k``) or mass (``P``:
@@ -29,12 +30,21 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import whole
 
 __all__ = ["sampling_cut", "sampling_cut_reference", "top_k_threshold", "top_p_threshold", "general_prefix",
-           "GENERAL_PREFIX"]
+           "GENERAL_PREFIX", "MEASURED_PREFIX"]
 
-#: Values per row the CUDA general sampler ranks with ``flare::topk_values`` (``FLARE_SAMPLER_PREFIX=N`` sets it;
-#: 0: the full sort of every row, the sampler before this op).  Rows with ``1 <= top_k <= GENERAL_PREFIX`` are cut
-#: there; the others by :func:`sampling_cut`'s kernel.
-GENERAL_PREFIX = 64
+#: Values per row the CUDA general sampler ranks with ``flare::topk_values`` before cutting (``FLARE_SAMPLER_PREFIX=N``
+#: sets it): rows with ``1 <= top_k <= N`` are cut there, the others by :func:`sampling_cut`'s kernel.  Default 0: the
+#: full sort of every row.  Measured on the H200 (``scripts/bench_sampler.py``, runs 43-46, one 151,936-value row):
+#: with 64 the sampler takes 50 us instead of 92 at batch 1 and 74 instead of 163 at batch 4 when every row's top_k is
+#: within the 64 (Qwen3-0.6B's decode step 1.049x / 1.065x faster, Qwen3-8B's 4.6489 / 4.9986 ms against 4.7326 /
+#: 5.1042 in run 37) -- but the kernel's searches take 340 us (top_k 1000) to 450 us (top_k off, top_p 0.95) per row
+#: where the sort takes 92: a step with such a row would be 3.5-5x slower in its sampler.  Batches whose rows all fit
+#: a bound get the same speed without that risk from the bounded graph variant (``--topk-variant``), which the serving
+#: engine selects per batch; so the general graph keeps the sort until the kernel's searches beat it.
+GENERAL_PREFIX = 0
+
+#: The prefix ``scripts/bench_sampler.py`` and the GPU tests run the route with.
+MEASURED_PREFIX = 64
 
 
 def general_prefix() -> int:

@@ -1465,8 +1465,10 @@ def topk_values_triton(x: torch.Tensor, k: int) -> torch.Tensor:
 # its old one), and a CTA barrier after each pass orders its copies before the next pass's reads.  Every sum runs
 # over the same values in the same order in every process: the result is a pure function of the row.
 # Measured on the H200 (``scripts/bench_sampler.py``; one 151,936-value row, top-p 0.95 without top-k): one bit per
-# pass with CTA-wide sums after every block took 647 us (run 43), two bits per pass 605 us (run 44) -- the sort it
-# replaces, 92 us; the sums per thread over the pass, reduced once after it, are run 45's.
+# pass with CTA-wide sums after every block took 647 us (run 43), two bits per pass 605 us (run 44), sums per thread
+# reduced once per pass 480 us (run 45), range() loops 447 us (run 46; top_k 1000: 339 us) -- the sort it replaces
+# takes 92 us, so the sampler leaves this route off by default (``sampling_cut.GENERAL_PREFIX``).  Not found yet:
+# where those ~25 us per pass go (a full-row pass should take ~4 us on one SM).
 
 
 @triton.jit

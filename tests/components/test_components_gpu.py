@@ -333,11 +333,12 @@ def test_sampling_cut_on_this_gpu():
 
 
 def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
-    """The general sampler's CUDA route (top 64, the op for the other rows) keeps what the full sort keeps, up to
-    top-p near ties, and draws the same tokens."""
+    """The general sampler's CUDA route (``FLARE_SAMPLER_PREFIX=64``: top 64, the op for the other rows) keeps what
+    the full sort keeps, up to top-p near ties, and draws the same tokens."""
     from test_sampling_cut import _cut64
 
     from ignition.components.sampling import apply_min_p, apply_temperature, filter_logits
+    from ignition.components.sampling_cut import MEASURED_PREFIX
 
     b = 8
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -345,16 +346,16 @@ def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
     rows = [{"temperature": [0.0, 0.8, 1.0, 0.6][r % 4], "top_k": [0, 20, 100, 64][r % 4],
              "top_p": [0.95, 0.9, 1.0, 0.5, 0.99][r % 5], "min_p": [0.0, 0.01][r % 2], "seed": r} for r in range(b)]
     params = SamplingTensors.from_resolved(rows, b, vocab_size=VOCAB, device="cuda")
+    monkeypatch.setenv("FLARE_SAMPLER_PREFIX", str(MEASURED_PREFIX))
     _, routed = filter_logits(logits, params)
+    tokens_routed = sample(logits, params)
     monkeypatch.setenv("FLARE_SAMPLER_PREFIX", "0")
     x, full = filter_logits(logits, params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)  # what both routes cut
     for r in range(b):
         if not torch.equal(routed[r], full[r]):  # only a top-p near tie may differ
             assert _cut64(y[r].double().tolist(), rows[r]["top_k"], rows[r]["top_p"])[1], r
-    tokens_full = sample(logits, params)
-    monkeypatch.delenv("FLARE_SAMPLER_PREFIX")
-    assert torch.equal(sample(logits, params), tokens_full)
+    assert torch.equal(sample(logits, params), tokens_routed)
 
 
 @pytest.mark.parametrize("m,n,k,norm,gated,residual", [(4, 6144, 4096, True, False, False),
