@@ -11,6 +11,9 @@ restoration: KV lengths, sampling state).
 ``captured(fn)`` warms ``fn`` up on a side stream and captures it into a CUDA graph (the minimal reference
 graphs: the bandwidth floor, the matmul throughput).
 
+``interleaved(fns, samples=..., warmup=...)`` times several callables side by side: each round runs every one once
+(in the dict's order), so drifts of the machine fall on all of them alike.
+
 ``summarize(samples)`` gives the median/min/max/mean in milliseconds and the sample count, the same
 numbers every report prints.
 """
@@ -54,6 +57,19 @@ def time_samples(fn: Callable[[], object], *, samples: int = 50, warmup: int = 5
         events.append((start, end))
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / 1e3 for s, e in events]
+
+
+def interleaved(fns: dict, *, samples: int = 50, warmup: int = 5, device: str = "cuda") -> dict[object, list[float]]:
+    """``{name: durations (seconds)}``: ``samples`` rounds after ``warmup`` untimed ones, each round timing every
+    callable of ``fns`` once, in order (each sample as :func:`time_samples` takes it)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out = {name: [] for name in fns}
+    for _ in range(samples):
+        for name, fn in fns.items():
+            out[name] += time_samples(fn, samples=1, warmup=0, device=device)
+    return out
 
 
 def captured(fn: Callable[[], object], warmup: int = 3):

@@ -32,6 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
+from qualify.timing import interleaved  # noqa: E402
 
 VARIANTS = ("plain", "pdl", "early")
 
@@ -82,18 +83,8 @@ def measure(sizes: list[int], links: int, samples: int, block: int, variants=VAR
             with torch.cuda.graph(g):
                 run_chain(bufs, links, v, block)
             graphs[v] = g
-        times = {v: [] for v in variants}
-        for _ in range(5):
-            for g in graphs.values():
-                g.replay()
-        for _ in range(samples):
-            for v, g in graphs.items():
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                g.replay()
-                end.record()
-                end.synchronize()
-                times[v].append(start.elapsed_time(end) * 1e3 / links)  # us per link
+        times = {v: [t * 1e6 / links for t in ts]  # us per link
+                 for v, ts in interleaved({v: g.replay for v, g in graphs.items()}, samples=samples).items()}
         for v in variants:
             rows.append({"size": size, "bytes_per_link": 8 * size, "programs": triton.cdiv(size, block),
                          "variant": v, "links": links, "us_per_link": times[v],

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ignition.components.sampling import SamplingTensors, sample  # noqa: E402
 from ignition.components.sampling_cut import MEASURED_PREFIX  # noqa: E402
 from ignition.components.switches import environment  # noqa: E402
+from qualify.timing import interleaved  # noqa: E402
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 MIXES = {
@@ -69,17 +70,8 @@ def build(batch: int, vocab: int, route: str, logits: torch.Tensor):
 
 def time_graphs(graphs: dict, samples: int) -> dict:
     """``samples`` replays of each graph (interleaved, after 5 untimed rounds): microseconds per replay."""
-    times = {name: [] for name in graphs}
-    for i in range(samples + 5):
-        for name, graph in graphs.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            if i >= 5:
-                times[name].append(start.elapsed_time(end) * 1e3)
-    return times
+    times = interleaved({name: graph.replay for name, graph in graphs.items()}, samples=samples, warmup=5)
+    return {name: [t * 1e6 for t in ts] for name, ts in times.items()}
 
 
 def cut_alone(batch: int, vocab: int, scale: float, configs: list[tuple[int, int]], samples: int) -> list[dict]:
