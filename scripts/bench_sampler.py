@@ -146,8 +146,8 @@ def main(argv=None) -> int:
              for r in cut_alone(b, args.vocab, args.scale, configs, args.samples)]
     print(f"{'B':>3} {'mix':>8} {'warps':>6} {'block':>6} {'median us':>10} {'min':>8} {'max':>8} {'= sorted':>9}")
     for r in alone:
-        print(f"{r['batch']:>3} {r['mix']:>8} {r['warps']:>6} {r['block']:>6} {r['median_us']:10.2f} {r['min_us']:8.2f} "
-              f"{r['max_us']:8.2f} {r['cuts_equal_sorted_reference']:>9}")
+        print(f"{r['batch']:>3} {r['mix']:>8} {r['warps']:>6} {r['block']:>6} {r['median_us']:10.2f} "
+              f"{r['min_us']:8.2f} {r['max_us']:8.2f} {r['cuts_equal_sorted_reference']:>9}")
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "prefix": MEASURED_PREFIX,
                                          "differ": differ, "rows": rows, "cut_alone": alone}, indent=1))

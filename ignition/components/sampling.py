@@ -26,9 +26,9 @@ Inactive rows return ``pad_id`` and :func:`advance` leaves their counts and step
 Cost: without a bound the cut is stated by sorting the whole vocabulary (``[B, V]`` fp32), as vLLM's PyTorch path
 does; with ``FLARE_SAMPLER_PREFIX=N`` (off by default: ``sampling_cut.GENERAL_PREFIX`` gives the measurements) the
 top ``N`` values (``flare::topk_values``) cut the CUDA rows with ``1 <= top_k <= N`` exactly as the bounded variant
-below cuts them, and ``flare::sampling_cut``'s sort-free kernel the others.  ``SamplingTensors.max_top_k`` (static, a graph-variant property) replaces the sort
-by the top ``max_top_k`` values (``flare::topk_values``: ``torch.topk``'s values; two Triton launches on CUDA unless
-``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
+below cuts them, and ``flare::sampling_cut``'s sort-free kernel the others.  ``SamplingTensors.max_top_k``
+(static, a graph-variant property) replaces the sort by the top ``max_top_k`` values (``flare::topk_values``:
+``torch.topk``'s values; two Triton launches on CUDA unless ``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
 a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
 """
 
@@ -41,11 +41,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ignition.components.sampling_cut import general_prefix, sampling_cut, top_k_threshold, top_p_threshold
+from ignition.components.sampling_cut import general_prefix, sampling_cut, sorted_cut
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "apply_top_k", "apply_top_p", "filter_logits", "uniform_noise", "GREEDY_EPS"]
+           "apply_min_p", "filter_logits", "uniform_noise", "GREEDY_EPS"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -241,55 +241,36 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < cut, float("-inf"))
 
 
-def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
-    """Mask values below the k-th largest.  ``sorted_desc``: the row's ``n`` largest values, descending
-    (``n = V`` after a full sort; with ``topk(n)`` every row must have ``1 <= top_k <= n``)."""
-    return logits.masked_fill(logits < top_k_threshold(top_k, sorted_desc)[:, None], float("-inf"))
-
-
-def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
-    """Keep the smallest descending prefix whose probability mass reaches ``top_p`` (boundary ties kept).
-
-    ``sorted_desc`` must already carry every earlier mask (it is the sorted ``logits``, or their top
-    ``n`` when top-k has masked everything beyond ``n``).
-    """
-    return logits.masked_fill(logits < top_p_threshold(top_p, sorted_desc)[:, None], float("-inf"))
-
-
 def _prefix_cut(y: torch.Tensor, params: SamplingTensors, n: int, skip: torch.Tensor) -> torch.Tensor:
     """``[B]`` cuts (keep ``y >= cut``) from the top ``n`` values of each row: rows with ``1 <= top_k <= n`` are cut
     there, as the bounded variant cuts them; the others by ``flare::sampling_cut`` (``skip``: rows whose filtered
     logits the caller ignores)."""
-    prefix = topk_values(y, n)
-    kth = top_k_threshold(params.top_k, prefix)
-    cut = torch.maximum(kth, top_p_threshold(params.top_p, prefix.masked_fill(prefix < kth[:, None],
-                                                                              float("-inf"))))
     in_prefix = (params.top_k >= 1) & (params.top_k <= n)
-    return torch.where(in_prefix, cut, sampling_cut(y, params.top_k, params.top_p, in_prefix | skip))
+    return torch.where(in_prefix, sorted_cut(params.top_k, params.top_p, topk_values(y, n)),
+                       sampling_cut(y, params.top_k, params.top_p, in_prefix | skip))
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingTensors,
                   skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(penalized, filtered)``: penalized logits (greedy source) and the temperature-scaled,
-    min-p/top-k/top-p-masked logits that random rows sample from.  ``skip [B]`` bool: rows whose filtered logits
-    the caller ignores (greedy rows in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
+    min-p/top-k/top-p-masked logits that random rows sample from (top-k, then top-p on the probabilities it keeps;
+    values tied with a cut are kept).  ``skip [B]`` bool: rows whose filtered logits the caller ignores (greedy rows
+    in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
 
-    Without ``max_top_k``, on CUDA with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off): the top
+    With ``max_top_k``: the top ``max_top_k`` values (every row has ``1 <= top_k <= max_top_k``, so its kept set lies
+    inside them).  Without, on CUDA with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off): the top
     ``N`` values instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not decide
     (``sampling_cut.py``); otherwise the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
     n = min(general_prefix(), y.shape[-1])
-    if params.max_top_k is None and y.is_cuda and n > 0:
-        skip = torch.zeros_like(params.active) if skip is None else skip
-        return x, y.masked_fill(y < _prefix_cut(y, params, n, skip)[:, None], float("-inf"))
-    if params.max_top_k is None:
-        sorted_desc = torch.sort(y, dim=-1, descending=True).values
-    else:  # every row has 1 <= top_k <= max_top_k: its kept set lies inside the top max_top_k values
-        sorted_desc = topk_values(y, min(params.max_top_k, y.shape[-1]))  # torch.topk's values
-    y = apply_top_k(y, params.top_k, sorted_desc)
-    k_sorted = apply_top_k(sorted_desc, params.top_k, sorted_desc)  # top-k applied in sorted space
-    return x, apply_top_p(y, params.top_p, k_sorted)
+    if params.max_top_k is not None:
+        cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
+    elif y.is_cuda and n > 0:
+        cut = _prefix_cut(y, params, n, torch.zeros_like(params.active) if skip is None else skip)
+    else:
+        cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
+    return x, y.masked_fill(y < cut[:, None], float("-inf"))
 
 
 def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:

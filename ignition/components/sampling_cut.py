@@ -29,7 +29,8 @@ import torch
 from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import whole
 
-__all__ = ["sampling_cut", "sampling_cut_reference", "top_k_threshold", "top_p_threshold", "general_prefix",
+__all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "top_k_threshold", "top_p_threshold",
+           "general_prefix",
            "GENERAL_PREFIX", "MEASURED_PREFIX"]
 
 #: Values per row the CUDA general sampler ranks with ``flare::topk_values`` before cutting (``FLARE_SAMPLER_PREFIX=N``
@@ -71,6 +72,16 @@ def top_p_threshold(top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Ten
     return sorted_desc.gather(1, n_keep - 1)[:, 0]
 
 
+def sorted_cut(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """``[B]``: the cut (keep the values ``>=`` it) of rows whose kept values all lie in ``sorted_desc [B, n]`` (their
+    ``n`` largest, descending; every row ``1 <= top_k <= n`` unless ``n`` is the whole row): the ``top_k``-th value or
+    the top-p threshold over the values above it, whichever is larger.  With ``top_k`` off and ``top_p >= 1`` it is
+    the ``n``-th value, which cuts nothing from a whole row."""
+    kth = top_k_threshold(top_k, sorted_desc)
+    return torch.maximum(kth, top_p_threshold(top_p, sorted_desc.masked_fill(sorted_desc < kth[:, None],
+                                                                              float("-inf"))))
+
+
 def _cumsum_last(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
     """Inclusive cumsum over the last dim as two short scans (within blocks of ``block``, then over
     block totals).  Inductor in torch 2.11 fails to generate code for one 150k-long scan on CUDA
@@ -98,13 +109,9 @@ def sampling_cut_reference(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     """The cut by sorting each row (module docstring): ``max(K, P)``, ``-inf`` for skipped rows (the op's CPU
     path)."""
     _check(y, top_k, top_p, skip)
-    v = y.shape[1]
-    s = torch.sort(y, dim=-1, descending=True).values
-    kth = top_k_threshold(top_k, s)
-    p_cut = top_p_threshold(top_p, s.masked_fill(s < kth[:, None], float("-inf")))
-    ninf = torch.full_like(kth, float("-inf"))
-    cut = torch.maximum(torch.where((top_k >= 1) & (top_k < v), kth, ninf), torch.where(top_p < 1.0, p_cut, ninf))
-    return torch.where(skip, ninf, cut)
+    cut = sorted_cut(top_k, top_p, torch.sort(y, dim=-1, descending=True).values)
+    cuts = ((top_k >= 1) & (top_k < y.shape[1])) | (top_p < 1.0)
+    return torch.where(cuts & ~skip, cut, float("-inf"))
 
 
 def _fake(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
