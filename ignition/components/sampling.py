@@ -28,8 +28,9 @@ does; with ``FLARE_SAMPLER_PREFIX=N`` (off by default: ``sampling_cut.GENERAL_PR
 top ``N`` values (``flare::topk_values``) cut the CUDA rows with ``1 <= top_k <= N`` exactly as the bounded variant
 below cuts them, and ``flare::sampling_cut``'s sort-free kernel the others.  ``SamplingTensors.max_top_k``
 (static, a graph-variant property) replaces the sort by the top ``max_top_k`` values (``flare::topk_values``:
-``torch.topk``'s values; two Triton launches on CUDA unless ``FLARE_TRITON_TOPK=0``); it is exact because admission requires ``1 <= top_k <= max_top_k`` for every row -- e.g.
-a recipe whose ``top_k`` default has no range (Qwen3: fixed at 20).
+``torch.topk``'s values; two Triton launches on CUDA unless ``FLARE_TRITON_TOPK=0``); it is exact because admission
+requires ``1 <= top_k <= max_top_k`` for every row -- e.g. a recipe whose ``top_k`` default has no range (Qwen3: fixed
+at 20).
 """
 
 from __future__ import annotations
