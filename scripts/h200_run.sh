@@ -32,6 +32,8 @@
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
 #   decodeattn      scripts/bench_decode_attention.py: a decode step's attention per layer, three launches vs fused
+#   attnprobe       scripts/probe_decode_attention.py: clock stamps inside the fused decode attention and its reduce
+#                   in a graph of one-row decode layers ($PROBE_ARGS, e.g. --env "" --env FLARE_DECODE_KV_PREFETCH=0)
 #   chain           scripts/bench_kernel_chain.py: the cost of one dependent kernel (a chain of trivial kernels in
 #                   one graph; without PDL, with it, with the early trigger; $CHAIN_ARGS)
 #   sampler         scripts/bench_sampler.py: the general sampler alone, full sort vs the top-64 route with
@@ -108,6 +110,8 @@ for s in ${STAGES:?set STAGES}; do
           > "$OUT/sampler.log" 2>&1; tail -n 25 "$OUT/sampler.log" ;;
     decodeattn) timeout 200 python3 scripts/bench_decode_attention.py ${DECODEATTN_ARGS:-} --json "$OUT/decode-attn.json" \
           > "$OUT/decode-attn.log" 2>&1; tail -n 50 "$OUT/decode-attn.log" ;;
+    attnprobe) eval "timeout ${PROBE_S:-200} python3 scripts/probe_decode_attention.py ${PROBE_ARGS:-} --json \"\$OUT/attn-probe.json\"" \
+          > "$OUT/attn-probe.log" 2>&1; tail -n 80 "$OUT/attn-probe.log" ;;
     prefillprof) for chunk in ${PROF_CHUNKS:-4096}; do
           timeout 200 python3 scripts/prefill_profile.py --chunk $chunk --layers 4 --attention $ATTN --json "$OUT/prefill-prof-$chunk.json" \
             2>&1 | log | tail -n 30 > "$OUT/prefill-prof-$chunk.log"; cat "$OUT/prefill-prof-$chunk.log"; done ;;

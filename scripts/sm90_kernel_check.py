@@ -67,11 +67,17 @@ def cases(tk):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=64, KV_LINES=2)
-        out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, c, dict(num_warps=4)))
-        out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel",
-                    {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P},
-                    dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True,
-                         EARLY=True), dict(num_warps=4)))
+        r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
+        rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
+        out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None},
+                    dict(num_warps=4)))
+        out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
+                    {**r, "PROBE": None}, dict(num_warps=4)))
+        if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
+            out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
+                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
+            out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
+                        {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))
     for name, n, k, norm, gated, res, gi in (("8B qkv (norm apart)", 6144, 4096, False, False, False, False),
                                              ("8B o_proj", 4096, 4096, False, False, True, False),
                                              ("8B gate_up", 24576, 4096, True, True, False, False),
@@ -168,9 +174,10 @@ def main(argv=None) -> int:
                     fn = getattr(old, kernel)
                     known = set(fn.arg_names)
                     dropped = {c: v for c, v in consts.items() if c not in known}
-                    if any(v not in (0, False) for v in dropped.values()):  # the older kernel lacks a used feature
+                    if any(v not in (0, False, None) for v in dropped.values()):  # the older kernel lacks a used feature
                         raise ValueError(f"no {', '.join(dropped)} there")
-                    before = compile_sm90(fn, sig, {c: v for c, v in consts.items() if c in known}, opts)
+                    before = compile_sm90(fn, {c: t for c, t in sig.items() if c in known},
+                                          {c: v for c, v in consts.items() if c in known}, opts)
                     same = code_of(before.asm["ptx"]) == code_of(k.asm["ptx"])
                     row["same_ptx_as_" + args.against] = same
                 except Exception as exc:  # the older kernel takes other constexprs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -103,6 +104,78 @@ def _prefetch_l2(ptrs):
     """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+#: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half
+#: %globaltimer (ns, one clock for every SM), the second %clock64 (this SM's cycles) at the same points.
+PROBE_STAMPS = tl.constexpr(16)
+
+
+@triton.jit
+def _probe_stamp(P, program, point, dep, HAS_PROBE: tl.constexpr):
+    """Diagnostics only (off: nothing compiled): both clocks at probe ``point`` of ``program``, read once ``dep`` (an
+    int32 scalar the point's work produced) is computed -- the asm takes it as an input, so it cannot be hoisted above
+    that work."""
+    if HAS_PROBE:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+        c = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1)
+        row = P + program.to(tl.int64) * (2 * PROBE_STAMPS)
+        tl.store(row + point, t)
+        tl.store(row + PROBE_STAMPS + point, c)
+
+
+#: 128-byte lines each program prefetches per instruction batch in :func:`_prefetch_share`.
+PF_BLOCK = tl.constexpr(256)
+
+
+@triton.jit
+def _prefetch_share(W, n_lines, prog, programs, STEP: tl.constexpr):
+    """L2 prefetch of program ``prog``'s share (of ``programs`` equal shares) of the ``n_lines`` 128-byte lines of
+    ``W`` (``STEP`` elements per line)."""
+    per = (n_lines + programs - 1) // programs
+    start = prog * per
+    end = tl.minimum(start + per, n_lines)
+    for i in range(start, end, PF_BLOCK):
+        lines = i + tl.arange(0, PF_BLOCK)
+        _prefetch_l2(W + tl.where(lines < end, lines, start).to(tl.int64) * STEP)  # past the share: its first line
+
+
+@triton.jit
+def _bulk_prefetch_share(W, n_lines, prog, programs, STEP: tl.constexpr, LANES: tl.constexpr):
+    """:func:`_prefetch_share` by the TMA unit: each of ``LANES`` lanes hands one ``cp.async.bulk.prefetch.L2`` of its
+    slice (whole 128-byte lines) to the copy engine instead of one load-unit request per line."""
+    per = (n_lines + programs - 1) // programs
+    chunk = (per + LANES - 1) // LANES  # lines per lane
+    first = prog * per + tl.arange(0, LANES) * chunk
+    end = tl.minimum(prog * per + per, n_lines)
+    lines = tl.minimum(chunk, end - first)
+    keep = lines > 0
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                              [W + tl.where(keep, first, 0).to(tl.int64) * STEP, tl.where(keep, lines, 1) * 128],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, programs, REGIONS: tl.constexpr, STEP: tl.constexpr,
+                      BULK: tl.constexpr):
+    """This program's share of the L2 prefetch of up to three weights (``REGIONS``; ``PN*`` lines each): the weights
+    the kernels after it read, streamed while it waits on latency (nothing in a step writes weights, so this may run
+    at any point of the kernel); ``BULK``: by the TMA unit (:func:`_bulk_prefetch_share`)."""
+    if BULK:
+        if REGIONS > 0:
+            _bulk_prefetch_share(PW0, PN0, prog, programs, STEP, 128)
+        if REGIONS > 1:
+            _bulk_prefetch_share(PW1, PN1, prog, programs, STEP, 128)
+        if REGIONS > 2:
+            _bulk_prefetch_share(PW2, PN2, prog, programs, STEP, 128)
+    else:
+        if REGIONS > 0:
+            _prefetch_share(PW0, PN0, prog, programs, STEP)
+        if REGIONS > 1:
+            _prefetch_share(PW1, PN1, prog, programs, STEP)
+        if REGIONS > 2:
+            _prefetch_share(PW2, PN2, prog, programs, STEP)
 
 
 @triton.jit
@@ -272,17 +345,23 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                  HAS_PROBE: tl.constexpr = False):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
+    _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
     page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
+    _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
     kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
                  mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                 mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
+                                   + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
+                 HAS_PROBE)
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -292,11 +371,14 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
     alpha = tl.math.exp2(m_i - m_new)
     prob = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
+    _probe_stamp(PROBE, prog, 11, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if DOT_F32:
         pv = tl.dot(prob, v.to(tl.float32), input_precision="ieee")
     else:
         pv = tl.dot(prob, v.to(tl.float32), input_precision="tf32x3")  # fp32 P (3 tf32 products: ~fp32 exact)
-    return m_new, l_i, acc * alpha[:, None] + pv
+    acc = acc * alpha[:, None] + pv
+    _probe_stamp(PROBE, prog, 12, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -313,7 +395,8 @@ def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.const
 def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   DOT_F32: tl.constexpr, PIPELINE: tl.constexpr):
+                   DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
+                   HAS_PROBE: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
@@ -324,13 +407,13 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
         for blk in range(start, end):
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
     else:
         blk = start
         while blk < end:
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32)
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
             blk += 1
     return m_i, l_i, acc
 
@@ -415,12 +498,17 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
-                                USE_PDL: tl.constexpr, EARLY: tl.constexpr):
+                                USE_PDL: tl.constexpr, EARLY: tl.constexpr, PROBE=None,
+                                HAS_PROBE: tl.constexpr = False):
+    prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
+    _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)  # EARLY: the output projection after it starts streaming its weight meanwhile
     h = tl.program_id(1)
+    _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
     offs_d = tl.arange(0, DP)
     _decode_combine(M_ws, L_ws, ACC_ws, Out, tl.program_id(0).to(tl.int64), h // G, h % G, offs_d, offs_d < D,
                     H, KVH, GP, D, SPLITS, SP, G)
+    _probe_stamp(PROBE, prog, 6, h, HAS_PROBE)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -446,18 +534,31 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PW0=None, PW1=None, PW2=None, PN0=0,
+                        PN1=0, PN2=0, PF_REGIONS: tl.constexpr = 0, PF_STEP: tl.constexpr = 64,
+                        PF_BEFORE_WAIT: tl.constexpr = False, PF_BULK: tl.constexpr = False, PROBE=None,
+                        HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     b64 = b.to(tl.int64)
+    prog = (b * KVH + kvh) * SPLITS + split  # the timing probe's row (HAS_PROBE: diagnostics only)
+    _probe_stamp(PROBE, prog, 0, split, HAS_PROBE)
     # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
     # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
+    _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
+    if PF_BEFORE_WAIT:
+        _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, tl.num_programs(0) * KVH * SPLITS, PF_REGIONS, PF_STEP,
+                          PF_BULK)
     _pdl_enter(USE_PDL)
+    if not PF_BEFORE_WAIT:
+        _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, tl.num_programs(0) * KVH * SPLITS, PF_REGIONS, PF_STEP,
+                          PF_BULK)
+    _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
@@ -466,6 +567,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
                                QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (QR, D))  # [QR, D]: the halves side by side; 0 past G
+    _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
+                 HAS_PROBE)
 
     writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
     if split == writer:
@@ -476,10 +579,12 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                        VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
                        KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+    _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
     m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
                                    stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+    _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -487,6 +592,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               SPLITS)
+    _probe_stamp(PROBE, prog, 6, split, HAS_PROBE)
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -499,6 +605,12 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     if page & (page - 1):
         raise ValueError(f"{what}: page size {page} must be a power of two")
     return page, kvh
+
+
+def decode_pipelined() -> bool:
+    """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled; ``FLARE_DECODE_PIPELINE=0``
+    makes it the plain ``while`` loop the interpreter runs -- same blocks, same order; side-by-side runs)."""
+    return not _interpreting() and switch("FLARE_DECODE_PIPELINE", True)
 
 
 def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_programs: int = 1024,
@@ -601,7 +713,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E,
         KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
-        BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=not _interpreting(),
+        BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
         num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
@@ -690,13 +802,20 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
-                                 num_splits: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                                 num_splits: int | None = None, block_n: int | None = None,
+                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                 prefetch: Sequence[torch.Tensor] = (), prefetch_before_wait: bool = False,
+                                 prefetch_bulk: bool = False) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
-    (:func:`decode_block_n`).  Shapes are checked by the op (``decode_attention.py``)."""
+    (:func:`decode_block_n`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers
+    ``[B * KV * splits, 2 * PROBE_STAMPS]`` and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel
+    fill with clock stamps (:func:`_probe_stamp`).  ``prefetch``: up to three weights of the kernels after this one,
+    streamed into L2 in equal shares by the fused kernel's programs, after their PDL wait (``prefetch_before_wait``:
+    before it; ``prefetch_bulk``: by the TMA unit); nothing in the interpreter.  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
                            block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
@@ -717,14 +836,44 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=not _interpreting(), KV_PREFETCH=decode_kv_prefetch_keys(b),
+        PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
-        **fused_decode_launch_options())
+        **fused_decode_launch_options(), **_prefetch_args(prefetch, prefetch_before_wait, prefetch_bulk),
+        **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
-            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
+            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
     return out
+
+
+def _prefetch_args(weights: Sequence[torch.Tensor], before_wait: bool, bulk: bool) -> dict:
+    """The fused decode kernel's weight-prefetch launch arguments (none when no weights, or in the interpreter);
+    raises unless at most three contiguous CUDA tensors of one element size."""
+    if not weights or _interpreting():
+        return {}
+    if len(weights) > 3 or len({w.element_size() for w in weights}) != 1 or not all(
+            w.is_contiguous() and w.is_cuda for w in weights):
+        raise ValueError("prefetch: at most three contiguous CUDA tensors of one element size, got "
+                         + ", ".join(f"{w.dtype} {tuple(w.shape)}" for w in weights))
+    args = {"PF_REGIONS": len(weights), "PF_STEP": 128 // weights[0].element_size(),
+            "PF_BEFORE_WAIT": bool(before_wait), "PF_BULK": bool(bulk)}
+    for i, w in enumerate(weights):
+        args[f"PW{i}"] = w
+        args[f"PN{i}"] = triton.cdiv(w.numel() * w.element_size(), 128)
+    return args
+
+
+def _probe_args(probe: tuple[torch.Tensor, torch.Tensor] | None, which: int, programs: int) -> dict:
+    """The ``PROBE``/``HAS_PROBE`` launch arguments for buffer ``which`` of ``probe`` (none when None); raises when
+    the buffer cannot hold ``programs`` rows of stamps."""
+    if probe is None:
+        return {}
+    buf = probe[which]
+    if buf.dtype != torch.int64 or not buf.is_contiguous() or buf.numel() < programs * 2 * PROBE_STAMPS.value:
+        raise ValueError(f"probe buffer {which}: need a contiguous int64 tensor of >= {programs} x "
+                         f"{2 * PROBE_STAMPS.value} stamps, got {buf.dtype} {tuple(buf.shape)}")
+    return {"PROBE": buf, "HAS_PROBE": True}
 
 
 # ------------------------------------------------------------------------------------------------------------

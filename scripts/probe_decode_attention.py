@@ -1,0 +1,250 @@
+"""Where the decode attention's time goes inside the step: clock stamps from inside the fused decode kernel and its
+reduce kernel (``rope_decode_attention_triton(probe=...)``), captured in a CUDA graph of one-row decode layers built
+as the Qwen3 recipe runs them at batch 1 (qkv GEMV with the norm prologue -> fused attention -> reduce -> o_proj GEMV
+with the residual -> MLP), so the attention launches early under the qkv projection as in a real step.
+
+    python scripts/probe_decode_attention.py [--shapes 8B,0.6B] [--context 1024] [--replays 20] [--json OUT]
+        [--env NAME=VALUE,... ...]   (one variant per --env string, e.g. "FLARE_DECODE_KV_PREFETCH=0"; "" = default;
+                                      prefetch=o|o+mlp|mlp[:early][:bulk]: the attention streams those weights into L2;
+                                      :bulk by the TMA unit)
+
+Per program the fused kernel stamps %globaltimer and %clock64 at: 0 entry, 1 after its share and the K/V prefetch,
+2 after the PDL wait, 3 query rows normed and rotated, 4 after the new key/value write, 5 after the key loop, 6 after
+its partials are stored, and in its last key block 8 start, 9 page ids loaded, 10 K and V loaded, 11 scores and
+softmax, 12 P V accumulated (each stamp waits for its data, so the block stamps serialize a software-pipelined loop);
+the reduce kernel at 0 entry, 2 after its wait, 6 after its store.  The table gives medians
+over layers (the first skipped) of: phase durations per program (median and max over programs), the entry spread,
+how many programs entered only after the first one passed its wait (not resident when the qkv projection ended),
+the attention's span from the first wait release to the last store, the reduce's wait and its own span.  The
+variants' unprobed graphs are then timed side by side (interleaved replays; ratios to the first variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ignition.components import triton_kernels as tk  # noqa: E402
+from qualify.timing import interleaved  # noqa: E402
+
+EPS = 1e-6
+#: name -> (hidden, heads, KV heads, intermediate, layers, MLP as the recipe runs it at one row)
+SHAPES = {"8B": (4096, 32, 8, 12288, 36, "cublas"), "0.6B": (1024, 16, 8, 3072, 28, "fused")}
+#: --env prefetch=NAME[:early][:bulk]: the weights the attention streams into L2 for the kernels after it
+#: (oNN: the last NN % of the output projection's rows -- the GEMV programs that start last)
+PREFETCH = {"": [], "o": ["wo"], "o+mlp": ["wo", "wgu", "wdown"], "mlp": ["wgu", "wdown"], "o25": ["wo25"],
+            "o50": ["wo50"], "o75": ["wo75"]}
+#: (from stamp, to stamp, what the span covers); stamps 8-12 are the program's last key block
+PHASES = ((0, 1, "entry -> share, K/V prefetched"), (1, 2, "-> PDL wait returned"), (2, 3, "-> query rows ready"),
+          (3, 4, "-> new K/V written"), (4, 5, "-> key loop done"), (5, 6, "-> partials stored"),
+          (4, 8, "loop start -> last block start"), (8, 9, "  last block: page ids"), (9, 10, "  last block: K, V"),
+          (10, 11, "  last block: scores, softmax"), (11, 12, "  last block: P V"))
+
+
+def build(shape, ctx, max_ctx, page, gen):
+    hidden, heads, kvh, inter, n_layers, mlp = SHAPES[shape]
+    d = 128
+    width = max_ctx // page
+
+    def w(*s):
+        return (torch.randn(*s, device="cuda", generator=gen) * 0.02).to(torch.bfloat16)
+
+    layers = []
+    for _ in range(n_layers):
+        kp = torch.randn((width + 1, page, kvh, d), device="cuda", generator=gen).to(torch.bfloat16)
+        bt = torch.randperm(width, device="cuda", generator=gen).view(1, width).to(torch.int32)
+        layers.append(dict(wqkv=w((heads + 2 * kvh) * d, hidden), ln1=(w(hidden) + 1), wo=w(hidden, heads * d),
+                           ln2=(w(hidden) + 1), wgu=w(2 * inter, hidden), wdown=w(hidden, inter),
+                           qn=(w(d) + 1), kn=(w(d) + 1), kp=kp, vp=torch.randn_like(kp), bt=bt,
+                           fused_probe=torch.zeros(kvh * 64, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
+                                                   device="cuda"),
+                           reduce_probe=torch.zeros(heads, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
+                                                    device="cuda")))
+    for layer in layers:
+        for pct in (25, 50, 75):
+            layer[f"wo{pct}"] = layer["wo"][hidden - hidden * pct // 100:]
+    lens = torch.full((1,), ctx, device="cuda", dtype=torch.int64)
+    pos = lens - 1
+    slots = layers[0]["bt"][0, pos // page].long() * page + pos % page  # same page ids in every layer's table
+    for layer in layers:
+        layer["bt"].copy_(layers[0]["bt"])
+    ang = pos[:, None, None].float() * (1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d)))
+    emb = torch.cat((ang, ang), dim=-1)
+    meta = dict(lens=lens, slots=slots, cos=emb.cos().to(torch.bfloat16), sin=emb.sin().to(torch.bfloat16),
+                heads=heads, kvh=kvh, d=d, mlp=mlp, hidden=hidden)
+    return layers, meta
+
+
+def step(x, layers, meta, probe=True, prefetch=""):
+    heads, kvh, d = meta["heads"], meta["kvh"], meta["d"]
+    for layer in layers:
+        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS)
+        q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
+        attn = tk.rope_decode_attention_triton(
+            q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
+            layer["bt"], meta["lens"], d ** -0.5,
+            probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None,
+            prefetch=[layer[w] for w in PREFETCH[prefetch.split(":")[0]]], prefetch_before_wait=":early" in prefetch,
+            prefetch_bulk=":bulk" in prefetch)
+        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x)
+        if meta["mlp"] == "cublas":
+            gu = tk.rms_norm_triton(h, layer["ln2"], EPS) @ layer["wgu"].t()
+            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True)
+        else:
+            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True)
+            x = tk.fused_linear_triton(act, layer["wdown"], residual=h)
+    return x
+
+
+def analyse(layers, meta, splits):
+    """Per-layer figures from the stamps of the last replay; medians over layers 1.. ."""
+    n = tk.PROBE_STAMPS.value
+    per_layer = []
+    for layer in layers[1:]:
+        f = layer["fused_probe"][: meta["kvh"] * splits].cpu()
+        r = layer["reduce_probe"][: meta["heads"]].cpu()
+        t, c = f[:, :n].double(), f[:, n:].double()
+        ghz = statistics.median(((c[:, 6] - c[:, 0]) / (t[:, 6] - t[:, 0]).clamp(min=1)).tolist())
+        phases = {}
+        for a, z, what in PHASES:
+            cyc = ((c[:, z] - c[:, a]) / ghz).tolist()  # ns from this SM's cycles
+            phases[what] = (statistics.median(cyc), max(cyc))
+        first_wait = t[:, 2].min().item()
+        rt = r[:, :n].double()
+        per_layer.append(dict(
+            ghz=ghz, phases=phases,
+            entry_spread_ns=(t[:, 0].max() - t[:, 0].min()).item(),
+            late_programs=int((t[:, 0] > first_wait).sum().item()),
+            wait_release_spread_ns=(t[:, 2].max() - first_wait).item(),
+            attention_span_ns=(t[:, 6].max() - first_wait).item(),
+            q_ready_after_release_ns=(t[:, 3].max() - first_wait).item(),
+            keys_done_after_release_ns=(t[:, 5].max() - first_wait).item(),
+            reduce_entry_before_attention_end_ns=(t[:, 6].max() - rt[:, 0].min()).item(),
+            reduce_release_after_attention_end_ns=(rt[:, 2].min() - t[:, 6].max()).item(),
+            reduce_span_ns=(rt[:, 6].max() - rt[:, 2].min()).item(),
+            release_to_reduce_end_ns=(rt[:, 6].max() - first_wait).item()))
+    keys = [k for k in per_layer[0] if k != "phases"]
+    summary = {k: statistics.median(p[k] for p in per_layer) for k in keys}
+    summary["phases"] = {ph: (statistics.median(p["phases"][ph][0] for p in per_layer),
+                              statistics.median(p["phases"][ph][1] for p in per_layer))
+                         for ph in per_layer[0]["phases"]}
+    return summary, per_layer
+
+
+def capture(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def parse_variant(spec):
+    """``NAME=VALUE[,NAME=VALUE]`` -> (environment, prefetch); ``prefetch=...`` is the bench's own."""
+    env = dict(item.split("=", 1) for item in spec.split(",") if item)
+    prefetch = env.pop("prefetch", "")
+    name, *flags = prefetch.split(":")
+    if name not in PREFETCH or not set(flags) <= {"early", "bulk"}:
+        raise SystemExit(f"--env: prefetch={prefetch!r} (known: {', '.join(k for k in PREFETCH if k)}, with :early "
+                         f"and/or :bulk)")
+    return env, prefetch
+
+
+def run_shape(shape, specs, args, gen):
+    """Each variant's stamps (its own probed graph), then every variant's plain graph timed side by side."""
+    layers, meta = build(shape, args.context, args.max_context, args.page, gen)
+    x = torch.randn(1, meta["hidden"], device="cuda", generator=gen).to(torch.bfloat16)
+    blocks = args.max_context // tk.decode_block_n(args.page)
+    cases, graphs = [], {}
+    for spec in specs:
+        env, prefetch = parse_variant(spec)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            splits = tk.fused_decode_num_splits(1, meta["kvh"], meta["heads"] // meta["kvh"], blocks)
+            probed = capture(lambda: step(x, layers, meta, True, prefetch))
+            for _ in range(5):
+                probed.replay()
+            torch.cuda.synchronize()
+            summary, per_layer = analyse(layers, meta, splits)
+            del probed
+            graphs[spec or "default"] = capture(lambda: step(x, layers, meta, False, prefetch))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        cases.append(dict(shape=shape, variant=spec or "default", splits=splits, summary=summary,
+                          per_layer=per_layer))
+    times = interleaved({name: g.replay for name, g in graphs.items()}, samples=args.replays, warmup=3)
+    for case in cases:
+        t = times[case["variant"]]
+        case["graph"] = dict(median_s=statistics.median(t), min_s=min(t), max_s=max(t), samples_s=t)
+    del graphs, layers
+    torch.cuda.empty_cache()
+    return cases
+
+
+def show(case):
+    s = case["summary"]
+    g = case["graph"]
+    print(f"{case['shape']} {case['variant']}: splits {case['splits']}, SM clock {s['ghz']:.2f} GHz; step (side by "
+          f"side, unprobed) median {g['median_s'] * 1e3:.4f} ms (min {g['min_s'] * 1e3:.4f}, max "
+          f"{g['max_s'] * 1e3:.4f})")
+    for ph, (med, mx) in s["phases"].items():
+        print(f"    {ph:34s} median {med:8.0f} ns   max over programs {mx:8.0f} ns")
+    for k, v in s.items():
+        if k not in ("phases", "ghz"):
+            print(f"    {k:40s} {v:9.0f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="8B,0.6B")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--max-context", type=int, default=4096)
+    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--replays", type=int, default=50, help="interleaved rounds of the side-by-side timing")
+    ap.add_argument("--env", action="append", default=None,
+                    help="a variant's environment, NAME=VALUE[,NAME=VALUE] ('' = the default); repeatable")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_decode_attention: needs a CUDA device", file=sys.stderr)
+        return 2
+    specs = args.env or [""]
+    for spec in specs:
+        parse_variant(spec)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cases = []
+    for shape in args.shapes.split(","):
+        if shape not in SHAPES:
+            raise SystemExit(f"--shapes: unknown {shape!r} (known: {', '.join(SHAPES)})")
+        shape_cases = run_shape(shape, specs, args, gen)
+        base = shape_cases[0]["graph"]["median_s"]
+        for case in shape_cases:
+            show(case)
+            print(f"    step ratio to {shape_cases[0]['variant']}: {case['graph']['median_s'] / base:.4f}")
+        cases += shape_cases
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "device": torch.cuda.get_device_name(),
+                                               "cases": cases}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
