@@ -4,9 +4,7 @@ as the Qwen3 recipe runs them at batch 1 (qkv GEMV with the norm prologue -> fus
 with the residual -> MLP), so the attention launches early under the qkv projection as in a real step.
 
     python scripts/probe_decode_attention.py [--shapes 8B,0.6B] [--context 1024] [--replays 20] [--json OUT]
-        [--env NAME=VALUE,... ...]   (one variant per --env string, e.g. "FLARE_DECODE_KV_PREFETCH=0"; "" = default;
-                                      prefetch=o|o+mlp|mlp[:early][:bulk]: the attention streams those weights into L2;
-                                      :bulk by the TMA unit)
+        [--env NAME=VALUE,... ...]   (one variant per --env string, e.g. "FLARE_DECODE_KV_PREFETCH=0"; "" = default)
 
 Per program the fused kernel stamps %globaltimer and %clock64 at: 0 entry, 1 after its share and the K/V prefetch,
 2 after the PDL wait, 3 query rows normed and rotated, 4 after the new key/value write, 5 after the key loop, 6 after
@@ -38,10 +36,6 @@ from qualify.timing import interleaved  # noqa: E402
 EPS = 1e-6
 #: name -> (hidden, heads, KV heads, intermediate, layers, MLP as the recipe runs it at one row)
 SHAPES = {"8B": (4096, 32, 8, 12288, 36, "cublas"), "0.6B": (1024, 16, 8, 3072, 28, "fused")}
-#: --env prefetch=NAME[:early][:bulk]: the weights the attention streams into L2 for the kernels after it
-#: (oNN: the last NN % of the output projection's rows -- the GEMV programs that start last)
-PREFETCH = {"": [], "o": ["wo"], "o+mlp": ["wo", "wgu", "wdown"], "mlp": ["wgu", "wdown"], "o25": ["wo25"],
-            "o50": ["wo50"], "o75": ["wo75"]}
 #: (from stamp, to stamp, what the span covers); stamps 8-12 are the program's last key block
 PHASES = ((0, 1, "entry -> share, K/V prefetched"), (1, 2, "-> PDL wait returned"), (2, 3, "-> query rows ready"),
           (3, 4, "-> new K/V written"), (4, 5, "-> key loop done"), (5, 6, "-> partials stored"),
@@ -68,9 +62,6 @@ def build(shape, ctx, max_ctx, page, gen):
                                                    device="cuda"),
                            reduce_probe=torch.zeros(heads, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
                                                     device="cuda")))
-    for layer in layers:
-        for pct in (25, 50, 75):
-            layer[f"wo{pct}"] = layer["wo"][hidden - hidden * pct // 100:]
     lens = torch.full((1,), ctx, device="cuda", dtype=torch.int64)
     pos = lens - 1
     slots = layers[0]["bt"][0, pos // page].long() * page + pos % page  # same page ids in every layer's table
@@ -83,7 +74,7 @@ def build(shape, ctx, max_ctx, page, gen):
     return layers, meta
 
 
-def step(x, layers, meta, probe=True, prefetch=""):
+def step(x, layers, meta, probe=True):
     heads, kvh, d = meta["heads"], meta["kvh"], meta["d"]
     for layer in layers:
         qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS)
@@ -91,9 +82,7 @@ def step(x, layers, meta, probe=True, prefetch=""):
         attn = tk.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5,
-            probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None,
-            prefetch=[layer[w] for w in PREFETCH[prefetch.split(":")[0]]], prefetch_before_wait=":early" in prefetch,
-            prefetch_bulk=":bulk" in prefetch)
+            probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
         h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x)
         if meta["mlp"] == "cublas":
             gu = tk.rms_norm_triton(h, layer["ln2"], EPS) @ layer["wgu"].t()
@@ -153,14 +142,12 @@ def capture(fn):
 
 
 def parse_variant(spec):
-    """``NAME=VALUE[,NAME=VALUE]`` -> (environment, prefetch); ``prefetch=...`` is the bench's own."""
-    env = dict(item.split("=", 1) for item in spec.split(",") if item)
-    prefetch = env.pop("prefetch", "")
-    name, *flags = prefetch.split(":")
-    if name not in PREFETCH or not set(flags) <= {"early", "bulk"}:
-        raise SystemExit(f"--env: prefetch={prefetch!r} (known: {', '.join(k for k in PREFETCH if k)}, with :early "
-                         f"and/or :bulk)")
-    return env, prefetch
+    """``NAME=VALUE[,NAME=VALUE]`` -> the variant's environment (raises naming a malformed item)."""
+    items = [item for item in spec.split(",") if item]
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise SystemExit(f"--env {spec!r}: expected NAME=VALUE items, got {', '.join(bad)}")
+    return dict(item.split("=", 1) for item in items)
 
 
 def run_shape(shape, specs, args, gen):
@@ -170,18 +157,18 @@ def run_shape(shape, specs, args, gen):
     blocks = args.max_context // tk.decode_block_n(args.page)
     cases, graphs = [], {}
     for spec in specs:
-        env, prefetch = parse_variant(spec)
+        env = parse_variant(spec)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
             splits = tk.fused_decode_num_splits(1, meta["kvh"], meta["heads"] // meta["kvh"], blocks)
-            probed = capture(lambda: step(x, layers, meta, True, prefetch))
+            probed = capture(lambda: step(x, layers, meta, True))
             for _ in range(5):
                 probed.replay()
             torch.cuda.synchronize()
             summary, per_layer = analyse(layers, meta, splits)
             del probed
-            graphs[spec or "default"] = capture(lambda: step(x, layers, meta, False, prefetch))
+            graphs[spec or "default"] = capture(lambda: step(x, layers, meta, False))
         finally:
             for k, v in saved.items():
                 if v is None:

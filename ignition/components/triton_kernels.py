@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Sequence
 
 import torch
 import triton
@@ -123,59 +122,6 @@ def _probe_stamp(P, program, point, dep, HAS_PROBE: tl.constexpr):
         row = P + program.to(tl.int64) * (2 * PROBE_STAMPS)
         tl.store(row + point, t)
         tl.store(row + PROBE_STAMPS + point, c)
-
-
-#: 128-byte lines each program prefetches per instruction batch in :func:`_prefetch_share`.
-PF_BLOCK = tl.constexpr(256)
-
-
-@triton.jit
-def _prefetch_share(W, n_lines, prog, programs, STEP: tl.constexpr):
-    """L2 prefetch of program ``prog``'s share (of ``programs`` equal shares) of the ``n_lines`` 128-byte lines of
-    ``W`` (``STEP`` elements per line)."""
-    per = (n_lines + programs - 1) // programs
-    start = prog * per
-    end = tl.minimum(start + per, n_lines)
-    for i in range(start, end, PF_BLOCK):
-        lines = i + tl.arange(0, PF_BLOCK)
-        _prefetch_l2(W + tl.where(lines < end, lines, start).to(tl.int64) * STEP)  # past the share: its first line
-
-
-@triton.jit
-def _bulk_prefetch_share(W, n_lines, prog, programs, STEP: tl.constexpr, LANES: tl.constexpr):
-    """:func:`_prefetch_share` by the TMA unit: each of ``LANES`` lanes hands one ``cp.async.bulk.prefetch.L2`` of its
-    slice (whole 128-byte lines) to the copy engine instead of one load-unit request per line."""
-    per = (n_lines + programs - 1) // programs
-    chunk = (per + LANES - 1) // LANES  # lines per lane
-    first = prog * per + tl.arange(0, LANES) * chunk
-    end = tl.minimum(prog * per + per, n_lines)
-    lines = tl.minimum(chunk, end - first)
-    keep = lines > 0
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                              [W + tl.where(keep, first, 0).to(tl.int64) * STEP, tl.where(keep, lines, 1) * 128],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, programs, REGIONS: tl.constexpr, STEP: tl.constexpr,
-                      BULK: tl.constexpr):
-    """This program's share of the L2 prefetch of up to three weights (``REGIONS``; ``PN*`` lines each): the weights
-    the kernels after it read, streamed while it waits on latency (nothing in a step writes weights, so this may run
-    at any point of the kernel); ``BULK``: by the TMA unit (:func:`_bulk_prefetch_share`)."""
-    if BULK:
-        if REGIONS > 0:
-            _bulk_prefetch_share(PW0, PN0, prog, programs, STEP, 128)
-        if REGIONS > 1:
-            _bulk_prefetch_share(PW1, PN1, prog, programs, STEP, 128)
-        if REGIONS > 2:
-            _bulk_prefetch_share(PW2, PN2, prog, programs, STEP, 128)
-    else:
-        if REGIONS > 0:
-            _prefetch_share(PW0, PN0, prog, programs, STEP)
-        if REGIONS > 1:
-            _prefetch_share(PW1, PN1, prog, programs, STEP)
-        if REGIONS > 2:
-            _prefetch_share(PW2, PN2, prog, programs, STEP)
 
 
 @triton.jit
@@ -534,9 +480,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PW0=None, PW1=None, PW2=None, PN0=0,
-                        PN1=0, PN2=0, PF_REGIONS: tl.constexpr = 0, PF_STEP: tl.constexpr = 64,
-                        PF_BEFORE_WAIT: tl.constexpr = False, PF_BULK: tl.constexpr = False, PROBE=None,
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -551,13 +495,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
-    if PF_BEFORE_WAIT:
-        _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, tl.num_programs(0) * KVH * SPLITS, PF_REGIONS, PF_STEP,
-                          PF_BULK)
     _pdl_enter(USE_PDL)
-    if not PF_BEFORE_WAIT:
-        _prefetch_weights(PW0, PW1, PW2, PN0, PN1, PN2, prog, tl.num_programs(0) * KVH * SPLITS, PF_REGIONS, PF_STEP,
-                          PF_BULK)
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -730,6 +668,11 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: reduce and the whole-weight GEMV prefetch.  Tried and removed: loading the first key blocks into registers before
 #: the wait instead (new slot patched in after it) -- bitwise in the interpreter but not compiled for sm90, and
 #: Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower (``results/20261201T114209Z-sm90-run27``).
+#: Per model it differs (``results/20261201T163000Z-sm90-attnprobe-runs48-53``, one-row layer graphs side by side):
+#: off, Qwen3-8B 1.015x slower, Qwen3-0.6B 0.950x (its 8 MiB qkv projection ends ~3.6 us after the attention
+#: starts prefetching 4 MiB of K/V, which competes with it); in Qwen3-0.6B's real decode step
+#: (``results/20261201T164200Z-sm90-run54``, side by side in one process) 0.980x at batch 1 -- within noise by the
+#: min-max rule, so it stays on for every model.
 DECODE_KV_PREFETCH_KEYS = 64
 
 
@@ -803,9 +746,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                  num_splits: int | None = None, block_n: int | None = None,
-                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                 prefetch: Sequence[torch.Tensor] = (), prefetch_before_wait: bool = False,
-                                 prefetch_bulk: bool = False) -> torch.Tensor:
+                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
@@ -813,9 +754,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers
     ``[B * KV * splits, 2 * PROBE_STAMPS]`` and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel
-    fill with clock stamps (:func:`_probe_stamp`).  ``prefetch``: up to three weights of the kernels after this one,
-    streamed into L2 in equal shares by the fused kernel's programs, after their PDL wait (``prefetch_before_wait``:
-    before it; ``prefetch_bulk``: by the TMA unit); nothing in the interpreter.  Shapes are checked by the op (``decode_attention.py``)."""
+    fill with clock stamps (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
                            block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
@@ -838,30 +777,12 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
-        **fused_decode_launch_options(), **_prefetch_args(prefetch, prefetch_before_wait, prefetch_bulk),
-        **_probe_args(probe, 0, b * kvh * splits))
+        **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
             SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
     return out
-
-
-def _prefetch_args(weights: Sequence[torch.Tensor], before_wait: bool, bulk: bool) -> dict:
-    """The fused decode kernel's weight-prefetch launch arguments (none when no weights, or in the interpreter);
-    raises unless at most three contiguous CUDA tensors of one element size."""
-    if not weights or _interpreting():
-        return {}
-    if len(weights) > 3 or len({w.element_size() for w in weights}) != 1 or not all(
-            w.is_contiguous() and w.is_cuda for w in weights):
-        raise ValueError("prefetch: at most three contiguous CUDA tensors of one element size, got "
-                         + ", ".join(f"{w.dtype} {tuple(w.shape)}" for w in weights))
-    args = {"PF_REGIONS": len(weights), "PF_STEP": 128 // weights[0].element_size(),
-            "PF_BEFORE_WAIT": bool(before_wait), "PF_BULK": bool(bulk)}
-    for i, w in enumerate(weights):
-        args[f"PW{i}"] = w
-        args[f"PN{i}"] = triton.cdiv(w.numel() * w.element_size(), 128)
-    return args
 
 
 def _probe_args(probe: tuple[torch.Tensor, torch.Tensor] | None, which: int, programs: int) -> dict:
@@ -1156,6 +1077,11 @@ GEMV_PREFETCH_TILES = 2
 #: 8B o_proj (32 MiB) whole during the attention cost more than it saved (B=1 4.748 ms without, 4.771 with,
 #: ``results/20261201T050909Z-sm90-run18``), its qkv (48 MiB) during the down projection more still (4.905,
 #: ``results/20261201T050720Z-sm90-run17``).  ``FLARE_GEMV_PREFETCH_MB`` overrides it (0: first tiles only).
+#: Tried and removed: the decode attention's programs prefetching the o_proj weight (all of it, its last 25-75 %, or
+#: with the MLP's) into L2 during their latency-bound span, by ``prefetch.global.L2`` per line or by the TMA unit
+#: (``cp.async.bulk.prefetch.L2``), before or after their wait -- every variant slower: Qwen3-8B 1.015-1.037x for
+#: o_proj, 1.34x with the MLP; Qwen3-0.6B 0.993-1.07x (the prefetching programs stall, ~3 us for 32 MiB, and the
+#: projections do not get faster; ``results/20261201T163000Z-sm90-attnprobe-runs48-53``, runs 50-52).
 GEMV_PREFETCH_FULL_BYTES = 16 << 20
 
 
