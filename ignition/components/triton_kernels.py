@@ -444,20 +444,14 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
-                                USE_PDL: tl.constexpr, EARLY: tl.constexpr, DB: tl.constexpr = 0, PROBE=None,
+                                USE_PDL: tl.constexpr, EARLY: tl.constexpr, PROBE=None,
                                 HAS_PROBE: tl.constexpr = False):
-    # DB (0: all of DP): head_dim columns per program, grid (B, H, DP / DB) -- each column's combine is the same
-    # arithmetic whatever program does it (the weights from every split's max and sum, then one column), so the bits
-    # do not depend on DB
-    prog = (tl.program_id(0) * H + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)  # the probe's row
+    prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)  # EARLY: the output projection after it starts streaming its weight meanwhile
     h = tl.program_id(1)
     _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
-    if DB == 0:
-        offs_d = tl.arange(0, DP)
-    else:
-        offs_d = tl.program_id(2) * DB + tl.arange(0, DB)
+    offs_d = tl.arange(0, DP)
     _decode_combine(M_ws, L_ws, ACC_ws, Out, tl.program_id(0).to(tl.int64), h // G, h % G, offs_d, offs_d < D,
                     H, KVH, GP, D, SPLITS, SP, G)
     _probe_stamp(PROBE, prog, 6, h, HAS_PROBE)
@@ -549,17 +543,6 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     if page & (page - 1):
         raise ValueError(f"{what}: page size {page} must be a power of two")
     return page, kvh
-
-
-def decode_reduce_d_block(dp: int) -> int:
-    """head_dim columns per program of the decode reduce kernel for a padded head_dim ``dp`` (0: all of it, one
-    program per head): ``FLARE_DECODE_REDUCE_DB=N`` (side-by-side runs; a power of two from 16 to ``dp``, read at
-    each launch; raises naming the switch otherwise)."""
-    db = whole("FLARE_DECODE_REDUCE_DB", 0, low=0)
-    if db and (db < 16 or db & (db - 1) or db > dp):
-        raise ValueError(f"FLARE_DECODE_REDUCE_DB={db}: expected a power of two from 16 to {dp} (or 0: one program "
-                         f"per head)")
-    return 0 if db == dp else db
 
 
 def decode_pipelined() -> bool:
@@ -670,10 +653,9 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
         BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
         num_warps=4, **_pdl(q.device))
-    db = decode_reduce_d_block(dp)
-    _paged_decode_reduce_kernel[(b, h, dp // db if db else 1)](
+    _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
-        SP=geo["SP"], DB=db, num_warps=4, **_pdl(q.device, early_rows=b))
+        SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
     return out
 
 
@@ -797,11 +779,9 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
-        db = decode_reduce_d_block(d)
-        _paged_decode_reduce_kernel[(b, h, d // db if db else 1)](
+        _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
-            SP=geo["SP"], DB=db, num_warps=4, **_pdl(q.device, early_rows=b),
-            **_probe_args(probe, 1, b * h * (d // db if db else 1)))
+            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
     return out
 
 

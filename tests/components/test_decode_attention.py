@@ -177,33 +177,6 @@ def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n,
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
-@interpreter
-@pytest.mark.parametrize("db", ["16", "32"])
-def test_reduce_column_split_gives_the_same_bits(monkeypatch, db):
-    """``FLARE_DECODE_REDUCE_DB``: the reduce kernel's head_dim columns over several programs -- the fused path and
-    the two-kernel path give the bits of one program per head (each column's combine is the same arithmetic)."""
-    from ignition.components import triton_kernels as tk
-
-    case = make_decode_case(8, 2, 32, seed=7)
-    want = fused_vs_two_kernels(case, 32 ** -0.5, 3)
-    monkeypatch.setenv("FLARE_DECODE_REDUCE_DB", db)
-    assert tk.decode_reduce_d_block(32) == (0 if db == "32" else int(db))
-    got = fused_vs_two_kernels(case, 32 ** -0.5, 3)
-    assert_same_bits(got[0], want[0])
-    assert_same_bits(got[1], want[1])
-
-
-def test_reduce_column_split_switch_names_a_bad_value(monkeypatch):
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    assert tk.decode_reduce_d_block(128) == 0
-    for bad in ("8", "48", "256", "-16", "x"):
-        monkeypatch.setenv("FLARE_DECODE_REDUCE_DB", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_REDUCE_DB"):
-            tk.decode_reduce_d_block(128)
-
-
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
