@@ -283,7 +283,9 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
 # H200 for a 1024-token row, ``results/20261130T211410Z-sm90-run3``).  The split writes its partial (max, sum,
 # acc) to fp32 workspaces; an empty split writes (-inf, 0, 0).
 # Pass 2, grid (B, H): combine the splits, divide, round to the output dtype once; a row without keys
-# (seq_lens 0: inactive) writes zeros.
+# (seq_lens 0: inactive) writes zeros.  Tried and removed: a head's columns over several programs (grid B x H x
+# D / 16..64) -- not bitwise on sm90 (the sums over the splits of a narrower tile reduce in another order) and within
+# noise (Qwen3-8B 0.997x, Qwen3-0.6B 0.999-1.011x, ``results/20261201T170000Z-sm90-run55``).
 
 _LOG2E = 1.4426950408889634
 

@@ -175,7 +175,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
 @pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33))])
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
-    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``): the same bits as without;
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
+      key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
       first launch's) gives the same bits (a read of the old value would differ; the rows of 1 and 33 keys give the
       new key a large weight);
@@ -218,6 +219,19 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     kp4, vp4 = kp.clone(), vp.clone()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the register cap changed a bit"
     monkeypatch.delenv("FLARE_DECODE_MAXNREG")
+    # the key loop as a plain while loop (a side-by-side switch) and the timing probe (stamps only): the same bits
+    monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
+    kp5, vp5 = kp.clone(), vp.clone()
+    assert bits(run(kp5, vp5), out) and bits(kp5, kp1) and bits(vp5, vp1), "the plain key loop changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_PIPELINE")
+    stamps = 2 * tk.PROBE_STAMPS.value
+    probe = (torch.zeros(len(seq_lens) * kv_heads * 64, stamps, dtype=torch.int64, device="cuda"),
+             torch.zeros(len(seq_lens) * heads, stamps, dtype=torch.int64, device="cuda"))
+    kp6, vp6 = kp.clone(), vp.clone()
+    got6 = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp6, vp6, slots, bt, lens, scaling,
+                                           probe=probe)
+    assert bits(got6, out) and bits(kp6, kp1) and bits(vp6, vp1), "the timing probe changed a bit"
+    assert (probe[0][:, 0] > 0).any() and (probe[1][:, 0] > 0).all(), "the probe wrote no stamps"
     assert bits(run(kp1.clone(), vp1.clone()), out), "a program read the new slot before its write"
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)
