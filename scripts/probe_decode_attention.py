@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -31,7 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
-from qualify.timing import interleaved  # noqa: E402
+from ignition.components.switches import environment  # noqa: E402
+from qualify.timing import captured, interleaved  # noqa: E402
 
 EPS = 1e-6
 #: name -> (hidden, heads, KV heads, intermediate, layers, MLP as the recipe runs it at one row)
@@ -128,19 +128,6 @@ def analyse(layers, meta, splits):
     return summary, per_layer
 
 
-def capture(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def parse_variant(spec):
     """``NAME=VALUE[,NAME=VALUE]`` -> the variant's environment (raises naming a malformed item)."""
     items = [item for item in spec.split(",") if item]
@@ -157,24 +144,17 @@ def run_shape(shape, specs, args, gen):
     blocks = args.max_context // tk.decode_block_n(args.page)
     cases, graphs = [], {}
     for spec in specs:
-        env = parse_variant(spec)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with environment(parse_variant(spec)):
             splits = tk.fused_decode_num_splits(1, meta["kvh"], meta["heads"] // meta["kvh"], blocks)
-            probed = capture(lambda: step(x, layers, meta, True))
+            for layer in layers:
+                layer["fused_probe"].zero_(), layer["reduce_probe"].zero_()
+            probed = captured(lambda: step(x, layers, meta, True), warmup=2)
             for _ in range(5):
                 probed.replay()
             torch.cuda.synchronize()
             summary, per_layer = analyse(layers, meta, splits)
             del probed
-            graphs[spec or "default"] = capture(lambda: step(x, layers, meta, False))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            graphs[spec or "default"] = captured(lambda: step(x, layers, meta, False), warmup=2)
         cases.append(dict(shape=shape, variant=spec or "default", splits=splits, summary=summary,
                           per_layer=per_layer))
     times = interleaved({name: g.replay for name, g in graphs.items()}, samples=args.replays, warmup=3)
