@@ -174,7 +174,7 @@ def main(argv=None) -> int:
                     fn = getattr(old, kernel)
                     known = set(fn.arg_names)
                     dropped = {c: v for c, v in consts.items() if c not in known}
-                    if any(v not in (0, False, None) for v in dropped.values()):  # the older kernel lacks a used feature
+                    if any(v not in (0, False, None) for v in dropped.values()):  # the older kernel lacks it
                         raise ValueError(f"no {', '.join(dropped)} there")
                     before = compile_sm90(fn, {c: t for c, t in sig.items() if c in known},
                                           {c: v for c, v in consts.items() if c in known}, opts)

@@ -548,8 +548,9 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
 
 
 def decode_pipelined() -> bool:
-    """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled; ``FLARE_DECODE_PIPELINE=0``
-    makes it the plain ``while`` loop the interpreter runs -- same blocks, same order; side-by-side runs)."""
+    """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled;
+    ``FLARE_DECODE_PIPELINE=0`` makes it the plain ``while`` loop the interpreter runs -- same blocks, same order, same
+    bits; side-by-side runs)."""
     return not _interpreting() and switch("FLARE_DECODE_PIPELINE", True)
 
 
