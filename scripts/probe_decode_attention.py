@@ -37,6 +37,9 @@ EPS = 1e-6
 #: name -> (hidden, heads, KV heads, intermediate, layers, MLP as the recipe runs it at one row)
 SHAPES = {"8B": (4096, 32, 8, 12288, 36, "cublas"), "0.6B": (1024, 16, 8, 3072, 28, "fused")}
 #: (from stamp, to stamp, what the span covers); stamps 8-12 are the program's last key block
+#: the one-row GEMVs probed in each layer (``fused_linear_triton(probe=...)``), and probe rows for each
+GEMVS = ("qkv", "o_proj", "gate_up", "down")
+GEMV_PROBE_ROWS = 2048
 PHASES = ((0, 1, "entry -> share, K/V prefetched"), (1, 2, "-> PDL wait returned"), (2, 3, "-> query rows ready"),
           (3, 4, "-> new K/V written"), (4, 5, "-> key loop done"), (5, 6, "-> partials stored"),
           (4, 8, "loop start -> last block start"), (8, 9, "  last block: page ids"), (9, 10, "  last block: K, V"),
@@ -61,7 +64,9 @@ def build(shape, ctx, max_ctx, page, gen):
                            fused_probe=torch.zeros(kvh * 64, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
                                                    device="cuda"),
                            reduce_probe=torch.zeros(heads, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
-                                                    device="cuda")))
+                                                    device="cuda"),
+                           **{f"{name}_probe": torch.zeros(GEMV_PROBE_ROWS, 2 * tk.PROBE_STAMPS.value,
+                                                           dtype=torch.int64, device="cuda") for name in GEMVS}))
     lens = torch.full((1,), ctx, device="cuda", dtype=torch.int64)
     pos = lens - 1
     slots = layers[0]["bt"][0, pos // page].long() * page + pos % page  # same page ids in every layer's table
@@ -77,29 +82,54 @@ def build(shape, ctx, max_ctx, page, gen):
 def step(x, layers, meta, probe=True):
     heads, kvh, d = meta["heads"], meta["kvh"], meta["d"]
     for layer in layers:
-        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS)
+        gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
+        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, **gp["qkv"])
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
         attn = tk.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5,
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
-        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x)
+        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, **gp["o_proj"])
         if meta["mlp"] == "cublas":
             gu = tk.rms_norm_triton(h, layer["ln2"], EPS) @ layer["wgu"].t()
-            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True)
+            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, **gp["down"])
         else:
-            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True)
-            x = tk.fused_linear_triton(act, layer["wdown"], residual=h)
+            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True,
+                                         **gp["gate_up"])
+            x = tk.fused_linear_triton(act, layer["wdown"], residual=h, **gp["down"])
     return x
+
+
+def gemv_stats(buf, weight, pred_end):
+    """One probed GEMV launch against ``pred_end`` (globaltimer ns at which its predecessor's last program stored; None:
+    unknown, its first wait release instead): how many programs were resident (entered) and had their preloaded tiles
+    before it, on how many SMs, and how long after it the wait released and the last program stored."""
+    n = tk.PROBE_STAMPS.value
+    rows = int((buf[:, 0] != 0).sum().item())
+    t = buf[:rows, :n].double()
+    ref = t[:, 2].min().item() if pred_end is None else pred_end
+    early = t[:, 0] < ref
+    sms = buf[:rows, n - 1]
+    per_sm = torch.bincount(sms[early]) if early.any() else torch.zeros(1)
+    return dict(programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
+                resident_before=int(early.sum().item()), preloaded_before=int((t[:, 1] < ref).sum().item()),
+                sms_before=int((per_sm > 0).sum().item()), max_per_sm_before=int(per_sm.max().item()),
+                sms_all=int(sms.unique().numel()),
+                release_after_ns=t[:, 2].min().item() - ref, last_entry_after_ns=t[:, 0].max().item() - ref,
+                end_after_ns=t[:, 4].max().item() - ref,
+                early_end_after_ns=(t[early, 4].max().item() - ref) if early.any() else float("nan"),
+                late_duration_ns=(t[~early, 4] - t[~early, 0]).median().item() if (~early).any() else float("nan"))
 
 
 def analyse(layers, meta, splits):
     """Per-layer figures from the stamps of the last replay; medians over layers 1.. ."""
     n = tk.PROBE_STAMPS.value
     per_layer = []
-    for layer in layers[1:]:
+    for prev, layer in zip(layers, layers[1:]):
         f = layer["fused_probe"][: meta["kvh"] * splits].cpu()
         r = layer["reduce_probe"][: meta["heads"]].cpu()
+        probes = {name: layer[f"{name}_probe"].cpu() for name in GEMVS}
+        down_before = prev["down_probe"].cpu()
         t, c = f[:, :n].double(), f[:, n:].double()
         ghz = statistics.median(((c[:, 6] - c[:, 0]) / (t[:, 6] - t[:, 0]).clamp(min=1)).tolist())
         phases = {}
@@ -119,9 +149,22 @@ def analyse(layers, meta, splits):
             reduce_entry_before_attention_end_ns=(t[:, 6].max() - rt[:, 0].min()).item(),
             reduce_release_after_attention_end_ns=(rt[:, 2].min() - t[:, 6].max()).item(),
             reduce_span_ns=(rt[:, 6].max() - rt[:, 2].min()).item(),
-            release_to_reduce_end_ns=(rt[:, 6].max() - first_wait).item()))
-    keys = [k for k in per_layer[0] if k != "phases"]
+            release_to_reduce_end_ns=(rt[:, 6].max() - first_wait).item(),
+            attention_sms=int(f[:, n - 1].unique().numel())))
+        reduce_end = rt[:, 6].max().item()
+        ends = {"qkv": down_before[:, 4][down_before[:, 0] != 0].max().item(), "o_proj": reduce_end}
+        weights = {"qkv": layer["wqkv"], "o_proj": layer["wo"], "gate_up": layer["wgu"], "down": layer["wdown"]}
+        for name in GEMVS:
+            if (probes[name][:, 0] != 0).any():
+                pred = ends.get(name)
+                if name == "down" and meta["mlp"] == "fused":
+                    pred = probes["gate_up"][:, 4][probes["gate_up"][:, 0] != 0].max().item()
+                per_layer[-1]["gemv"] = {**per_layer[-1].get("gemv", {}),
+                                         name: gemv_stats(probes[name], weights[name], pred)}
+    keys = [k for k in per_layer[0] if k not in ("phases", "gemv")]
     summary = {k: statistics.median(p[k] for p in per_layer) for k in keys}
+    summary["gemv"] = {name: {k: statistics.median(p["gemv"][name][k] for p in per_layer)
+                              for k in per_layer[0]["gemv"][name]} for name in per_layer[0]["gemv"]}
     summary["phases"] = {ph: (statistics.median(p["phases"][ph][0] for p in per_layer),
                               statistics.median(p["phases"][ph][1] for p in per_layer))
                          for ph in per_layer[0]["phases"]}
@@ -147,7 +190,8 @@ def run_shape(shape, specs, args, gen):
         with environment(parse_variant(spec)):
             splits = tk.fused_decode_num_splits(1, meta["kvh"], meta["heads"] // meta["kvh"], blocks)
             for layer in layers:
-                layer["fused_probe"].zero_(), layer["reduce_probe"].zero_()
+                for name in ("fused", "reduce", *GEMVS):
+                    layer[f"{name}_probe"].zero_()
             probed = captured(lambda: step(x, layers, meta, True), warmup=2)
             for _ in range(5):
                 probed.replay()
@@ -175,8 +219,12 @@ def show(case):
     for ph, (med, mx) in s["phases"].items():
         print(f"    {ph:34s} median {med:8.0f} ns   max over programs {mx:8.0f} ns")
     for k, v in s.items():
-        if k not in ("phases", "ghz"):
+        if k not in ("phases", "ghz", "gemv"):
             print(f"    {k:40s} {v:9.0f}")
+    for name, g in s["gemv"].items():
+        print(f"    {name} GEMV ({g['programs']:.0f} programs, {g['weight_mib']:.1f} MiB; times after its predecessor's "
+              f"last store{' -- unknown, its first wait release' if name == 'down' and case['shape'] == '8B' else ''}):")
+        print("      " + ", ".join(f"{k} {v:.0f}" for k, v in g.items() if k not in ("programs", "weight_mib")))
 
 
 def main(argv=None) -> int:

@@ -63,6 +63,10 @@ def cases(tk):
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+        if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
+            out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
+                        {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
+                        dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     for heads, splits in ((32, 32), (16, 32)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,

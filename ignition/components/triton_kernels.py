@@ -125,6 +125,16 @@ def _probe_stamp(P, program, point, dep, HAS_PROBE: tl.constexpr):
 
 
 @triton.jit
+def _probe_smid(P, program, HAS_PROBE: tl.constexpr):
+    """Diagnostics only (off: nothing compiled): the SM ``program`` runs on, in the last %globaltimer slot of its
+    probe row (which programs shared an SM)."""
+    if HAS_PROBE:
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [program], dtype=tl.int32, is_pure=False,
+                                       pack=1)
+        tl.store(P + program.to(tl.int64) * (2 * PROBE_STAMPS) + PROBE_STAMPS - 1, sm.to(tl.int64))
+
+
+@triton.jit
 def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
     row = tl.program_id(0)
@@ -450,6 +460,7 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
+    _probe_smid(PROBE, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)  # EARLY: the output projection after it starts streaming its weight meanwhile
     h = tl.program_id(1)
     _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
@@ -490,6 +501,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     b64 = b.to(tl.int64)
     prog = (b * KVH + kvh) * SPLITS + split  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, split, HAS_PROBE)
+    _probe_smid(PROBE, prog, HAS_PROBE)
     # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
     # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
@@ -788,7 +800,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return out
 
 
-def _probe_args(probe: tuple[torch.Tensor, torch.Tensor] | None, which: int, programs: int) -> dict:
+def _probe_args(probe: tuple[torch.Tensor, ...] | None, which: int, programs: int) -> dict:
     """The ``PROBE``/``HAS_PROBE`` launch arguments for buffer ``which`` of ``probe`` (none when None); raises when
     the buffer cannot hold ``programs`` rows of stamps."""
     if probe is None:
@@ -952,7 +964,11 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0):
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0, PROBE=None,
+                       HAS_PROBE: tl.constexpr = False):
+    prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
+    _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
+    _probe_smid(PROBE, prog, HAS_PROBE)
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -974,7 +990,21 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
+    if HAS_PROBE and PRELOAD >= 1:  # stamp 1: the preloaded tiles arrived (the first and the last of them)
+        if PRELOAD >= 4:
+            w_last = w_p3
+        elif PRELOAD >= 3:
+            w_last = w_p2
+        elif PRELOAD >= 2:
+            w_last = w_p1
+        else:
+            w_last = w_p0
+        _probe_stamp(PROBE, prog, 1, (tl.sum(tl.sum(w_p0.to(tl.float32) + w_last.to(tl.float32), axis=1), axis=0)
+                                      ).to(tl.int32, bitcast=True), HAS_PROBE)
+    else:
+        _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL)
+    _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
 
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
 
@@ -1005,12 +1035,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             wu = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
             acc_u += xf * wu.to(tl.float32)[None, :, :]
 
+    _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
+                 HAS_PROBE)
     if GATED:
         _gemv_epilogue(tl.sum(acc, axis=2), tl.sum(acc_u, axis=2), R, Y, offs_m, offs_n, m_mask, n_mask, stride_r,
                        stride_y, GATED, HAS_RES)
     else:
         _gemv_epilogue(tl.sum(acc, axis=2), None, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED,
                        HAS_RES)
+    _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)
 
 
 # The few-rows variant (2..16 rows: decode batches, speculative rounds): the same prologues and epilogues, but each
@@ -1209,7 +1242,7 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
                         gated_input: bool = False, config: dict | None = None,
-                        dot: bool | None = None) -> torch.Tensor:
+                        dot: bool | None = None, probe: torch.Tensor | None = None) -> torch.Tensor:
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -1217,7 +1250,10 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     kernel's input is ``silu(gate) * up`` (not with ``norm_weight``).
     ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking).
     ``dot``: the tensor-core variant (2..16 rows) or not; default the rule of :func:`fused_linear.uses_dot_kernel`
-    (tests and ``scripts/bench_gemv.py --dot`` force it, to cover every prologue and epilogue)."""
+    (tests and ``scripts/bench_gemv.py --dot`` force it, to cover every prologue and epilogue).
+    ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
+    ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
+    the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``."""
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != (2 * k if gated_input else k):
         raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}"
@@ -1252,6 +1288,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
+    if dot and probe is not None:
+        raise ValueError("fused_linear_triton: probe is for the one-row kernel (dot=False)")
     if dot:
         cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
         bn, bk = int(cfg["BN"]), int(cfg["BK"])
@@ -1277,7 +1315,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
+        **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
 
 
