@@ -111,7 +111,13 @@ def gemv_stats(buf, weight, pred_end):
     early = t[:, 0] < ref
     sms = buf[:rows, n - 1]
     per_sm = torch.bincount(sms[early]) if early.any() else torch.zeros(1)
-    return dict(programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
+
+    def med(mask, a, z):  # median span from stamp a to stamp z over the programs in mask (ns)
+        return (t[mask, z] - t[mask, a]).median().item() if mask.any() else float("nan")
+
+    phases = {f"{which}_{what}": med(mask, a, z) for which, mask in (("early", early), ("late", ~early))
+              for what, a, z in (("preload", 0, 1), ("release_to_loop_end", 2, 3), ("loop_end_to_store", 3, 4))}
+    return dict(**phases,programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
                 resident_before=int(early.sum().item()), preloaded_before=int((t[:, 1] < ref).sum().item()),
                 sms_before=int((per_sm > 0).sum().item()), max_per_sm_before=int(per_sm.max().item()),
                 sms_all=int(sms.unique().numel()),

@@ -1212,6 +1212,25 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
+def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
+    """``FLARE_GEMV_CONFIG="MxNxK[g]=BN,BK,warps,stages;..."`` (side-by-side runs; read at each launch): the launch
+    config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
+    item."""
+    spec = os.environ.get("FLARE_GEMV_CONFIG", "").strip()
+    for item in filter(None, (i.strip() for i in spec.split(";"))):
+        key, _, value = item.partition("=")
+        try:
+            shape = tuple(int(v) for v in key.rstrip("g").split("x"))
+            cfg = tuple(int(v) for v in value.split(","))
+        except ValueError:
+            shape, cfg = (), ()
+        if len(shape) != 3 or len(cfg) != 4 or min(cfg) < 1:
+            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN,BK,warps,stages")
+        if shape == (M, N, K) and key.endswith("g") == bool(gated):
+            return cfg
+    return None
+
+
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
@@ -1219,7 +1238,7 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 
     ``BN``: the largest of 32/16/8/4 whose grid still has >= 2 programs per SM; ``BK``: up to 1024 (never more
     than K rounded up to a power of two), shrunk -- then ``BN`` -- until the accumulator fits the budget."""
-    measured = GEMV_MEASURED.get((M, N, K, bool(gated)))
+    measured = gemv_config_override(M, N, K, gated) or GEMV_MEASURED.get((M, N, K, bool(gated)))
     if measured is not None:
         return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N
