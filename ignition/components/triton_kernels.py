@@ -1213,7 +1213,7 @@ assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row bl
 
 
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
-    """``FLARE_GEMV_CONFIG="MxNxK[g]=BN,BK,warps,stages;..."`` (side-by-side runs; read at each launch): the launch
+    """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
     config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
     item."""
     spec = os.environ.get("FLARE_GEMV_CONFIG", "").strip()
@@ -1221,11 +1221,11 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int,
         key, _, value = item.partition("=")
         try:
             shape = tuple(int(v) for v in key.rstrip("g").split("x"))
-            cfg = tuple(int(v) for v in value.split(","))
+            cfg = tuple(int(v) for v in value.split("/"))
         except ValueError:
             shape, cfg = (), ()
         if len(shape) != 3 or len(cfg) != 4 or min(cfg) < 1:
-            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN,BK,warps,stages")
+            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages")
         if shape == (M, N, K) and key.endswith("g") == bool(gated):
             return cfg
     return None
