@@ -1,9 +1,11 @@
 """Environment switches for side-by-side measurements (``FLARE_PDL``, ``FLARE_PDL_EARLY``,
 ``FLARE_DECODE_KV_PREFETCH``, ``FLARE_PACKED_GATE_UP``, ``FLARE_TRITON_TOPK``,
-``FLARE_GEMV_PRELOAD_PROLOGUE``, ``FLARE_GEMV_DOT``, ``FLARE_FUSED_ROTARY``, ``FLARE_DECODE_PIPELINE``; numbers:
+``FLARE_GEMV_PRELOAD_PROLOGUE``, ``FLARE_GEMV_DOT``, ``FLARE_FUSED_ROTARY``, ``FLARE_DECODE_PIPELINE``,
+``FLARE_GEMV_X_FIRST``; numbers:
 ``FLARE_GEMV_PREFETCH_MB``, ``FLARE_GEMV_PRELOAD``, ``FLARE_DECODE_BLOCK_N``, ``FLARE_DECODE_MAX_SPLITS``,
 ``FLARE_DECODE_PROGRAMS``, ``FLARE_DECODE_MAXNREG``, ``FLARE_SAMPLER_PREFIX``; row counts:
-``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``; ``FLARE_GEMM_ROWS_TABLE``;
+``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``; ``FLARE_GEMM_ROWS_TABLE``; launch configs:
+``FLARE_GEMV_CONFIG`` (``triton_kernels.gemv_config_override``);
 README, "Side-by-side switches").
 Each is read where a launch or a trace decides, so one process can measure both settings; every archived run records
 the ``FLARE_*`` variables of its environment (``qualify.archive.environment``)."""

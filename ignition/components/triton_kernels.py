@@ -918,10 +918,10 @@ def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, B
 
 
 @triton.jit
-def _gemv_epilogue(y, u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED: tl.constexpr,
+def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: tl.constexpr,
                    HAS_RES: tl.constexpr):
     """From the fp32 sums ``y`` (and ``u``, the up half, when gated) ``[MP, BN]``: round; gated,
-    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` rounded once; store."""
+    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` (``r``, :func:`_gemv_residual`) rounded once; store."""
     out_ty = Y.dtype.element_ty
     y = y.to(out_ty)  # [MP, BN]: the projection, rounded
     if GATED:
@@ -931,7 +931,6 @@ def _gemv_epilogue(y, u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_
         y = (act.to(tl.float32) * u.to(tl.float32)).to(out_ty)
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RES:
-        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :], mask=mask, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
     tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
 
@@ -949,10 +948,10 @@ def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.co
 
 
 @triton.jit
-def _gemv_preloaded(acc, acc_u, w, u, i: tl.constexpr, x_rows, NW, offs_k, m_mask, rstd, K: tl.constexpr,
-                    BK: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr, GATED: tl.constexpr):
-    """``acc`` (and ``acc_u`` when gated) plus preloaded tile ``i`` times its input tile: the loop's own step."""
-    xf = _gemv_x_f32(x_rows, NW, i * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+def _gemv_preloaded(acc, acc_u, w, u, xv, GATED: tl.constexpr):
+    """``acc`` (and ``acc_u`` when gated) plus a preloaded weight tile times its input tile ``xv [MP, BK]``
+    (:func:`_gemv_x_tile`): the loop's own step."""
+    xf = xv.to(tl.float32)[:, None, :]
     acc += xf * w.to(tl.float32)[None, :, :]
     if GATED:
         acc_u += xf * u.to(tl.float32)[None, :, :]
@@ -960,12 +959,23 @@ def _gemv_preloaded(acc, acc_u, w, u, i: tl.constexpr, x_rows, NW, offs_k, m_mas
 
 
 @triton.jit
+def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.constexpr):
+    """The residual tile ``[MP, BN]`` the epilogue adds (HAS_RES; else a zero scalar, unused)."""
+    if HAS_RES:
+        r = tl.load(R + offs_m.to(tl.int64)[:, None] * stride_r + offs_n[None, :],
+                    mask=m_mask[:, None] & n_mask[None, :], other=0.0)
+    else:
+        r = 0.0
+    return r
+
+
+@triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0, PROBE=None,
-                       HAS_PROBE: tl.constexpr = False):
+                       PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
+                       X_FIRST: tl.constexpr = True, PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1007,6 +1017,22 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
 
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
+    # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
+    # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
+    # cross) -- the same values, the same accumulation order.
+    # ``X_FIRST`` False (``FLARE_GEMV_X_FIRST=0``, side-by-side runs): each input tile loaded just before its tile's
+    # product, the residual after the loop, as before.
+    early: tl.constexpr = X_FIRST and PRELOAD >= 1
+    if early:
+        x_p0 = _gemv_x_tile(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+    if early and PRELOAD >= 2:
+        x_p1 = _gemv_x_tile(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+    if early and PRELOAD >= 3:
+        x_p2 = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+    if early and PRELOAD >= 4:
+        x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+    if early:
+        res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
     acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
@@ -1014,17 +1040,21 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         acc_u = acc  # unused
     if PRELOAD >= 1:
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p0, u_p0, 0, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                     GATED_IN, GATED)
+        if not X_FIRST:
+            x_p0 = _gemv_x_tile(x_rows, NW, 0 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p0, u_p0, x_p0, GATED)
     if PRELOAD >= 2:
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p1, u_p1, 1, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                     GATED_IN, GATED)
+        if not X_FIRST:
+            x_p1 = _gemv_x_tile(x_rows, NW, 1 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p1, u_p1, x_p1, GATED)
     if PRELOAD >= 3:
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p2, u_p2, 2, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                     GATED_IN, GATED)
+        if not X_FIRST:
+            x_p2 = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p2, u_p2, x_p2, GATED)
     if PRELOAD >= 4:
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p3, u_p3, 3, x_rows, NW, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                     GATED_IN, GATED)
+        if not X_FIRST:
+            x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p3, u_p3, x_p3, GATED)
     for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
@@ -1037,12 +1067,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
+    if not early:  # no preloaded tiles: the residual after the loop (held across it, it spilled in 8B down)
+        res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
-        _gemv_epilogue(tl.sum(acc, axis=2), tl.sum(acc_u, axis=2), R, Y, offs_m, offs_n, m_mask, n_mask, stride_r,
-                       stride_y, GATED, HAS_RES)
+        _gemv_epilogue(tl.sum(acc, axis=2), tl.sum(acc_u, axis=2), res, Y, offs_m, offs_n, m_mask, n_mask, stride_y,
+                       GATED, HAS_RES)
     else:
-        _gemv_epilogue(tl.sum(acc, axis=2), None, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED,
-                       HAS_RES)
+        _gemv_epilogue(tl.sum(acc, axis=2), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)
 
 
@@ -1093,10 +1124,11 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             else:
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
+    res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
-        _gemv_epilogue(acc, acc_u, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
+        _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     else:
-        _gemv_epilogue(acc, None, R, Y, offs_m, offs_n, m_mask, n_mask, stride_r, stride_y, GATED, HAS_RES)
+        _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
@@ -1334,6 +1366,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
+        X_FIRST=switch("FLARE_GEMV_X_FIRST", True),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

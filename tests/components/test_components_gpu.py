@@ -275,7 +275,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
 # measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
-# tiles preloaded before the PDL wait (the default) and without: the same bits
+# tiles preloaded before the PDL wait (the default) and without, their inputs loaded together (the default) and one
+# by one: the same bits
 
 @pytest.mark.parametrize("n,k,norm,residual", [(4096, 4096, False, True), (1024, 2048, False, True),
                                                (1024, 3072, False, True), (6144, 4096, True, False)])
@@ -298,6 +299,10 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
         monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
         plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
+        monkeypatch.delenv("FLARE_GEMV_PRELOAD")
+        monkeypatch.setenv("FLARE_GEMV_X_FIRST", "0")  # the preloaded tiles' inputs loaded one by one: same bits
+        per_tile = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(per_tile.view(torch.int16), got.view(torch.int16))
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])
