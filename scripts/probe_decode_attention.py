@@ -228,8 +228,8 @@ def show(case):
         if k not in ("phases", "ghz", "gemv"):
             print(f"    {k:40s} {v:9.0f}")
     for name, g in s["gemv"].items():
-        print(f"    {name} GEMV ({g['programs']:.0f} programs, {g['weight_mib']:.1f} MiB; times after its predecessor's "
-              f"last store{' -- unknown, its first wait release' if name == 'down' and case['shape'] == '8B' else ''}):")
+        ref = "its first wait release" if name == "down" and case["shape"] == "8B" else "its predecessor's last store"
+        print(f"    {name} GEMV ({g['programs']:.0f} programs, {g['weight_mib']:.1f} MiB; times after {ref}):")
         print("      " + ", ".join(f"{k} {v:.0f}" for k, v in g.items() if k not in ("programs", "weight_mib")))
 
 

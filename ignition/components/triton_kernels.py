@@ -844,10 +844,48 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
             nw = tl.load(NW + kk)
         else:
             nw = tl.load(NW + kk, mask=kk < K, other=0.0)
-        # Qwen3RMSNorm: bf16(x * rstd), then bf16(weight * that) with the product in fp32
-        xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
-        xv = (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
+        xv = _gemv_normed(xv, nw, rstd)
     return xv
+
+
+@triton.jit
+def _gemv_normed(xv, nw, rstd):
+    """Qwen3RMSNorm of an input tile ``xv [MP, BK]`` with its weights ``nw [BK]``: bf16(x * rstd), then
+    bf16(weight * that) with the product in fp32."""
+    xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
+    return (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
+
+
+@triton.jit
+def _gemv_whole_row(x_rows, NW, offs_k, m_mask, eps, K: tl.constexpr, BK: tl.constexpr, TILES: tl.constexpr):
+    """The normed input tiles of a row whose ``TILES`` tiles of ``BK`` are its whole K (the norm prologue with every
+    weight tile preloaded): x and the norm weights loaded once, together, and ``rstd`` summed from those tiles in
+    :func:`_gemv_rstd`'s order -- the same values with one round trip instead of two.  Returns four tiles (the unused
+    ones are the first again)."""
+    xm = m_mask[:, None]
+    x0 = tl.load(x_rows + offs_k[None, :], mask=xm, other=0.0)
+    n0 = tl.load(NW + offs_k)
+    x1, x2, x3, n1, n2, n3 = x0, x0, x0, n0, n0, n0
+    if TILES >= 2:
+        x1 = tl.load(x_rows + (BK + offs_k)[None, :], mask=xm, other=0.0)
+        n1 = tl.load(NW + BK + offs_k)
+    if TILES >= 3:
+        x2 = tl.load(x_rows + (2 * BK + offs_k)[None, :], mask=xm, other=0.0)
+        n2 = tl.load(NW + 2 * BK + offs_k)
+    if TILES >= 4:
+        x3 = tl.load(x_rows + (3 * BK + offs_k)[None, :], mask=xm, other=0.0)
+        n3 = tl.load(NW + 3 * BK + offs_k)
+    ss = tl.zeros(x0.shape, dtype=tl.float32)
+    ss += x0.to(tl.float32) * x0.to(tl.float32)
+    if TILES >= 2:
+        ss += x1.to(tl.float32) * x1.to(tl.float32)
+    if TILES >= 3:
+        ss += x2.to(tl.float32) * x2.to(tl.float32)
+    if TILES >= 4:
+        ss += x3.to(tl.float32) * x3.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)
+    return (_gemv_normed(x0, n0, rstd), _gemv_normed(x1, n1, rstd), _gemv_normed(x2, n2, rstd),
+            _gemv_normed(x3, n3, rstd))
 
 
 @triton.jit
@@ -1016,20 +1054,26 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
 
-    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
-    # cross) -- the same values, the same accumulation order.
+    # cross) -- the same values, the same accumulation order; with the norm prologue and the whole K preloaded, the
+    # row statistics come from those tiles too (``_gemv_whole_row``).
     # ``X_FIRST`` False (``FLARE_GEMV_X_FIRST=0``, side-by-side runs): each input tile loaded just before its tile's
     # product, the residual after the loop, as before.
     early: tl.constexpr = X_FIRST and PRELOAD >= 1
-    if early:
+    whole: tl.constexpr = early and HAS_NORM and not GATED_IN and PRELOAD * BK == K
+    if whole:
+        x_p0, x_p1, x_p2, x_p3 = _gemv_whole_row(x_rows, NW, offs_k, m_mask, eps, K, BK, PRELOAD)
+        rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused: the tiles are normed
+    else:
+        rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
+    if early and not whole:
         x_p0 = _gemv_x_tile(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-    if early and PRELOAD >= 2:
+    if early and not whole and PRELOAD >= 2:
         x_p1 = _gemv_x_tile(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-    if early and PRELOAD >= 3:
+    if early and not whole and PRELOAD >= 3:
         x_p2 = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-    if early and PRELOAD >= 4:
+    if early and not whole and PRELOAD >= 4:
         x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)

@@ -278,22 +278,34 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 # tiles preloaded before the PDL wait (the default) and without, their inputs loaded together (the default) and one
 # by one: the same bits
 
-@pytest.mark.parametrize("n,k,norm,residual", [(4096, 4096, False, True), (1024, 2048, False, True),
-                                               (1024, 3072, False, True), (6144, 4096, True, False)])
-def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual):
+@pytest.mark.parametrize("n,k,norm,residual,gated", [
+    (4096, 4096, False, True, False), (1024, 2048, False, True, False), (1024, 3072, False, True, False),
+    (6144, 4096, True, False, False), (4096, 1024, True, False, False), (6144, 1024, True, False, True)])
+def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton, gemv_config, gemv_preload_tiles
 
-    x, w, nw, r = _gemv_inputs(1, n, k, norm=norm, gated=False, residual=residual, seed=n + k)
+    x, w, nw, r = _gemv_inputs(1, n, k, norm=norm, gated=gated, residual=residual, seed=n + k)
     cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
-    got = fused_linear_triton(cuda[0], cuda[1], norm_weight=cuda[2], eps=1e-6, residual=cuda[3]).cpu()
-    ref = fused_linear_reference(x, w, nw, 1e-6, r, False)
-    y_ref = fused_linear_reference(x, w, nw, 1e-6, None, False)
-    tol = _gemv_tolerance(x, w, nw, False, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
+
+    def launch():
+        return fused_linear_triton(cuda[0], cuda[1], norm_weight=cuda[2], eps=1e-6, residual=cuda[3],
+                                   gated=gated).cpu()
+
+    got = launch()
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, gated)
+    y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated)
+    tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    if norm and k <= 1024:  # Qwen3-0.6B's qkv and gate/up preload their whole K: its inputs loaded once, together
+        bk = gemv_config(1, n, k, gated)["BK"]
+        assert gemv_preload_tiles(1, k, bk, False) * bk == k
+        with monkeypatch.context() as env:
+            env.setenv("FLARE_GEMV_X_FIRST", "0")  # x loaded twice (the row statistics, then each tile): same bits
+            assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
     if not norm:
         assert gemv_preload_tiles(1, k, gemv_config(1, n, k)["BK"], True) > 0  # the default preloads these
         monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
