@@ -1013,8 +1013,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       X_FIRST: tl.constexpr = True, LATE_PF: tl.constexpr = 0, PROBE=None,
-                       HAS_PROBE: tl.constexpr = False):
+                       X_FIRST: tl.constexpr = True, PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1054,9 +1053,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
-    if LATE_PF > 0:  # after the wait: L2 prefetch of the whole rows of the program LATE_PF after this one
-        if tl.program_id(0) + LATE_PF < tl.num_programs(0):
-            _gemv_prefetch(W, offs_n + LATE_PF * BN, N_OUT, stride_w, K, BK, PF_LINES, 0, K // BK, GATED)
 
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
@@ -1414,7 +1410,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        X_FIRST=switch("FLARE_GEMV_X_FIRST", True), LATE_PF=whole("FLARE_GEMV_LATE_PREFETCH", 0) if preload else 0,
+        X_FIRST=switch("FLARE_GEMV_X_FIRST", True),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
