@@ -1206,6 +1206,8 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     (1, 6144, 4096, False): (8, 512, 4, 2),  # Qwen3-8B qkv: 13.78 us (run 1's entry 16x512 w8 now 14.5+) [6]
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
     (1, 4096, 4096, False): (8, 1024, 4, 2),  # Qwen3-8B o_proj: 8.44 us (run 1's entry 8x256 w8 not in the top 3) [6]
+    #                                           in the layer graph 8x512, 4x1024 (preload 4 or 2), 16x256 1.007-1.051x
+    #                                           slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``)
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
     (1, 24576, 4096, False): (16, 256, 4, 2),  # Qwen3-8B gate_up packed, norm prologue: 50.11 us, cuBLAS 49.22
@@ -1246,7 +1248,9 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: (o_proj's and down's whole rows: K = 2 and 3 tiles); Qwen3-8B (o_proj only: its down takes the gated input) 4.7312,
 #: 4.7520, 4.7227 -- within noise.  Tried and removed: first-wave programs of the one-row output projection
 #: prefetching later programs' whole rows into L2 before the wait -- Qwen3-8B batch 1 within noise (1.006x,
-#: ``results/20261201T114716Z-sm90-run28``).
+#: ``results/20261201T114716Z-sm90-run28``); and after the wait -- 1.018-1.020x slower in the one-row layer graph
+#: (run 65, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``: at Qwen3-8B 241 of o_proj's 512 programs are
+#: resident before the reduce ends, 2 per SM at 255 registers; the 271 late ones stream 6 us after the first wave).
 GEMV_PRELOAD_TILES = 4
 
 
