@@ -1013,7 +1013,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       X_FIRST: tl.constexpr = True, PROBE=None, HAS_PROBE: tl.constexpr = False):
+                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False, PROBE=None,
+                       HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1051,7 +1052,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                                       ).to(tl.int32, bitcast=True), HAS_PROBE)
     else:
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
-    _pdl_enter(USE_PDL)
+    _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
 
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
@@ -1292,6 +1293,20 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
+def _shape_key(M: int, N: int, K: int, gated: bool) -> str:
+    """``MxNxK`` (``g`` appended when gated): how the ``FLARE_GEMV_*`` shape switches name a one-row GEMV launch."""
+    return f"{M}x{N}x{K}{'g' if gated else ''}"
+
+
+def gemv_early(M: int, N: int, K: int, gated: bool) -> bool:
+    """Whether this GEMV launch lets its dependents launch before its own PDL wait (``EARLY``):
+    ``FLARE_GEMV_EARLY="MxNxK[g];..."`` names the shapes (side-by-side runs; read at each launch; default none).  The
+    kernel after it then reads nothing but weights before its wait -- never the fused decode attention, which reads
+    the step's metadata there: a qkv projection must not be named."""
+    spec = os.environ.get("FLARE_GEMV_EARLY", "").strip()
+    return _shape_key(M, N, K, gated) in {i.strip() for i in spec.split(";") if i.strip()}
+
+
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
     """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
     config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
@@ -1306,7 +1321,7 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int,
             shape, cfg = (), ()
         if len(shape) != 3 or len(cfg) != 4 or min(cfg) < 1:
             raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages")
-        if shape == (M, N, K) and key.endswith("g") == bool(gated):
+        if key == _shape_key(M, N, K, gated):
             return cfg
     return None
 
@@ -1414,7 +1429,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        X_FIRST=switch("FLARE_GEMV_X_FIRST", True),
+        X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=pdl_enabled(x.device) and gemv_early(m, n, k, gated),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
