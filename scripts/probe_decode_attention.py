@@ -1,7 +1,8 @@
 """Where the decode attention's time goes inside the step: clock stamps from inside the fused decode kernel and its
 reduce kernel (``rope_decode_attention_triton(probe=...)``), captured in a CUDA graph of one-row decode layers built
 as the Qwen3 recipe runs them at batch 1 (qkv GEMV with the norm prologue -> fused attention -> reduce -> o_proj GEMV
-with the residual -> MLP), so the attention launches early under the qkv projection as in a real step.
+with the residual -> MLP; the GEMVs after the attention ``early``), so the attention launches early under the qkv
+projection as in a real step.
 
     python scripts/probe_decode_attention.py [--shapes 8B,0.6B] [--context 1024] [--replays 20] [--json OUT]
         [--env NAME=VALUE,... ...]   (one variant per --env string, e.g. "FLARE_DECODE_KV_PREFETCH=0"; "" = default)
@@ -89,14 +90,14 @@ def step(x, layers, meta, probe=True):
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5,
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
-        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, **gp["o_proj"])
+        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
         if meta["mlp"] == "cublas":
             gu = tk.rms_norm_triton(h, layer["ln2"], EPS) @ layer["wgu"].t()
-            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, **gp["down"])
+            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, early=True, **gp["down"])
         else:
-            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True,
+            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True, early=True,
                                          **gp["gate_up"])
-            x = tk.fused_linear_triton(act, layer["wdown"], residual=h, **gp["down"])
+            x = tk.fused_linear_triton(act, layer["wdown"], residual=h, early=True, **gp["down"])
     return x
 
 

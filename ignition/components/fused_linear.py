@@ -97,15 +97,18 @@ def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Op
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
-          residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False) -> torch.Tensor:
+          residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
+          early: bool = False) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
 @opaque_op("fused_linear", mutates_args=(), fake=_fake)
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
-                 residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False) -> torch.Tensor:
+                 residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
+                 early: bool = False) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
-    ``[..., N_out]`` (see the module docstring)."""
+    ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
+    wait (``triton_kernels.fused_linear_triton``); the result is the same either way."""
     if x.is_cuda:
         from ignition.components.triton_kernels import fused_linear_triton
 
@@ -114,7 +117,7 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
         lead = x.shape[:-1]
         res2 = residual.reshape(-1, n_out) if residual is not None else None
         out = fused_linear_triton(x.reshape(-1, k), weight, norm_weight=norm_weight, eps=eps, residual=res2,
-                                  gated=gated, gated_input=gated_input)
+                                  gated=gated, gated_input=gated_input, early=early)
         return out.view(*lead, n_out)
     return fused_linear_reference(x, weight, norm_weight, eps, residual, gated, gated_input)
 
@@ -172,7 +175,7 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
 
 
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
-                 gated: bool = False, act_fn=None, act_name: str | None = None):
+                 gated: bool = False, act_fn=None, act_name: str | None = None, early: bool = False):
     """``[norm ->] projection [-> act_fn(gate) * up] [-> residual +]`` on ``x [..., K]``.
 
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
@@ -185,17 +188,18 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
-    path)."""
+    path).  ``early``: what comes next reads nothing but weights before its wait (not the fused decode attention):
+    a fused launch may let it start before its own wait (``flare::fused_linear``)."""
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
     fusable_act = not gated or act_name == "silu"
     parts = getattr(projection, "part_sizes", None)
     if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
-                         0.0 if norm is None else norm.variance_epsilon, residual, gated)
+                         0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     if weight is not None and norm is not None and not gated and uses_dot_kernel(rows):
-        y = fused_linear(norm(x), weight, None, 0.0, residual, False)
+        y = fused_linear(norm(x), weight, None, 0.0, residual, False, False, early)
         return y.split(parts, dim=-1) if parts is not None else y
     h = x if norm is None else norm(x)
     y = projection(h)
@@ -206,7 +210,7 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
 
 
 def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Optional[torch.Tensor] = None,
-                    act_fn=None, act_name: str | None = None) -> torch.Tensor:
+                    act_fn=None, act_name: str | None = None, early: bool = False) -> torch.Tensor:
     """``[norm ->] gate_up -> act_fn(gate) * up -> down [-> residual +]`` (the canonical ``Qwen3MLP`` with the
     decoder layer's norm and skip connection) on ``x [..., K]``, by the measured rule of :func:`prefers_fused`:
 
@@ -214,7 +218,10 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     - gate/up not fused with its gate (Qwen3-8B at one row) but ``down`` fused: gate/up's packed ``[gate; up]``
       output -- from cuBLAS, or from an ungated fused launch with the norm prologue (:data:`PACKED_GATE_UP_FUSED`)
       -- goes straight into down's launch, whose prologue computes ``silu(gate) * up`` (no activation kernel);
-    - otherwise the separate modules (two :func:`linear_block` calls)."""
+    - otherwise the separate modules (two :func:`linear_block` calls).
+
+    ``early`` (:func:`linear_block`): what comes after the block reads nothing but weights before its wait; the
+    launch inside the block is early in any case (its successor is the block's own next launch)."""
     gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
     rows = x.numel() // x.shape[-1]
     if (act_name == "silu" and gu_w is not None and down_w is not None
@@ -223,12 +230,12 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None):  # one launch, norm in it
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
-                                  0.0 if norm is None else norm.variance_epsilon, None, False)
+                                  0.0 if norm is None else norm.variance_epsilon, None, False, False, True)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
-        return fused_linear(packed, down_w, None, 0.0, residual, False, True)
-    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name)
-    return linear_block(act, down, residual=residual)
+        return fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
+    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True)
+    return linear_block(act, down, residual=residual, early=early)
 
 
 def reorder_bound(xn: torch.Tensor, weight: torch.Tensor, *, norm: bool, gated: bool) -> torch.Tensor:

@@ -40,7 +40,9 @@ from ignition.components.switches import number, rows as switch_rows, switch, wh
 #   before its wait.  Measured on the H200 (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``):
 #   EARLY without the whole-weight o_proj prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17);
 #   Qwen3-0.6B batch 1 with both 1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).  At batch 4 it
-#   stalls the output projection (``PDL_EARLY_ROWS``).
+#   stalls the output projection (``PDL_EARLY_ROWS``).  The one-row GEMVs their callers mark ``early`` (the output
+#   projection and the MLP's, :data:`GEMV_EARLY`) are ``EARLY`` too: their successors are GEMVs or norms; the qkv
+#   projection, whose successor is the fused decode kernel, never is.
 #
 # ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
@@ -1298,13 +1300,19 @@ def _shape_key(M: int, N: int, K: int, gated: bool) -> str:
     return f"{M}x{N}x{K}{'g' if gated else ''}"
 
 
-def gemv_early(M: int, N: int, K: int, gated: bool) -> bool:
-    """Whether this GEMV launch lets its dependents launch before its own PDL wait (``EARLY``):
-    ``FLARE_GEMV_EARLY="MxNxK[g];..."`` names the shapes (side-by-side runs; read at each launch; default none).  The
-    kernel after it then reads nothing but weights before its wait -- never the fused decode attention, which reads
-    the step's metadata there: a qkv projection must not be named."""
-    spec = os.environ.get("FLARE_GEMV_EARLY", "").strip()
-    return _shape_key(M, N, K, gated) in {i.strip() for i in spec.split(";") if i.strip()}
+#: One-row GEMVs the caller marks ``early`` (the output projection, the MLP's: their successors read only weights
+#: before their wait) let the next kernel launch before their own wait, so its weight tiles load while they and the
+#: attention before them run.  Side by side in the one-row layer graphs on the H200 (run 68,
+#: ``results/20261201T175000Z-sm90-gemvprobe-runs68-69``): Qwen3-0.6B o_proj, gate/up and down early 0.9694x
+#: (disjoint ranges; o_proj alone 0.9792x), Qwen3-8B o_proj 0.9993x (its successor is the norm before cuBLAS).
+#: ``FLARE_GEMV_EARLY=0`` turns it off; at one row only (:data:`PDL_EARLY_ROWS`, ``FLARE_PDL_EARLY``).
+GEMV_EARLY = True
+
+
+def gemv_early_enabled(device: torch.device, rows: int) -> bool:
+    """Whether a one-row GEMV marked ``early`` launches its dependents before its wait on ``device``: PDL on, ``rows``
+    within :func:`pdl_early_enabled`, and :data:`GEMV_EARLY` (``FLARE_GEMV_EARLY``; read at each launch)."""
+    return pdl_enabled(device) and pdl_early_enabled(rows) and switch("FLARE_GEMV_EARLY", GEMV_EARLY)
 
 
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
@@ -1356,7 +1364,8 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
                         gated_input: bool = False, config: dict | None = None,
-                        dot: bool | None = None, probe: torch.Tensor | None = None) -> torch.Tensor:
+                        dot: bool | None = None, probe: torch.Tensor | None = None,
+                        early: bool = False) -> torch.Tensor:
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -1365,6 +1374,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking).
     ``dot``: the tensor-core variant (2..16 rows) or not; default the rule of :func:`fused_linear.uses_dot_kernel`
     (tests and ``scripts/bench_gemv.py --dot`` force it, to cover every prologue and epilogue).
+    ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
+    the fused decode attention): the one-row kernel then lets it launch before its own wait
+    (:func:`gemv_early_enabled`).
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
     the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``."""
@@ -1429,7 +1441,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
-        X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=pdl_enabled(x.device) and gemv_early(m, n, k, gated),
+        X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

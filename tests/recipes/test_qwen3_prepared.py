@@ -286,9 +286,10 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     calls = []
     real = fl.fused_linear
 
-    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False):
-        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated, gated_input))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input)
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
+        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated, gated_input,
+                      early))
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
 
     monkeypatch.setattr(fl, "fused_linear", counting)
     model, graphs = prepare(ckpt, decode=(1, 4), prefill=(8,))
@@ -297,16 +298,19 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     prefill(graphs, row, PROMPT[:8], chunk=8)
     # an 8-token chunk is within the tensor-core kernel's 2..16 rows: its plain-input projections take it (qkv after
     # its norm, o_proj + residual, down + residual after the SiLU gate); gate/up stays cuBLAS
+    # (the last field: ``early`` -- the qkv projection, whose successor is the attention, never; o_proj and the MLP's
+    # launches always: their successors read only weights before their wait)
     assert len(calls) == 3 * layers
-    assert set(calls) == {(8, False, False, False, False), (8, False, True, False, False)}
+    assert set(calls) == {(8, False, False, False, False, False), (8, False, True, False, False, True)}
     calls.clear()
     width = graphs.steps[0].max_pages
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
-    assert sorted(set(calls)) == sorted({(1, True, False, False, False), (1, False, True, False, False),
-                                         (1, True, False, True, False)})
+    assert sorted(set(calls)) == sorted({(1, True, False, False, False, False), (1, False, True, False, False, True),
+                                         (1, True, False, True, False, True)})
     assert len(calls) == 4 * layers
     calls.clear()
     graphs.step("decode", 4).run(**row.inputs([PROMPT[9]], width))  # one row loaded, four in the step
     # every ungated output here is narrow (<= 1024 columns): QKV, o_proj and down fuse; gate/up does not
     assert len(calls) == 3 * layers
-    assert set(calls) == {(4, True, False, False, False), (4, False, True, False, False), (4, False, True, False, True)}
+    assert set(calls) == {(4, True, False, False, False, False), (4, False, True, False, False, True),
+                          (4, False, True, False, True, True)}

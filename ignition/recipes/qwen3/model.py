@@ -112,7 +112,8 @@ class PagedQwen3Attention(nn.Module):
         # backend's rope_attend (a decode step of the "triton" backend runs all of it as one launch)
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
                                        cos, sin, paged_batch)
-        return linear_block(out, self.o_proj, residual=residual), None
+        # early: the post-attention norm / MLP after it reads only weights before its wait
+        return linear_block(out, self.o_proj, residual=residual, early=True), None
 
 
 class PackedQwen3MLP(nn.Module):
@@ -128,8 +129,9 @@ class PackedQwen3MLP(nn.Module):
     def forward(self, x: torch.Tensor, input_norm: nn.Module | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention)."""
+        # early: what follows (the next layer's qkv projection, or the final norm) reads only weights before its wait
         return gated_mlp_block(x, self.gate_up_proj, self.down_proj, norm=input_norm, residual=residual,
-                               act_fn=self.act_fn, act_name=self.act_name)
+                               act_fn=self.act_fn, act_name=self.act_name, early=True)
 
 
 class PreparedQwen3DecoderLayer(nn.Module):
