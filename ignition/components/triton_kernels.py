@@ -1303,7 +1303,7 @@ def _shape_key(M: int, N: int, K: int, gated: bool) -> str:
 #: One-row GEMVs the caller marks ``early`` (the output projection, the MLP's: their successors read only weights
 #: before their wait) let the next kernel launch before their own wait, so its weight tiles load while they and the
 #: attention before them run.  Side by side in the one-row layer graphs on the H200 (run 68,
-#: ``results/20261201T175000Z-sm90-gemvprobe-runs68-69``): Qwen3-0.6B o_proj, gate/up and down early 0.9694x
+#: ``results/20261201T175000Z-sm90-gemvprobe-run68``): Qwen3-0.6B o_proj, gate/up and down early 0.9694x
 #: (disjoint ranges; o_proj alone 0.9792x), Qwen3-8B o_proj 0.9993x (its successor is the norm before cuBLAS).
 #: ``FLARE_GEMV_EARLY=0`` turns it off; at one row only (:data:`PDL_EARLY_ROWS`, ``FLARE_PDL_EARLY``).
 GEMV_EARLY = True
