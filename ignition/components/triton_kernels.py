@@ -1062,7 +1062,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # cross) -- the same values, the same accumulation order; with the norm prologue and the whole K preloaded, the
     # row statistics come from those tiles too (``_gemv_whole_row``).
     # ``X_FIRST`` False (``FLARE_GEMV_X_FIRST=0``, side-by-side runs): each input tile loaded just before its tile's
-    # product, the residual after the loop, as before.
+    # product, the residual after the loop, as before -- in the steps 1.034x (Qwen3-0.6B) and 1.008x (Qwen3-8B) at
+    # batch 1 (runs 66 and 67, ``results/20261201T173333Z-sm90-gpu-replay-0.6B``, ``...173900Z...-8B``).
     early: tl.constexpr = X_FIRST and PRELOAD >= 1
     whole: tl.constexpr = early and HAS_NORM and not GATED_IN and PRELOAD * BK == K
     if whole:
@@ -1304,7 +1305,8 @@ def _shape_key(M: int, N: int, K: int, gated: bool) -> str:
 #: before their wait) let the next kernel launch before their own wait, so its weight tiles load while they and the
 #: attention before them run.  Side by side in the one-row layer graphs on the H200 (run 68,
 #: ``results/20261201T175000Z-sm90-gemvprobe-run68``): Qwen3-0.6B o_proj, gate/up and down early 0.9694x
-#: (disjoint ranges; o_proj alone 0.9792x), Qwen3-8B o_proj 0.9993x (its successor is the norm before cuBLAS).
+#: (disjoint ranges; o_proj alone 0.9792x), Qwen3-8B o_proj 0.9993x (its successor is the norm before cuBLAS); in
+#: the Qwen3-0.6B step (run 69, ``results/20261201T175200Z-sm90-gpu-replay-0.6B``) B=1 0.9540 ms, off 1.0195x.
 #: ``FLARE_GEMV_EARLY=0`` turns it off; at one row only (:data:`PDL_EARLY_ROWS`, ``FLARE_PDL_EARLY``).
 GEMV_EARLY = True
 
