@@ -173,6 +173,9 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     monkeypatch.delenv("FLARE_GEMV_PRELOAD_PROLOGUE")
     assert gemv_preload_tiles(1, k, 128, False) == 3  # the default: 3 tiles are the whole K
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
+    monkeypatch.setenv("FLARE_GEMV_X_FIRST", "0")  # the inputs (and the row statistics) loaded per tile: same bits
+    assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
+    monkeypatch.delenv("FLARE_GEMV_X_FIRST")
     monkeypatch.setenv("FLARE_GEMV_PRELOAD", "2")
     assert gemv_preload_tiles(1, k, 128, False) == 0  # 2 of 3 tiles: not by default
     monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
@@ -276,3 +279,23 @@ def test_rope_write_triton_matches_the_reference(b, t, heads, kv_heads, d, norms
     q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.clone() if isinstance(x, torch.Tensor) else x for x in case]
     got = rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
     check_triton(got, kp, vp, case, rel=2.0 ** -4)  # the interpreter truncates (see check_triton)
+
+
+def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypatch):
+    """``FLARE_GEMV_CONFIG``: per-shape launch configs for side-by-side runs (``g``: the gated launch of the same
+    shape is another key); a malformed item raises naming it; unset, the measured table."""
+    from ignition.components.triton_kernels import GEMV_MEASURED, gemv_config
+
+    table = dict(zip(("BN", "BK", "num_warps", "num_stages"), GEMV_MEASURED[(1, 4096, 4096, False)]))
+    monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
+    assert gemv_config(1, 4096, 4096) == table
+    others = [gemv_config(4, 4096, 4096), gemv_config(1, 4096, 12288)]
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", " 1x4096x4096=16/512/8/3 ; 1x6144x1024g=4/1024/4/2")
+    assert gemv_config(1, 4096, 4096) == {"BN": 16, "BK": 512, "num_warps": 8, "num_stages": 3}
+    assert gemv_config(1, 6144, 1024, True) == {"BN": 4, "BK": 1024, "num_warps": 4, "num_stages": 2}
+    assert gemv_config(1, 6144, 1024, False) != gemv_config(1, 6144, 1024, True)  # the ungated key is not named
+    assert [gemv_config(4, 4096, 4096), gemv_config(1, 4096, 12288)] == others  # shapes not named: unchanged
+    for bad in ("1x4096=16/512/8/2", "1x4096x4096=16/512/8", "1x4096x4096=16,512,8,2", "1x4096x4096=0/512/8/2"):
+        monkeypatch.setenv("FLARE_GEMV_CONFIG", bad)
+        with pytest.raises(ValueError, match="FLARE_GEMV_CONFIG item"):
+            gemv_config(1, 4096, 4096)
