@@ -1,0 +1,64 @@
+"""``scripts/probe_decode_attention.py``'s reading of the stamps (the timing needs a GPU: ``h200_run.sh`` stage
+``attnprobe``): a probed GEMV's residency and phases against its predecessor's end, from hand-made stamp rows, and the
+``--env`` variant parser."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed here")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("probe_decode_attention",
+                                                  ROOT / "scripts" / "probe_decode_attention.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stamps(n_stamps, rows):
+    """Probe rows ``[len(rows) + 2, 2 * n_stamps]`` (two unused rows after them, zero as a launch leaves them):
+    globaltimer stamps 0-4 and the SM id from ``rows`` = (entry, tiles arrived, wait released, loop end, stored, sm)."""
+    buf = torch.zeros(len(rows) + 2, 2 * n_stamps, dtype=torch.int64)
+    for i, (*t, sm) in enumerate(rows):
+        buf[i, :5] = torch.tensor(t)
+        buf[i, n_stamps - 1] = sm
+    return buf
+
+
+def test_gemv_stats_counts_resident_programs_and_times_phases_after_the_predecessor():
+    probe = _script()
+    n = probe.tk.PROBE_STAMPS.value
+    # three programs entered before the predecessor's end at 1000 ns (two on SM 0, one on SM 1), two of them with their
+    # tiles by then; three entered after it, on three other SMs
+    buf = _stamps(n, [(100, 500, 1050, 1500, 1600, 0), (200, 600, 1060, 1600, 1700, 0),
+                      (300, 1100, 1070, 1700, 1800, 1), (1200, 1500, 1500, 2500, 2600, 2),
+                      (1300, 1600, 1600, 2600, 2700, 3), (1400, 1700, 1700, 2700, 2900, 4)])
+    weight = torch.zeros(512, 1024, dtype=torch.bfloat16)  # 1 MiB
+    got = probe.gemv_stats(buf, weight, 1000.0)
+    assert got["programs"] == 6 and got["weight_mib"] == 1.0
+    assert (got["resident_before"], got["preloaded_before"], got["sms_before"], got["max_per_sm_before"],
+            got["sms_all"]) == (3, 2, 2, 2, 5)
+    assert (got["release_after_ns"], got["last_entry_after_ns"], got["end_after_ns"], got["early_end_after_ns"]) == (
+        50, 400, 1900, 800)
+    assert got["late_duration_ns"] == 1400  # median of 1400, 1400, 1500
+    assert got["early_preload"] == 400 and got["late_preload"] == 300  # medians of (400, 400, 800), (300, 300, 300)
+    assert got["early_release_to_loop_end"] == 540 and got["late_loop_end_to_store"] == 100
+    # without a known predecessor end the first wait release (1050) is the reference
+    none = probe.gemv_stats(buf, weight, None)
+    assert none["resident_before"] == 3 and none["release_after_ns"] == 0 and none["end_after_ns"] == 1850
+
+
+def test_variants_parse_and_name_a_malformed_item():
+    probe = _script()
+    assert probe.parse_variant("") == {}
+    assert probe.parse_variant("A=1,B=x;y") == {"A": "1", "B": "x;y"}
+    with pytest.raises(SystemExit, match="expected NAME=VALUE items, got 2"):
+        probe.parse_variant("A=1,2")
