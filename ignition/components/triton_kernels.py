@@ -1056,6 +1056,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
+    first: tl.constexpr = PRELOAD * BK  # the first streamed tile's start (below: ``PIPE``)
+    last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last one's (when first < K)
+    if PIPE and first < last:  # the stream's first tile, issued ahead of the row statistics and the inputs
+        kk = first + offs_k
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+        u_cur = w_cur
+        if GATED:
+            u_cur = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
 
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
@@ -1103,20 +1112,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         if not X_FIRST:
             x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
         acc, acc_u = _gemv_preloaded(acc, acc_u, w_p3, u_p3, x_p3, GATED)
-    # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``; experimental, not yet measured on a GPU): each
-    # iteration first issues the NEXT tile's weight loads, then loads its input tile (a round trip to L2, and layout
-    # barriers that later loads cannot cross) and multiplies the tile it loaded one iteration before -- the weight
-    # stream stays in flight through the input phase (without it the sm90 code is load x, barrier, load w, multiply:
-    # one dependent HBM latency per tile).  The same tiles in the same order: the same bits.
-    first: tl.constexpr = PRELOAD * BK
-    last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last streamed tile's start (when first < K)
+    # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``; experimental, not yet measured on a GPU): the first
+    # tile is issued right after the wait (above, ahead of the row statistics), then each iteration first issues the
+    # NEXT tile's weight loads, then loads its input tile (a round trip to L2, and layout barriers that later loads
+    # cannot cross) and multiplies the tile loaded one iteration before -- the weight stream stays in flight through
+    # the input phase (without it the sm90 code is load x, barrier, load w, multiply: one dependent HBM latency per
+    # tile).  The same tiles in the same order: the same bits.
     if PIPE and first < last:
-        kk = first + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        u_cur = w_cur
-        if GATED:
-            u_cur = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
         for k0 in range(first, last, BK):
             kk = k0 + offs_k
             xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
