@@ -748,14 +748,20 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 512
 
 
-def fused_decode_launch_options() -> dict:
-    """Extra launch options of the fused decode kernel: ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (side-by-side
-    runs: a register cap of N per thread -- 64 holds 8 programs per SM, one wave of 1024 -- at the cost of a few
-    spilled values), none by default or in the interpreter."""
-    cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
+def register_cap_option(name: str) -> dict:
+    """The launch option ``maxnreg`` from the switch ``name`` (side-by-side runs: a register cap of N per thread, so
+    more programs fit an SM, at the cost of spilled values), none when unset or 0, or in the interpreter; raises
+    naming the switch outside 24..255."""
+    cap = whole(name, 0, low=0)
     if cap and not 24 <= cap <= 255:
-        raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
+        raise ValueError(f"{name}={cap}: expected 24..255 registers per thread (or 0: no cap)")
     return {"maxnreg": cap} if cap and not _interpreting() else {}
+
+
+def fused_decode_launch_options() -> dict:
+    """Extra launch options of the fused decode kernel: ``FLARE_DECODE_MAXNREG=N`` (:func:`register_cap_option`;
+    64 holds 8 programs per SM, one wave of 1024)."""
+    return register_cap_option("FLARE_DECODE_MAXNREG")
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -1483,6 +1489,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         PIPE=switch("FLARE_GEMV_PIPELINE", False),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
+        **register_cap_option("FLARE_GEMV_MAXNREG"),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
 
