@@ -891,16 +891,9 @@ def _gemv_whole_row(x_rows, NW, offs_k, m_mask, eps, K: tl.constexpr, BK: tl.con
         ss += x2.to(tl.float32) * x2.to(tl.float32)
     if TILES >= 4:
         ss += x3.to(tl.float32) * x3.to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)
+    rstd = _gemv_rstd_of(ss, eps, K)
     return (_gemv_normed(x0, n0, rstd), _gemv_normed(x1, n1, rstd), _gemv_normed(x2, n2, rstd),
             _gemv_normed(x3, n3, rstd))
-
-
-@triton.jit
-def _gemv_x_f32(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr,
-                EVEN_K: tl.constexpr):
-    """:func:`_gemv_x_tile` as fp32 ``[MP, 1, BK]``, broadcast against a ``[BN, BK]`` weight tile."""
-    return _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K).to(tl.float32)[:, None, :]
 
 
 @triton.jit
@@ -946,6 +939,12 @@ def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr
 
 
 @triton.jit
+def _gemv_rstd_of(ss, eps, K: tl.constexpr):
+    """``rstd [MP]`` from the elementwise fp32 sums of x^2 ``ss [MP, BK]`` (one sum at the end)."""
+    return tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
 def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
                HAS_NORM: tl.constexpr):
     """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
@@ -957,7 +956,7 @@ def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, B
             xm = m_mask[:, None] & (kk < K)[None, :]
             xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
             ss += xs * xs
-        rstd = tl.math.rsqrt(tl.sum(ss, axis=1) / K + eps)  # [MP]
+        rstd = _gemv_rstd_of(ss, eps, K)
     else:
         rstd = tl.full([MP], 1.0, dtype=tl.float32)
     return rstd
@@ -994,14 +993,27 @@ def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.co
 
 
 @triton.jit
-def _gemv_preloaded(acc, acc_u, w, u, xv, GATED: tl.constexpr):
-    """``acc`` (and ``acc_u`` when gated) plus a preloaded weight tile times its input tile ``xv [MP, BK]``
-    (:func:`_gemv_x_tile`): the loop's own step."""
-    xf = xv.to(tl.float32)[:, None, :]
+def _gemv_x_f32(xv):
+    """An input tile ``[MP, BK]`` (:func:`_gemv_x_tile`) as fp32 ``[MP, 1, BK]``, broadcast against a weight tile
+    (its layout change: a CTA barrier -- the streamed loop converts before issuing the tile's weight loads)."""
+    return xv.to(tl.float32)[:, None, :]
+
+
+@triton.jit
+def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr):
+    """``acc`` (and ``acc_u`` with the up half ``u`` when gated) plus a weight tile ``w [BN, BK]`` times its fp32
+    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
     acc += xf * w.to(tl.float32)[None, :, :]
     if GATED:
         acc_u += xf * u.to(tl.float32)[None, :, :]
     return acc, acc_u
+
+
+@triton.jit
+def _gemv_x_whole_tile(x_rows, NW, i: tl.constexpr, offs_k, m_mask, rstd, K: tl.constexpr, BK: tl.constexpr,
+                       HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr):
+    """The input tile of whole weight tile ``i`` (a preloaded one: EVEN_K)."""
+    return _gemv_x_tile(x_rows, NW, i * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
 
 
 @triton.jit
@@ -1087,13 +1099,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
     if early and not whole:
-        x_p0 = _gemv_x_tile(x_rows, NW, offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
     if early and not whole and PRELOAD >= 2:
-        x_p1 = _gemv_x_tile(x_rows, NW, BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
     if early and not whole and PRELOAD >= 3:
-        x_p2 = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
     if early and not whole and PRELOAD >= 4:
-        x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
+        x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
@@ -1104,20 +1116,20 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         acc_u = acc  # unused
     if PRELOAD >= 1:
         if not X_FIRST:
-            x_p0 = _gemv_x_tile(x_rows, NW, 0 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p0, u_p0, x_p0, GATED)
+            x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED)
     if PRELOAD >= 2:
         if not X_FIRST:
-            x_p1 = _gemv_x_tile(x_rows, NW, 1 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p1, u_p1, x_p1, GATED)
+            x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED)
     if PRELOAD >= 3:
         if not X_FIRST:
-            x_p2 = _gemv_x_tile(x_rows, NW, 2 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p2, u_p2, x_p2, GATED)
+            x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED)
     if PRELOAD >= 4:
         if not X_FIRST:
-            x_p3 = _gemv_x_tile(x_rows, NW, 3 * BK + offs_k, m_mask[:, None], rstd, K, HAS_NORM, GATED_IN, True)
-        acc, acc_u = _gemv_preloaded(acc, acc_u, w_p3, u_p3, x_p3, GATED)
+            x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED)
     # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``; experimental, not yet measured on a GPU): the first
     # tile is issued right after the wait (above, ahead of the row statistics), then each iteration first issues the
     # NEXT tile's weight loads, then loads its input tile (a round trip to L2, and layout barriers that later loads
@@ -1133,28 +1145,24 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             u_nxt = w_nxt
             if GATED:
                 u_nxt = tl.load(u_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
-            xf = _gemv_x_f32(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
-            acc += xf * w_cur.to(tl.float32)[None, :, :]
-            if GATED:
-                acc_u += xf * u_cur.to(tl.float32)[None, :, :]
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED)
             w_cur = w_nxt
             u_cur = u_nxt
         kk = last + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xf = _gemv_x_f32(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
-        acc += xf * w_cur.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u_cur.to(tl.float32)[None, :, :]
+        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED)
     else:
         for k0 in range(first, K, BK):
             kk = k0 + offs_k
             xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xf = _gemv_x_f32(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
             w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-            acc += xf * w.to(tl.float32)[None, :, :]
+            u = w
             if GATED:
-                wu = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-                acc_u += xf * wu.to(tl.float32)[None, :, :]
+                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
