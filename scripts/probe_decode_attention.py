@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -82,9 +83,14 @@ def build(shape, ctx, max_ctx, page, gen):
 
 def step(x, layers, meta, probe=True):
     heads, kvh, d = meta["heads"], meta["kvh"], meta["d"]
-    for layer in layers:
+    qkv_early = os.environ.get("FLARE_PROBE_QKV_EARLY", "0") == "1"  # a variant of this graph only (read at capture)
+    for i, layer in enumerate(layers):
         gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
-        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, **gp["qkv"])
+        # FLARE_PROBE_QKV_EARLY=1: the qkv projection of layers 1.. lets the attention launch before its own wait --
+        # legal there (the attention reads the step's metadata before its wait, and the previous layer's attention
+        # passed its wait, after everything before it completed); not in layer 0
+        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, early=qkv_early and i > 0,
+                                     **gp["qkv"])
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
         attn = tk.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],

@@ -1033,7 +1033,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False, PIPE: tl.constexpr = False,
+                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
@@ -1074,16 +1074,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
-    first: tl.constexpr = PRELOAD * BK  # the first streamed tile's start (below: ``PIPE``)
-    last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last one's (when first < K)
-    if PIPE and first < last:  # the stream's first tile, issued ahead of the row statistics and the inputs
-        kk = first + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        u_cur = w_cur
-        if GATED:
-            u_cur = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
     # cross) -- the same values, the same accumulation order; with the norm prologue and the whole K preloaded, the
@@ -1130,39 +1120,18 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         if not X_FIRST:
             x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
         acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED)
-    # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``; experimental, not yet measured on a GPU): the first
-    # tile is issued right after the wait (above, ahead of the row statistics), then each iteration first issues the
-    # NEXT tile's weight loads, then loads its input tile (a round trip to L2, and layout barriers that later loads
-    # cannot cross) and multiplies the tile loaded one iteration before -- the weight stream stays in flight through
-    # the input phase (without it the sm90 code is load x, barrier, load w, multiply: one dependent HBM latency per
-    # tile).  The same tiles in the same order: the same bits.
-    if PIPE and first < last:
-        for k0 in range(first, last, BK):
-            kk = k0 + offs_k
-            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xn, wn = _gemv_masks(kk + BK, m_mask, n_mask, K, EVEN_K)
-            w_nxt = tl.load(w_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
-            u_nxt = w_nxt
-            if GATED:
-                u_nxt = tl.load(u_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
-            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED)
-            w_cur = w_nxt
-            u_cur = u_nxt
-        kk = last + offs_k
+    # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
+    # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
+    # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``).
+    for k0 in range(PRELOAD * BK, K, BK):
+        kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED)
-    else:
-        for k0 in range(first, K, BK):
-            kk = k0 + offs_k
-            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-            u = w
-            if GATED:
-                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        u = w
+        if GATED:
+            u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1495,9 +1464,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        PIPE=switch("FLARE_GEMV_PIPELINE", False),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
-        **register_cap_option("FLARE_GEMV_MAXNREG"),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
 

@@ -295,9 +295,6 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
                                    gated=gated).cpu()
 
     got = launch()
-    with monkeypatch.context() as env:  # the streamed tiles loaded one iteration ahead (FLARE_GEMV_PIPELINE): same bits
-        env.setenv("FLARE_GEMV_PIPELINE", "1")
-        assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
     ref = fused_linear_reference(x, w, nw, 1e-6, r, gated)
     y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated)
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)

@@ -218,14 +218,6 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
         monkeypatch.setenv("FLARE_DECODE_MAXNREG", bad)
         with pytest.raises(ValueError, match="FLARE_DECODE_MAXNREG"):
             tk.fused_decode_launch_options()
-    # the one-row GEMV's cap (FLARE_GEMV_MAXNREG) is the same mechanism under its own name
-    monkeypatch.delenv("TRITON_INTERPRET")
-    assert tk.register_cap_option("FLARE_GEMV_MAXNREG") == {}
-    monkeypatch.setenv("FLARE_GEMV_MAXNREG", "168")
-    assert tk.register_cap_option("FLARE_GEMV_MAXNREG") == {"maxnreg": 168}
-    monkeypatch.setenv("FLARE_GEMV_MAXNREG", "256")
-    with pytest.raises(ValueError, match="FLARE_GEMV_MAXNREG=256"):
-        tk.register_cap_option("FLARE_GEMV_MAXNREG")
 
 
 def test_kv_prefetch_rows_switch(monkeypatch):
