@@ -94,7 +94,7 @@ def step(x, layers, meta, probe=True):
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
         attn = tk.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
-            layer["bt"], meta["lens"], d ** -0.5,
+            layer["bt"], meta["lens"], d ** -0.5, overlap_bytes=layer["wqkv"].numel() * layer["wqkv"].element_size(),
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
         h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
         if meta["mlp"] == "cublas":

@@ -689,7 +689,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: off, Qwen3-8B 1.015x slower, Qwen3-0.6B 0.950x (its 8 MiB qkv projection ends ~3.6 us after the attention
 #: starts prefetching 4 MiB of K/V, which competes with it); in Qwen3-0.6B's real decode step
 #: (``results/20261201T164200Z-sm90-run54``, side by side in one process) 0.980x at batch 1 -- within noise by the
-#: min-max rule, so it stays on for every model.
+#: min-max rule then; since the early output/MLP projections 0.921x, faster by the rule: it now needs a long enough
+#: projection before it (:data:`DECODE_KV_PREFETCH_MIN_BYTES`).
 DECODE_KV_PREFETCH_KEYS = 64
 
 
@@ -701,12 +702,29 @@ DECODE_KV_PREFETCH_KEYS = 64
 DECODE_KV_PREFETCH_ROWS = 1
 
 
-def decode_kv_prefetch_keys(batch: int) -> int:
+#: The smallest stream the K/V prefetch may overlap: the bytes of the kernel before the attention (the QKV
+#: projection's weight, ``overlap_bytes``) must reach this, else the prefetch competes with a short projection on the
+#: critical path (``FLARE_DECODE_KV_PREFETCH_MIN_MB=N`` sets it; 0: any).  Measured on the H200, 1024-token context,
+#: batch 1: Qwen3-0.6B (an 8 MiB projection) without the prefetch 0.921x the step's time side by side in one process
+#: (``results/20261201T184659Z-sm90-replayin-0.6B``, B faster by the min-max rule; the one-row layer graph 0.961x,
+#: ``results/20261201T184100Z-sm90-run72``); Qwen3-8B (48 MiB) 1.014x slower without it (run 72's layer graph, and
+#: run 53).  24 MiB lies between the two measured sizes.
+DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
+
+
+def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
-    :data:`DECODE_KV_PREFETCH_ROWS` rows (``FLARE_DECODE_KV_PREFETCH=0`` turns it off; both read at each launch,
-    for side-by-side runs)."""
+    :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
+    :data:`DECODE_KV_PREFETCH_MIN_BYTES` (``overlap_bytes``: the bytes the kernel before it streams; None: unknown,
+    the rows decide -- standalone launches).  ``FLARE_DECODE_KV_PREFETCH=0`` turns it off; all read at each launch,
+    for side-by-side runs."""
     if (batch > switch_rows("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
             or not switch("FLARE_DECODE_KV_PREFETCH", True)):
+        return 0
+    least = number("FLARE_DECODE_KV_PREFETCH_MIN_MB", DECODE_KV_PREFETCH_MIN_BYTES / (1 << 20))
+    if least < 0:
+        raise ValueError(f"FLARE_DECODE_KV_PREFETCH_MIN_MB={least}: expected a size in MiB >= 0")
+    if overlap_bytes is not None and overlap_bytes < least * (1 << 20):
         return 0
     return DECODE_KV_PREFETCH_KEYS
 
@@ -769,13 +787,15 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                  num_splits: int | None = None, block_n: int | None = None,
+                                 overlap_bytes: int | None = None,
                                  probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
-    (:func:`decode_block_n`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers
+    (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
+    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers
     ``[B * KV * splits, 2 * PROBE_STAMPS]`` and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel
     fill with clock stamps (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
@@ -798,7 +818,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b),
+        PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:

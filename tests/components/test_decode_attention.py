@@ -241,6 +241,27 @@ def test_kv_prefetch_rows_switch(monkeypatch):
             tk.decode_kv_prefetch_keys(1)
 
 
+def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
+    """Behind a QKV projection below ``DECODE_KV_PREFETCH_MIN_BYTES`` (24 MiB: Qwen3-0.6B's 8 MiB, not Qwen3-8B's
+    48) the decode kernel does not prefetch; unknown (None) leaves it to the rows; ``FLARE_DECODE_KV_PREFETCH_MIN_MB``
+    moves the bound (0: any), a negative or non-numeric value names the switch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    keys, mib = tk.DECODE_KV_PREFETCH_KEYS, 1 << 20
+    assert tk.DECODE_KV_PREFETCH_MIN_BYTES == 24 * mib
+    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (8, 23, 24, 48)] == [0, 0, keys, keys]
+    assert tk.decode_kv_prefetch_keys(1, None) == keys and tk.decode_kv_prefetch_keys(4, 48 * mib) == 0
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "0")
+    assert tk.decode_kv_prefetch_keys(1, 0) == keys
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "64")
+    assert tk.decode_kv_prefetch_keys(1, 48 * mib) == 0
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", bad)
+        with pytest.raises(ValueError, match="FLARE_DECODE_KV_PREFETCH_MIN_MB"):
+            tk.decode_kv_prefetch_keys(1, 8 * mib)
+
+
 def test_early_reduce_rows_switch(monkeypatch):
     """The reduce kernel lets the output projection launch before its own wait at one row by default, up to
     ``FLARE_PDL_EARLY_ROWS`` rows when set, never with ``FLARE_PDL_EARLY=0``; a bad row count names the switch."""

@@ -273,6 +273,31 @@ def test_catalog_stages_and_capacities(ckpt):
     assert not model.kv_cache.k[:, :model.kv_cache.num_pages].any()
 
 
+def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
+    """Each layer's attention gets its QKV projection's weight bytes (``overlap_bytes``: the decode kernel's K/V
+    prefetch is scheduled by it) -- checked against the size the checkpoint's config gives: (heads + 2 KV heads) x
+    head_dim rows of hidden_size bf16 values."""
+    from ignition.components import attention
+
+    seen = []
+    real = attention.PyTorchPagedAttention.rope_attend
+
+    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=-1):
+        seen.append((q.shape[1], overlap_bytes))
+        return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
+
+    monkeypatch.setattr(attention.PyTorchPagedAttention, "rope_attend", recording)
+    model, graphs = prepare(ckpt, decode=(1,), prefill=(8,))
+    cfg = AutoConfig.from_pretrained(ckpt)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * head_dim * cfg.hidden_size * 2
+    row = Row(list(PAGES), PAGE)
+    prefill(graphs, row, PROMPT[:8], chunk=8)
+    graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], graphs.steps[0].max_pages))
+    layers = cfg.num_hidden_layers
+    assert sorted(set(seen)) == [(1, qkv), (8, qkv)] and len(seen) == 2 * layers
+
+
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):
     """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
     norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:

@@ -69,6 +69,11 @@ def greedy(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     return torch.where(active, argmax_last(logits), torch.full_like(active, -1, dtype=torch.long))
 
 
+def _stored_bytes(module: nn.Module) -> int:
+    """The bytes of ``module``'s parameters and buffers (a projection's weight as stored, whatever its format)."""
+    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+
+
 def _norm_weight(norm: nn.Module) -> torch.Tensor | None:
     """A per-head norm's weight for ``flare::rope_write_``; None for ``nn.Identity`` (no norm)."""
     return None if isinstance(norm, nn.Identity) else norm.weight
@@ -110,8 +115,10 @@ class PagedQwen3Attention(nn.Module):
         # q_norm / k_norm, the canonical rotary on the [B, T, heads, D] layout (cos/sin [B, T, D] broadcast over
         # heads), the K/V write into the pools (flare::rope_write_, the same rounding points) and attention: the
         # backend's rope_attend (a decode step of the "triton" backend runs all of it as one launch)
+        # overlap_bytes: the QKV projection's weight, which its kernel streams while the attention's launches --
+        # a scheduling hint (the decode kernel prefetches K/V only behind a long enough stream)
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
-                                       cos, sin, paged_batch)
+                                       cos, sin, paged_batch, overlap_bytes=_stored_bytes(self.qkv_proj))
         # early: the post-attention norm / MLP after it reads only weights before its wait
         return linear_block(out, self.o_proj, residual=residual, early=True), None
 
