@@ -495,8 +495,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, EARLY: tl.constexpr = False,
-                        PROBE=None, HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
+                        HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -511,7 +511,9 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
-    _pdl_enter(USE_PDL, EARLY)  # EARLY (FLARE_DECODE_EARLY=1, experimental): the reduce launches before this wait
+    # after the wait: tried and removed, the reduce (and through it o_proj and the MLP) launched before it -- within
+    # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``)
+    _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -766,15 +768,6 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 512
 
 
-def decode_early_enabled(device: torch.device, rows: int) -> bool:
-    """Whether the fused decode kernel lets its dependents (the reduce, then the output projection and the MLP, which
-    read only weights before their waits) launch before its own wait: ``FLARE_DECODE_EARLY=1`` (experimental, off by
-    default), PDL on and ``rows`` within :func:`pdl_early_enabled`.  Legal by the rules at the top of this file: what
-    launches early reads nothing a kernel of this step writes before its wait, and the next attention launches only
-    after the next qkv projection passed its wait."""
-    return pdl_enabled(device) and pdl_early_enabled(rows) and switch("FLARE_DECODE_EARLY", False)
-
-
 def register_cap_option(name: str) -> dict:
     """The launch option ``maxnreg`` from the switch ``name`` (side-by-side runs: a register cap of N per thread, so
     more programs fit an SM, at the cost of spilled values), none when unset or 0, or in the interpreter; raises
@@ -828,8 +821,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), EARLY=decode_early_enabled(q.device, b), num_warps=4,
-        **_pdl(q.device),
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](

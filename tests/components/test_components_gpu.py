@@ -214,11 +214,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         kp3, vp3 = kp.clone(), vp.clone()
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
-    monkeypatch.setenv("FLARE_DECODE_EARLY", "1")  # its dependents launched before its wait: scheduling only
-    assert tk.decode_early_enabled(q.device, len(seq_lens)) == (len(seq_lens) <= tk.PDL_EARLY_ROWS)
-    kp2, vp2 = kp.clone(), vp.clone()
-    assert bits(run(kp2, vp2), out) and bits(kp2, kp1) and bits(vp2, vp1), "the early trigger changed a bit"
-    monkeypatch.delenv("FLARE_DECODE_EARLY")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
     kp4, vp4 = kp.clone(), vp.clone()
