@@ -67,19 +67,24 @@ def cases(tk):
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    for heads, splits in ((32, 32), (16, 32)):
+    for heads, splits, prefetch in ((32, 32, 64), (16, 64, 0)):  # Qwen3-8B's and Qwen3-0.6B's one-row launches
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
-                 K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=64, KV_LINES=2)
+                 K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None},
                     dict(num_warps=4)))
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
+        out.append((f"fused decode {heads}x8 splits {splits} loads first", "_rope_decode_kernel", DECODE_SIG,
+                    {**c, "LOADS_FIRST": True, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
+            out.append((f"fused decode {heads}x8 splits {splits} loads first probed", "_rope_decode_kernel",
+                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "LOADS_FIRST": True, "HAS_PROBE": True},
+                        dict(num_warps=4)))
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
                         {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))
     for name, n, k, norm, gated, res, gi in (("8B qkv (norm apart)", 6144, 4096, False, False, False, False),

@@ -182,6 +182,13 @@ def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.co
     layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run11``)."""
     x1 = tl.load(src + offs[None, :], mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs[None, :], mask=mask, other=0.0)
+    return _norm_rope_loaded(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM)
+
+
+@triton.jit
+def _norm_rope_loaded(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
+                      NORM: tl.constexpr):
+    """:func:`_norm_rope_halves` of halves already loaded (``x1, x2 [R, HALF]``)."""
     dt = x1.dtype
     if NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
@@ -303,25 +310,27 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
+def _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
+                        stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
+    """Key block ``blk``'s tiles ``(K^T [DP, BLOCK_N], V [BLOCK_N, DP], key mask [BLOCK_N])``: one page id per key,
+    then K and V both issued before any use (one latency per block); keys past ``seq_len`` read as 0."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
-    _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
     page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
-    # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
     kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
                  mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                 mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
-                                   + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
-                 HAS_PROBE)
+    return kt, v, n_mask
+
+
+@triton.jit
+def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                       HAS_PROBE: tl.constexpr = False):
+    """The online softmax step of the query tile ``q [QR, DP]`` over one key block's tiles: ``(m, l, acc)``."""
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -342,6 +351,22 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
 
 
 @triton.jit
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                  HAS_PROBE: tl.constexpr = False):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
+    _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
+    kt, v, n_mask = _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
+                                        stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N, PROBE,
+                                        prog, HAS_PROBE)
+    _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
+                                   + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
+                 HAS_PROBE)
+    return _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog, HAS_PROBE)
+
+
+@triton.jit
 def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
@@ -352,15 +377,31 @@ def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
+def _decode_state(QR: tl.constexpr, DP: tl.constexpr):
+    """The online softmax's empty state ``(m, l, acc)`` for ``QR`` query rows of ``DP`` dims."""
+    return (tl.full([QR], float("-inf"), dtype=tl.float32), tl.zeros([QR], dtype=tl.float32),
+            tl.zeros([QR, DP], dtype=tl.float32))
+
+
+@triton.jit
 def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
                    HAS_PROBE: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
-    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([QR], dtype=tl.float32)
-    acc = tl.zeros([QR, DP], dtype=tl.float32)
+    m_i, l_i, acc = _decode_state(QR, DP)
+    return _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
+                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+
+
+@triton.jit
+def _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
+                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
+    """:func:`_decode_blocks` continued from the state ``(m, l, acc)``."""
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -495,8 +536,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
-                        HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LOADS_FIRST: tl.constexpr = False,
+                        PROBE=None, HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -519,6 +560,24 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
     offs_h = tl.arange(0, HALF)
+    if LOADS_FIRST:  # (FLARE_DECODE_LOADS_FIRST=1, experimental) every load of the program issued before any
+        # arithmetic, so their latencies overlap the query rows' norm and rotation: the writer's new key and value
+        # rows and slot, and the first key block's tiles -- the writer's holds the new slot's stale row, replaced
+        # below by the values it stores (the same bits a load after its store returns)
+        offs_n = tl.arange(0, BLOCK_N)
+        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+        one = tl.arange(0, 1)[:, None]
+        k_row = K + b64 * stride_kb + kvh * stride_kh + one
+        v_row = V + b64 * stride_vb + kvh * stride_vh + one
+        wmask = (one < 1) & (split == writer)
+        kx1 = tl.load(k_row + offs_h[None, :], mask=wmask, other=0.0)
+        kx2 = tl.load(k_row + HALF + offs_h[None, :], mask=wmask, other=0.0)
+        vx1 = tl.load(v_row + offs_h[None, :], mask=wmask, other=0.0)
+        vx2 = tl.load(v_row + HALF + offs_h[None, :], mask=wmask, other=0.0)
+        slot = tl.load(SLOTS + b, mask=split == writer, other=0).to(tl.int64)
+        kt0, v0, n0 = _decode_block_tiles(start, KP, VP, BT, b64, kvh, tl.where(start < end, seq_len, 0), offs_n,
+                                          offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
+                                          stride_vph, stride_bt, PAGE, BLOCK_N)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
                                QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
@@ -526,20 +585,51 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
 
-    writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-    if split == writer:
-        slot = tl.load(SLOTS + b).to(tl.int64)
-        one = tl.arange(0, 1)[:, None]
-        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
-        tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+    if LOADS_FIRST:
+        k1, k2 = _norm_rope_loaded(kx1, kx2, KW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+        if split == writer:
+            kp_row = KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one
+            vp_row = VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one
+            tl.store(kp_row + offs_h[None, :], k1)
+            tl.store(kp_row + HALF + offs_h[None, :], k2)
+            tl.store(vp_row + offs_h[None, :], vx1)
+            tl.store(vp_row + HALF + offs_h[None, :], vx2)
+            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+    else:
+        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+        if split == writer:
+            slot = tl.load(SLOTS + b).to(tl.int64)
+            one = tl.arange(0, 1)[:, None]
+            _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                           KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
-    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
-                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+    if LOADS_FIRST:
+        new = (offs_n == seq_len - 1 - start * BLOCK_N) & (split == writer)  # the new key's column, if in this block
+        kt0 = tl.where(new[None, :], tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (D,))[:, None], kt0)
+        v0 = tl.where(new[:, None], tl.reshape(tl.permute(tl.join(vx1, vx2), (0, 2, 1)), (1, D)), v0)
+        m_i, l_i, acc = _decode_state(QR, D)
+        if start < end:  # its block stamps (the probe's): 8 and 9 here, 10 once its tiles arrived
+            _probe_stamp(PROBE, prog, 8, start, HAS_PROBE)
+            _probe_stamp(PROBE, prog, 9, start, HAS_PROBE)
+            _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt0.to(tl.float32), axis=1), axis=0)
+                                           + tl.sum(tl.sum(v0.to(tl.float32), axis=1), axis=0)).to(tl.int32,
+                                                                                                 bitcast=True),
+                         HAS_PROBE)
+            m_i, l_i, acc = _decode_block_math(kt0, v0, n0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
+                                               HAS_PROBE)
+        m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + 1, end, KP, VP, BT, b64, kvh, seq_len, offs_n,
+                                            offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
+                                            stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE,
+                                            PROBE, prog, HAS_PROBE)
+    else:
+        m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
+                                       d_mask,
+                                       stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
+                                       qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -821,6 +911,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
+        LOADS_FIRST=switch("FLARE_DECODE_LOADS_FIRST", False),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
