@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 
 from ignition.components.custom_ops import opaque_op
-from ignition.components.switches import whole
+from ignition.components.switches import switch, whole
 
-__all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "top_k_threshold", "top_p_threshold",
+__all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "sorted_cut_op", "sorted_cut_reference",
+           "top_k_threshold", "top_p_threshold",
            "general_prefix",
            "GENERAL_PREFIX", "MEASURED_PREFIX"]
 
@@ -76,7 +77,18 @@ def sorted_cut(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tens
     """``[B]``: the cut (keep the values ``>=`` it) of rows whose kept values all lie in ``sorted_desc [B, n]`` (their
     ``n`` largest, descending; every row ``1 <= top_k <= n`` unless ``n`` is the whole row): the ``top_k``-th value or
     the top-p threshold over the values above it, whichever is larger.  With ``top_k`` off and ``top_p >= 1`` it is
-    the ``n``-th value, which cuts nothing from a whole row."""
+    the ``n``-th value, which cuts nothing from a whole row.
+
+    :func:`sorted_cut_reference`, traced inline (a compiled step fuses it into its own kernels); on CUDA with
+    ``FLARE_SORTED_CUT_KERNEL=1`` (experimental, off: not yet measured on a GPU; read at each trace) the one-launch op
+    ``flare::sorted_cut`` instead."""
+    if sorted_desc.is_cuda and switch("FLARE_SORTED_CUT_KERNEL", False):
+        return sorted_cut_op(top_k, top_p, sorted_desc)
+    return sorted_cut_reference(top_k, top_p, sorted_desc)
+
+
+def sorted_cut_reference(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """:func:`sorted_cut` as torch operations: the k-th value, a masked softmax, its cumsum, a count, a gather."""
     kth = top_k_threshold(top_k, sorted_desc)
     return torch.maximum(kth, top_p_threshold(top_p, sorted_desc.masked_fill(sorted_desc < kth[:, None],
                                                                               float("-inf"))))
@@ -109,7 +121,7 @@ def sampling_cut_reference(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     """The cut by sorting each row (module docstring): ``max(K, P)``, ``-inf`` for skipped rows (the op's CPU
     path)."""
     _check(y, top_k, top_p, skip)
-    cut = sorted_cut(top_k, top_p, torch.sort(y, dim=-1, descending=True).values)
+    cut = sorted_cut_reference(top_k, top_p, torch.sort(y, dim=-1, descending=True).values)
     cuts = ((top_k >= 1) & (top_k < y.shape[1])) | (top_p < 1.0)
     return torch.where(cuts & ~skip, cut, float("-inf"))
 
@@ -129,3 +141,31 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
         _check(y, top_k, top_p, skip)
         return sampling_cut_triton(y, top_k, top_p, skip)
     return sampling_cut_reference(y, top_k, top_p, skip)
+
+
+def _check_sorted(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> None:
+    if sorted_desc.dim() != 2 or sorted_desc.dtype != torch.float32 or sorted_desc.shape[1] == 0:
+        raise ValueError(f"sorted_cut: sorted_desc must be a [B, n >= 1] float32 tensor, got "
+                         f"{tuple(sorted_desc.shape)} {sorted_desc.dtype}")
+    b = sorted_desc.shape[0]
+    for name, t, dtype in (("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32)):
+        if tuple(t.shape) != (b,) or t.dtype != dtype:
+            raise ValueError(f"sorted_cut: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+
+
+def _fake_sorted(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    return sorted_desc.new_empty((sorted_desc.shape[0],))
+
+
+@opaque_op("sorted_cut", mutates_args=(), fake=_fake_sorted)
+def sorted_cut_op(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
+    """``top_k [B]`` int32, ``top_p [B]`` float32, ``sorted_desc [B, n]`` float32 (descending) -> a new ``[B]``
+    float32: :func:`sorted_cut`.  CUDA: one Triton program per row (``triton_kernels.sorted_cut_triton``; its masses
+    round in their own order: a cut may differ from the reference's only where the mass above a value is within
+    rounding of ``top_p``); elsewhere :func:`sorted_cut_reference`."""
+    _check_sorted(top_k, top_p, sorted_desc)
+    if sorted_desc.is_cuda:
+        from ignition.components.triton_kernels import sorted_cut_triton  # imports triton: CUDA only
+
+        return sorted_cut_triton(top_k, top_p, sorted_desc)
+    return sorted_cut_reference(top_k, top_p, sorted_desc)

@@ -1992,6 +1992,72 @@ def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
 
 
 # ------------------------------------------------------------------------------------------------------------
+# The cut of rows already sorted (``flare::sorted_cut``, ``sampling_cut.py``): what ``sampling_cut.sorted_cut`` computes
+# with about a dozen launches after the sampler's sort (the k-th value, a masked softmax, a blocked cumsum, a count,
+# two gathers -- ~25 us of Qwen3's decode step on the H200, run 74's trace), as one program per row: the k-th value
+# and the row's first (largest) value by index, one pass for the masked mass ``Z = sum exp(s - s[0])`` over the values
+# >= the k-th, then blocks of ``BLOCK`` (the reference's cumsum block) in order, each value's mass strictly above it
+# (``carry`` + the block's exclusive prefix) against ``top_p`` -- stopping at the first block whose start already
+# reaches it (the mass above only grows down a descending row), then the value at the count.  Deterministic; the
+# reference's softmax and scan round in their own order, so a cut may differ only where the mass above a value is
+# within rounding of ``top_p``.
+
+
+@triton.jit
+def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
+                       NB: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    row = S + r * stride_s
+    k = tl.load(TOPK + r)
+    p = tl.load(TOPP + r)
+    kth = tl.load(row + tl.where((k <= 0) | (k > n), n, k) - 1)  # top_k off or beyond the row: the n-th
+    m = tl.load(row)  # the row's largest value
+    offs0 = tl.arange(0, BLOCK)
+    z_acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, tl.cdiv(n, BLOCK) if PIPELINE else NB):  # the interpreter: NB, the same trip count
+        offs = i * BLOCK + offs0
+        x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+        z_acc += tl.where(x >= kth, tl.exp(x - m), 0.0)
+    z = tl.sum(z_acc, axis=0)
+    keep = tl.full((), 0, tl.int32)
+    carry = tl.full((), 0.0, tl.float32)
+    i = 0
+    while (i < n) & (carry < p) & (p < 1.0):  # p >= 1 keeps every value: no scan
+        offs = i + offs0
+        x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+        prob = tl.where(x >= kth, tl.exp(x - m), 0.0) / z
+        incl = tl.cumsum(prob, axis=0)
+        keep += tl.sum(((offs < n) & (carry + (incl - prob) < p)).to(tl.int32), axis=0)
+        carry += tl.sum(tl.where(offs0 == BLOCK - 1, incl, 0.0), axis=0)
+        i += BLOCK
+    n_keep = tl.where(p >= 1.0, n, tl.maximum(keep, 1))
+    last = tl.load(row + n_keep - 1)
+    tl.store(CUT + r, tl.maximum(kth, tl.where(last >= kth, last, float("-inf"))))
+
+
+#: Values per block of :func:`sorted_cut_triton` (the reference's cumsum block) and its warps.
+SORTED_CUT_BLOCK = 1024
+SORTED_CUT_WARPS = 8
+
+
+def sorted_cut_triton(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor,
+                      block: int = SORTED_CUT_BLOCK) -> torch.Tensor:
+    """``flare::sorted_cut`` on the GPU (or the interpreter): one program per row (see above; ``block``: values per
+    block, for tests).  Shapes are checked by the op (``sampling_cut.py``)."""
+    b, n = sorted_desc.shape
+    cut = torch.empty((b,), dtype=torch.float32, device=sorted_desc.device)
+    if b == 0:
+        return cut
+    if sorted_desc.stride(-1) != 1:
+        sorted_desc = sorted_desc.contiguous()
+    blk = min(block, triton.next_power_of_2(n))
+    _sorted_cut_kernel[(b,)](sorted_desc, top_k.contiguous(), top_p.contiguous(), cut, n, sorted_desc.stride(0),
+                             BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(n, blk) if _interpreting() else 0,
+                             num_warps=SORTED_CUT_WARPS)
+    return cut
+
+
+# ------------------------------------------------------------------------------------------------------------
 # The rotary embedding's cos and sin (``flare::rotary_cos_sin``, ``ignition/components/rotary.py``): one launch for
 # what the canonical module runs as nine (the position cast, the product with inv_freq, the cat, cos, sin, two
 # scalings, two casts -- about 17 us on the Qwen3 decode step's critical path on the H200, run 39).  The same

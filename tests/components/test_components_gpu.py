@@ -393,6 +393,34 @@ def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
     assert torch.equal(sample(logits, params), tokens_routed)
 
 
+def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
+    """``FLARE_SORTED_CUT_KERNEL=1`` (``flare::sorted_cut``, one program per row after the sort): on vocabulary-sized
+    rows the sampler keeps what the traced reference keeps, up to top-p near ties, and draws the same tokens -- the
+    full sort and the bounded top-64 variant."""
+    from test_sampling_cut import _cut64
+
+    from ignition.components.sampling import apply_min_p, apply_temperature, filter_logits
+
+    b = 8
+    g = torch.Generator(device="cuda").manual_seed(5)
+    logits = torch.randn(b, VOCAB, device="cuda", generator=g) * 3
+    for bound in (None, 64):  # the bounded variant admits 1 <= top_k <= 64 only
+        rows = [{"temperature": [0.0, 0.8, 1.0, 0.6][r % 4], "top_k": [0 if bound is None else 5, 20, 64, 1][r % 4],
+                 "top_p": [0.95, 0.9, 1.0, 0.5, 0.99][r % 5], "min_p": [0.0, 0.01][r % 2], "seed": r}
+                for r in range(b)]
+        params = SamplingTensors.from_resolved(rows, b, vocab_size=VOCAB, device="cuda", max_top_k=bound)
+        monkeypatch.setenv("FLARE_SORTED_CUT_KERNEL", "1")
+        _, fused = filter_logits(logits, params)
+        tokens = sample(logits, params)
+        monkeypatch.setenv("FLARE_SORTED_CUT_KERNEL", "0")
+        x, traced = filter_logits(logits, params)
+        y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
+        for r in range(b):
+            if not torch.equal(fused[r], traced[r]):  # only a top-p near tie may differ
+                assert _cut64(y[r].double().tolist(), rows[r]["top_k"], rows[r]["top_p"])[1], (bound, r)
+        assert torch.equal(sample(logits, params), tokens), bound
+
+
 @pytest.mark.parametrize("m,n,k,norm,gated,residual", [(4, 6144, 4096, True, False, False),
                                                          (4, 4096, 4096, False, False, True),
                                                          (8, 24576, 4096, True, True, False),

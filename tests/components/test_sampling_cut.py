@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from ignition.components.sampling import SamplingTensors, filter_logits
-from ignition.components.sampling_cut import sampling_cut, sampling_cut_reference
+from ignition.components.sampling_cut import (sampling_cut, sampling_cut_reference, sorted_cut, sorted_cut_op,
+                                              sorted_cut_reference)
 from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
 
 TIE = 1e-5
@@ -146,3 +147,55 @@ def test_triton_kernel_is_the_definition(b, v, block):
     ref = sampling_cut_reference(y, top_k, top_p, skip)
     exact = (top_p >= 1.0) | skip  # top-k alone: counts, no rounding
     assert torch.equal(got[exact], ref[exact])
+
+
+def _sorted_cases(b: int, v: int, seed: int):
+    """Rows of :func:`_rows` sorted descending, with top_k / top_p mixes: the full-sort route's input."""
+    y = _rows(b, v, seed)
+    top_k, top_p = _params(v, b)
+    return y, torch.sort(y, dim=-1, descending=True).values, top_k, top_p
+
+
+def test_sorted_cut_op_checks_arguments_compiles_and_routes(monkeypatch):
+    """``flare::sorted_cut``: its CPU path is the reference; bad arguments name themselves; it traces under
+    torch.compile; ``sorted_cut`` takes it only on CUDA with ``FLARE_SORTED_CUT_KERNEL=1`` (the reference otherwise)."""
+    y, s, top_k, top_p = _sorted_cases(6, 300, 3)
+    assert torch.equal(sorted_cut_op(top_k, top_p, s), sorted_cut_reference(top_k, top_p, s))
+    with pytest.raises(ValueError, match="sorted_desc must be"):
+        sorted_cut_op(top_k, top_p, s.double())
+    with pytest.raises(ValueError, match="sorted_desc must be"):
+        sorted_cut_op(top_k, top_p, s[:, :0])
+    with pytest.raises(ValueError, match="top_k"):
+        sorted_cut_op(top_k.long(), top_p, s)
+    with pytest.raises(ValueError, match="top_p"):
+        sorted_cut_op(top_k, top_p[:3], s)
+    fn = torch.compile(lambda *a: sorted_cut_op(*a) * 2.0, backend="aot_eager", fullgraph=True)
+    assert torch.equal(fn(top_k, top_p, s), sorted_cut_reference(top_k, top_p, s) * 2.0)
+    monkeypatch.setenv("FLARE_SORTED_CUT_KERNEL", "1")  # CPU tensors: still the reference, traced inline
+    assert torch.equal(sorted_cut(top_k, top_p, s), sorted_cut_reference(top_k, top_p, s))
+
+
+@interpreter
+@pytest.mark.parametrize("b,v,block", [(12, 2000, 256), (5, 777, 128), (24, 700, 1024), (3, 64, 64), (0, 50, 64)])
+def test_sorted_cut_kernel_is_the_reference_up_to_top_p_near_ties(b, v, block):
+    """The one-program-per-row kernel on sorted rows (several blocks, a masked tail, ties, -inf, signed zeros, a
+    constant row, top_k off / at / beyond the row, top_p 1 and below): the reference's cut, except where the mass
+    above a value is within rounding of top_p (``_cut64``'s near ties); top-k alone exact."""
+    from ignition.components.triton_kernels import sorted_cut_triton
+
+    y, s, top_k, top_p = _sorted_cases(b, v, v + block)
+    got = sorted_cut_triton(top_k, top_p, s, block=block)
+    ref = sorted_cut_reference(top_k, top_p, s)
+    assert got.shape == (b,) and got.dtype == torch.float32
+    for i in range(b):
+        if got[i] != ref[i]:
+            assert _cut64(y[i].double().tolist(), int(top_k[i]), float(top_p[i]))[1], (i, got[i], ref[i])
+    exact = top_p >= 1.0
+    assert torch.equal(got[exact], ref[exact])
+    if b:  # the bounded route's input: each row's top 64 values with 1 <= top_k <= 64
+        k64 = top_k.clamp(1, 64)
+        got64 = sorted_cut_triton(k64, top_p, s[:, :64], block=min(block, 32))
+        ref64 = sorted_cut_reference(k64, top_p, s[:, :64])
+        for i in range(b):
+            if got64[i] != ref64[i]:
+                assert _cut64(s[i, :64].double().tolist(), int(k64[i]), float(top_p[i]))[1], (i, got64[i], ref64[i])
