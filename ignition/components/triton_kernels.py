@@ -1977,18 +1977,22 @@ def sampling_cut_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
                         block: int = SAMPLING_CUT_BLOCK, num_warps: int = SAMPLING_CUT_WARPS) -> torch.Tensor:
     """``flare::sampling_cut`` on the GPU (or the interpreter): one program per row (see above).  Shapes are checked
     by the op (``sampling_cut.py``)."""
+    y, cut, loop = _row_cut_setup(y, block)
     b, v = y.shape
-    cut = torch.empty((b,), dtype=torch.float32, device=y.device)
-    if b == 0:
-        return cut
-    if y.stride(-1) != 1:
-        y = y.contiguous()
-    ws = torch.empty((b, v), dtype=torch.float32, device=y.device)
-    blk = min(block, triton.next_power_of_2(v))
-    _sampling_cut_kernel[(b,)](y, top_k.contiguous(), top_p.contiguous(), skip.contiguous(), cut, ws, v, y.stride(0),
-                               BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(v, blk) if _interpreting() else 0,
-                               num_warps=num_warps)
+    if b:
+        ws = torch.empty((b, v), dtype=torch.float32, device=y.device)
+        _sampling_cut_kernel[(b,)](y, top_k.contiguous(), top_p.contiguous(), skip.contiguous(), cut, ws, v,
+                                   y.stride(0), **loop, num_warps=num_warps)
     return cut
+
+
+def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """For the one-program-per-row cut kernels: ``x [B, n]`` with contiguous rows, the ``[B]`` fp32 output, and the
+    loop's launch constants (``BLOCK``; compiled, a ``range`` over the row; the interpreter, ``NB`` blocks)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    blk = min(block, triton.next_power_of_2(x.shape[1]))
+    loop = dict(BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(x.shape[1], blk) if _interpreting() else 0)
+    return x, torch.empty((x.shape[0],), dtype=torch.float32, device=x.device), loop
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -2044,16 +2048,10 @@ def sorted_cut_triton(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: tor
                       block: int = SORTED_CUT_BLOCK) -> torch.Tensor:
     """``flare::sorted_cut`` on the GPU (or the interpreter): one program per row (see above; ``block``: values per
     block, for tests).  Shapes are checked by the op (``sampling_cut.py``)."""
-    b, n = sorted_desc.shape
-    cut = torch.empty((b,), dtype=torch.float32, device=sorted_desc.device)
-    if b == 0:
-        return cut
-    if sorted_desc.stride(-1) != 1:
-        sorted_desc = sorted_desc.contiguous()
-    blk = min(block, triton.next_power_of_2(n))
-    _sorted_cut_kernel[(b,)](sorted_desc, top_k.contiguous(), top_p.contiguous(), cut, n, sorted_desc.stride(0),
-                             BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(n, blk) if _interpreting() else 0,
-                             num_warps=SORTED_CUT_WARPS)
+    s, cut, loop = _row_cut_setup(sorted_desc, block)
+    if s.shape[0]:
+        _sorted_cut_kernel[(s.shape[0],)](s, top_k.contiguous(), top_p.contiguous(), cut, s.shape[1], s.stride(0),
+                                          **loop, num_warps=SORTED_CUT_WARPS)
     return cut
 
 
