@@ -1113,12 +1113,21 @@ def _gemv_x_f32(xv):
 
 
 @triton.jit
-def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr):
+def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr, GROUP: tl.constexpr = 1):
     """``acc`` (and ``acc_u`` with the up half ``u`` when gated) plus a weight tile ``w [BN, BK]`` times its fp32
-    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
-    acc += xf * w.to(tl.float32)[None, :, :]
-    if GATED:
-        acc_u += xf * u.to(tl.float32)[None, :, :]
+    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed.
+    ``GROUP`` > 1: the products of ``GROUP`` consecutive columns summed first (``acc [MP, BN, BK / GROUP]``)."""
+    if GROUP == 1:
+        acc += xf * w.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u.to(tl.float32)[None, :, :]
+    else:
+        mp: tl.constexpr = xf.shape[0]
+        bn: tl.constexpr = w.shape[0]
+        bk: tl.constexpr = w.shape[1]
+        acc += tl.sum(tl.reshape(xf * w.to(tl.float32)[None, :, :], (mp, bn, bk // GROUP, GROUP)), axis=3)
+        if GATED:
+            acc_u += tl.sum(tl.reshape(xf * u.to(tl.float32)[None, :, :], (mp, bn, bk // GROUP, GROUP)), axis=3)
     return acc, acc_u
 
 
@@ -1146,7 +1155,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
+                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False, GROUP: tl.constexpr = 1,
                        PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
@@ -1212,27 +1221,27 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
-    acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    acc = tl.zeros([MP, BN, BK // GROUP], dtype=tl.float32)
     if GATED:
-        acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
+        acc_u = tl.zeros([MP, BN, BK // GROUP], dtype=tl.float32)
     else:
         acc_u = acc  # unused
     if PRELOAD >= 1:
         if not X_FIRST:
             x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED, GROUP)
     if PRELOAD >= 2:
         if not X_FIRST:
             x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED, GROUP)
     if PRELOAD >= 3:
         if not X_FIRST:
             x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED, GROUP)
     if PRELOAD >= 4:
         if not X_FIRST:
             x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED, GROUP)
     # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
     # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
     # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``).
@@ -1244,7 +1253,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         u = w
         if GATED:
             u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, GROUP)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1450,6 +1459,23 @@ def gemv_early_enabled(device: torch.device, rows: int) -> bool:
     return pdl_enabled(device) and pdl_early_enabled(rows) and switch("FLARE_GEMV_EARLY", GEMV_EARLY)
 
 
+#: Consecutive columns whose products the elementwise GEMV sums before accumulating (``FLARE_GEMV_GROUP=N``,
+#: experimental, not yet measured on a GPU): 1 keeps one fp32 accumulator per weight element of a tile -- at 8 the
+#: accumulator is an eighth of that, and offline sm90 ptxas counts Qwen3-8B's qkv at 56 registers instead of 80 (9
+#: programs per SM instead of 6), its down at 72 instead of 127, o_proj 216 instead of 255 -- room for larger tiles
+#: or more programs in flight.  Other bits than 1 (another summation order), deterministic, within the same bound.
+GEMV_ACC_GROUP = 1
+
+
+def gemv_acc_group(bk: int) -> int:
+    """The one-row GEMV's column group (:data:`GEMV_ACC_GROUP`, or ``FLARE_GEMV_GROUP``; read at each launch), at most
+    ``bk``; raises naming the switch when it is not a power of two."""
+    group = whole("FLARE_GEMV_GROUP", GEMV_ACC_GROUP, low=1)
+    if group & (group - 1):
+        raise ValueError(f"FLARE_GEMV_GROUP={group}: expected a power of two")
+    return min(group, bk)
+
+
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
     """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
     config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
@@ -1577,6 +1603,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
+        GROUP=gemv_acc_group(bk),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

@@ -304,6 +304,11 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    with monkeypatch.context() as env:  # the grouped accumulation (FLARE_GEMV_GROUP=8): bounded and repeatable
+        env.setenv("FLARE_GEMV_GROUP", "8")
+        grouped = launch()
+        assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
+        assert ((grouped.float() - ref.float()).abs() <= tol).all(), "the grouped accumulation left the bound"
     if norm and k <= 1024:  # Qwen3-0.6B's qkv and gate/up preload their whole K: its inputs loaded once, together
         bk = gemv_config(1, n, k, gated)["BK"]
         assert gemv_preload_tiles(1, k, bk, False) * bk == k
@@ -445,6 +450,11 @@ def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    with monkeypatch.context() as env:  # the grouped accumulation (FLARE_GEMV_GROUP=8): bounded and repeatable
+        env.setenv("FLARE_GEMV_GROUP", "8")
+        grouped = launch()
+        assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
+        assert ((grouped.float() - ref.float()).abs() <= tol).all(), "the grouped accumulation left the bound"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -112,6 +112,49 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
+@pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", [
+    (1, 96, 512, True, False, False, False), (1, 64, 384, False, False, True, False), (1, 48, 256, True, True, False, False),
+    (1, 64, 256, False, False, True, True), (3, 40, 200, True, False, True, False)])
+def test_grouped_accumulation_is_bounded_deterministic_and_preload_neutral(monkeypatch, m, n, k, norm, gated, residual,
+                                                                          gated_input):
+    """``FLARE_GEMV_GROUP=8``: the products of 8 consecutive columns summed before they are accumulated -- within the
+    reference's bound, the same bits on a second launch and with or without preloaded tiles (each tile takes the same
+    step); 1 is the default; a group that is not a power of two names the switch."""
+    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
+    from ignition.components.triton_kernels import GEMV_ACC_GROUP, fused_linear_triton, gemv_acc_group
+
+    import torch.nn.functional as F
+
+    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m * n + k)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
+    cfg = {"BN": 16, "BK": 128}
+    run = lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,  # noqa: E731
+                                      gated_input=gated_input, config=cfg)
+    assert GEMV_ACC_GROUP == 1 and gemv_acc_group(128) == 1
+    monkeypatch.setenv("FLARE_GEMV_GROUP", "8")
+    assert gemv_acc_group(128) == 8 and gemv_acc_group(4) == 4
+    got = run()
+    assert torch.equal(run().view(torch.int16), got.view(torch.int16))
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "0")
+    assert torch.equal(run().view(torch.int16), got.view(torch.int16))
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
+    if gated_input:
+        act = F.silu(x[:, :k]) * x[:, k:]
+        y = fused_linear_reference(act, w)
+        tol = 2 * 2.0 ** -7 * y.float().abs() + reorder_bound(act, w, norm=True, gated=False)
+    else:
+        tol = _gemv_tolerance(x, w, nw, gated, fused_linear_reference(x, w, nw, 1e-6, None, gated))
+    if residual:
+        tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    monkeypatch.setenv("FLARE_GEMV_GROUP", "6")
+    with pytest.raises(ValueError, match="FLARE_GEMV_GROUP=6"):
+        run()
+
+
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
     from ignition.components.triton_kernels import fused_linear_triton
