@@ -64,8 +64,10 @@ def cases(tk):
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name.startswith("8B"):  # the grouped accumulation (FLARE_GEMV_GROUP, experimental)
-            out.append((f"gemv {name} preload {c['PRELOAD']} group 8", "_fused_gemv_kernel", GEMV_SIG,
-                        {**c, "GROUP": 8}, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+            for pipe in (False, True):  # and with the pipelined stream (FLARE_GEMV_PIPELINE)
+                out.append((f"gemv {name} preload {c['PRELOAD']} group 8{' pipe' if pipe else ''}",
+                            "_fused_gemv_kernel", GEMV_SIG, {**c, "GROUP": 8, "PIPE": pipe},
+                            dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},

@@ -1156,7 +1156,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False, GROUP: tl.constexpr = 1,
-                       PROBE=None, HAS_PROBE: tl.constexpr = False):
+                       PIPE: tl.constexpr = False, PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1196,6 +1196,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
+    first: tl.constexpr = PRELOAD * BK  # the first streamed tile's start
+    last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last one's (when first < K)
+    if PIPE and first < last:  # the stream's first tile, issued ahead of the row statistics and the inputs
+        kk = first + offs_k
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+        u_cur = w_cur
+        if GATED:
+            u_cur = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
     # cross) -- the same values, the same accumulation order; with the norm prologue and the whole K preloaded, the
@@ -1242,18 +1251,41 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         if not X_FIRST:
             x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
         acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED, GROUP)
-    # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
-    # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
-    # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``).
-    for k0 in range(PRELOAD * BK, K, BK):
-        kk = k0 + offs_k
+    # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``, experimental, off): the first tile is issued right
+    # after the wait (above, ahead of the row statistics), then each iteration first issues the NEXT tile's weight
+    # loads, then loads its input tile and multiplies the tile loaded one iteration before -- two tiles in flight per
+    # program instead of one (the plain loop is load x, barrier, load w, multiply).  The same tiles in the same order:
+    # the same bits.  Alone it needs more registers than one wave of resident programs allows: Qwen3-8B's one-row
+    # layer graph 1.086x slower side by side, qkv and down each in a late wave (``results/20261201T183600Z-sm90-run71``,
+    # 96 and 161 registers).  With ``FLARE_GEMV_GROUP=8`` (not yet measured) offline ptxas counts 76 and 108: 6 and 4
+    # programs per SM, one wave for both.
+    if PIPE and first < last:
+        for k0 in range(first, last, BK):
+            kk = k0 + offs_k
+            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+            xn, wn = _gemv_masks(kk + BK, m_mask, n_mask, K, EVEN_K)
+            w_nxt = tl.load(w_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
+            u_nxt = w_nxt
+            if GATED:
+                u_nxt = tl.load(u_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED, GROUP)
+            w_cur = w_nxt
+            u_cur = u_nxt
+        kk = last + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-        u = w
-        if GATED:
-            u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, GROUP)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED, GROUP)
+    else:
+        for k0 in range(PRELOAD * BK, K, BK):
+            kk = k0 + offs_k
+            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
+            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+            u = w
+            if GATED:
+                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, GROUP)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1603,7 +1635,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        GROUP=gemv_acc_group(bk),
+        GROUP=gemv_acc_group(bk), PIPE=switch("FLARE_GEMV_PIPELINE", False),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

@@ -309,6 +309,10 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         grouped = launch()
         assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
         assert ((grouped.float() - ref.float()).abs() <= tol).all(), "the grouped accumulation left the bound"
+        env.setenv("FLARE_GEMV_PIPELINE", "1")  # the streamed tiles one iteration ahead: the same bits
+        assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
+        env.setenv("FLARE_GEMV_GROUP", "1")
+        assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
     if norm and k <= 1024:  # Qwen3-0.6B's qkv and gate/up preload their whole K: its inputs loaded once, together
         bk = gemv_config(1, n, k, gated)["BK"]
         assert gemv_preload_tiles(1, k, bk, False) * bk == k
@@ -455,6 +459,10 @@ def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
         grouped = launch()
         assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
         assert ((grouped.float() - ref.float()).abs() <= tol).all(), "the grouped accumulation left the bound"
+        env.setenv("FLARE_GEMV_PIPELINE", "1")  # the streamed tiles one iteration ahead: the same bits
+        assert torch.equal(launch().view(torch.int16), grouped.view(torch.int16))
+        env.setenv("FLARE_GEMV_GROUP", "1")
+        assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

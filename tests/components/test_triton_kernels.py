@@ -226,6 +226,40 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
+@pytest.mark.parametrize("group", [1, 8])
+@pytest.mark.parametrize("m,k,bk,norm,gated,gated_input,preload", [
+    (1, 512, 128, True, False, False, 0),  # four streamed tiles after the norm prologue
+    (1, 512, 128, False, True, False, 0),  # gated: both halves pipelined
+    (1, 512, 128, False, False, True, 0),  # the gated input's prologue
+    (1, 448, 128, False, False, False, 0),  # K not a multiple of BK: a masked last tile
+    (1, 512, 128, False, False, False, 1),  # one tile preloaded before the wait, three streamed
+    (1, 256, 128, False, False, False, 0),  # two streamed tiles: the loop body once, then the last tile
+    (3, 320, 64, True, True, False, 0),  # several rows
+    (1, 128, 128, True, False, False, 0),  # one tile: nothing to pipeline
+])
+def test_fused_linear_triton_pipelined_stream_changes_no_bit(monkeypatch, m, k, bk, norm, gated, gated_input,
+                                                              preload, group):
+    """``FLARE_GEMV_PIPELINE=1``: the streamed weight tiles are loaded one iteration ahead -- the same tiles multiplied
+    in the same order, so the same bits as the plain loop (with the default accumulation and the grouped one)."""
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, nw, r = _gemv_inputs(m, 48, k, norm=norm, gated=gated, residual=not gated, seed=k + m)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", str(preload))
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1" if preload else "0")
+    monkeypatch.setenv("FLARE_GEMV_GROUP", str(group))
+
+    def run():
+        return fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
+                                   config={"BN": 16, "BK": bk})
+
+    monkeypatch.delenv("FLARE_GEMV_PIPELINE", raising=False)
+    plain = run()
+    monkeypatch.setenv("FLARE_GEMV_PIPELINE", "1")
+    assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
+
+
 _DOT_CASES = [  # (M, N weight rows, K, norm, gated, residual, gated input)
     (2, 96, 256, False, False, True, False),
     (4, 64, 192, True, False, False, False),  # K not a multiple of BK: masked tail
