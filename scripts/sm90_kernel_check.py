@@ -82,13 +82,14 @@ def cases(tk):
                     dict(num_warps=4)))
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
-        out.append((f"fused decode {heads}x8 splits {splits} loads first", "_rope_decode_kernel", DECODE_SIG,
-                    {**c, "LOADS_FIRST": True, "PROBE": None}, dict(num_warps=4)))
+        for blocks in (1, 2):
+            out.append((f"fused decode {heads}x8 splits {splits} loads first {blocks}", "_rope_decode_kernel",
+                        DECODE_SIG, {**c, "LOADS_FIRST": blocks, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
             out.append((f"fused decode {heads}x8 splits {splits} loads first probed", "_rope_decode_kernel",
-                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "LOADS_FIRST": True, "HAS_PROBE": True},
+                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "LOADS_FIRST": 2, "HAS_PROBE": True},
                         dict(num_warps=4)))
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
                         {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))

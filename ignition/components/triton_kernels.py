@@ -351,6 +351,27 @@ def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: 
 
 
 @triton.jit
+def _decode_loaded_block(blk, end, kt, v, n_mask, knew, vnew, is_writer, seq_len, offs_n, q, m_i, l_i, acc,
+                         qk_scale_log2, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                         HAS_PROBE: tl.constexpr = False):
+    """Key block ``blk``'s tiles loaded before the writer's store (the fused kernel's ``LOADS_FIRST``): the new key's
+    column (position ``seq_len - 1``, the writer's, if in this block) replaced by the stored ``knew [D]`` and
+    ``vnew [1, D]``, then its online softmax step -- none when ``blk`` is not below ``end``."""
+    new = (offs_n == seq_len - 1 - blk * BLOCK_N) & is_writer
+    kt = tl.where(new[None, :], knew[:, None], kt)
+    v = tl.where(new[:, None], vnew, v)
+    if blk < end:  # its block stamps (the probe's): 8 and 9 here, 10 once its tiles arrived
+        _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)
+        _probe_stamp(PROBE, prog, 9, blk, HAS_PROBE)
+        _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
+                                       + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
+                     HAS_PROBE)
+        m_i, l_i, acc = _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
+                                           HAS_PROBE)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
@@ -536,7 +557,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LOADS_FIRST: tl.constexpr = False,
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LOADS_FIRST: tl.constexpr = 0,
                         PROBE=None, HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -560,10 +581,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
     offs_h = tl.arange(0, HALF)
-    if LOADS_FIRST:  # (FLARE_DECODE_LOADS_FIRST=1, experimental) every load of the program issued before any
+    if LOADS_FIRST:  # (FLARE_DECODE_LOADS_FIRST=1 or 2, experimental) every load of the program issued before any
         # arithmetic, so their latencies overlap the query rows' norm and rotation: the writer's new key and value
-        # rows and slot, and the first key block's tiles -- the writer's holds the new slot's stale row, replaced
-        # below by the values it stores (the same bits a load after its store returns)
+        # rows and slot, and the first LOADS_FIRST key blocks' tiles -- the writer's last one holds the new slot's
+        # stale row, replaced below by the values it stores (the same bits a load after its store returns)
         offs_n = tl.arange(0, BLOCK_N)
         writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
         one = tl.arange(0, 1)[:, None]
@@ -578,6 +599,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         kt0, v0, n0 = _decode_block_tiles(start, KP, VP, BT, b64, kvh, tl.where(start < end, seq_len, 0), offs_n,
                                           offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
                                           stride_vph, stride_bt, PAGE, BLOCK_N)
+        if LOADS_FIRST >= 2:
+            kt1, v1, n1 = _decode_block_tiles(start + 1, KP, VP, BT, b64, kvh, tl.where(start + 1 < end, seq_len, 0),
+                                              offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
+                                              stride_vt, stride_vph, stride_bt, PAGE, BLOCK_N)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
                                QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
@@ -608,20 +633,17 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
     if LOADS_FIRST:
-        new = (offs_n == seq_len - 1 - start * BLOCK_N) & (split == writer)  # the new key's column, if in this block
-        kt0 = tl.where(new[None, :], tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (D,))[:, None], kt0)
-        v0 = tl.where(new[:, None], tl.reshape(tl.permute(tl.join(vx1, vx2), (0, 2, 1)), (1, D)), v0)
+        knew = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (D,))  # the stored new key and value, [D]
+        vnew = tl.reshape(tl.permute(tl.join(vx1, vx2), (0, 2, 1)), (1, D))
         m_i, l_i, acc = _decode_state(QR, D)
-        if start < end:  # its block stamps (the probe's): 8 and 9 here, 10 once its tiles arrived
-            _probe_stamp(PROBE, prog, 8, start, HAS_PROBE)
-            _probe_stamp(PROBE, prog, 9, start, HAS_PROBE)
-            _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt0.to(tl.float32), axis=1), axis=0)
-                                           + tl.sum(tl.sum(v0.to(tl.float32), axis=1), axis=0)).to(tl.int32,
-                                                                                                 bitcast=True),
-                         HAS_PROBE)
-            m_i, l_i, acc = _decode_block_math(kt0, v0, n0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
-                                               HAS_PROBE)
-        m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + 1, end, KP, VP, BT, b64, kvh, seq_len, offs_n,
+        m_i, l_i, acc = _decode_loaded_block(start, end, kt0, v0, n0, knew, vnew, split == writer, seq_len, offs_n, q,
+                                             m_i, l_i, acc, qk_scale_log2, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
+        if LOADS_FIRST >= 2:
+            m_i, l_i, acc = _decode_loaded_block(start + 1, end, kt1, v1, n1, knew, vnew, split == writer, seq_len,
+                                                 offs_n, q, m_i, l_i, acc, qk_scale_log2, BLOCK_N, DOT_F32, PROBE, prog,
+                                                 HAS_PROBE)
+        m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + LOADS_FIRST, end, KP, VP, BT, b64, kvh, seq_len,
+                                            offs_n,
                                             offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
                                             stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE,
                                             PROBE, prog, HAS_PROBE)
@@ -858,6 +880,16 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 512
 
 
+def decode_loads_first() -> int:
+    """Key blocks the fused decode kernel loads before its query rows' arithmetic (with the writer's new key and
+    value): ``FLARE_DECODE_LOADS_FIRST`` 0 (default), 1 or 2 -- experimental, not yet measured; raises naming the
+    switch otherwise."""
+    blocks = whole("FLARE_DECODE_LOADS_FIRST", 0, low=0)
+    if blocks > 2:
+        raise ValueError(f"FLARE_DECODE_LOADS_FIRST={blocks}: expected 0, 1 or 2 key blocks")
+    return blocks
+
+
 def register_cap_option(name: str) -> dict:
     """The launch option ``maxnreg`` from the switch ``name`` (side-by-side runs: a register cap of N per thread, so
     more programs fit an SM, at the cost of spilled values), none when unset or 0, or in the interpreter; raises
@@ -911,7 +943,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        LOADS_FIRST=switch("FLARE_DECODE_LOADS_FIRST", False),
+        LOADS_FIRST=decode_loads_first(),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:

@@ -141,12 +141,13 @@ def assert_same_bits(a, b):
 
 
 @interpreter
+@pytest.mark.parametrize("blocks", [1, 2])
 @pytest.mark.parametrize("num_splits,block_n", [(None, None), (1, None), (3, None), (None, 32), (64, None)])
-def test_loads_first_changes_no_bit(monkeypatch, num_splits, block_n):
-    """``FLARE_DECODE_LOADS_FIRST=1``: the writer's new key/value rows and every program's first key block loaded
-    before the query rows -- the writer's block read before its store and its new slot replaced by the stored
-    values: the same output and pools, bit for bit (splits of one block each put the new slot in the writer's
-    first block; fewer splits put it in a later one)."""
+def test_loads_first_changes_no_bit(monkeypatch, num_splits, block_n, blocks):
+    """``FLARE_DECODE_LOADS_FIRST=1`` / ``2``: the writer's new key/value rows and every program's first key blocks
+    loaded before the query rows -- the writer's last block read before its store and its new slot replaced by the
+    stored values: the same output and pools, bit for bit (splits of one block each put the new slot in the writer's
+    first block, of two or more in a later one, hoisted or not)."""
     from ignition.components.triton_kernels import rope_decode_attention_triton
 
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(8, 2, 32, seed=11 + (num_splits or 0))
@@ -159,10 +160,13 @@ def test_loads_first_changes_no_bit(monkeypatch, num_splits, block_n):
 
     monkeypatch.delenv("FLARE_DECODE_LOADS_FIRST", raising=False)
     plain = run()
-    monkeypatch.setenv("FLARE_DECODE_LOADS_FIRST", "1")
+    monkeypatch.setenv("FLARE_DECODE_LOADS_FIRST", str(blocks))
     first = run()
     for a, b in zip(plain, first):
         assert _bits(a, b), "loads first changed a bit"
+    monkeypatch.setenv("FLARE_DECODE_LOADS_FIRST", "3")
+    with pytest.raises(ValueError, match="FLARE_DECODE_LOADS_FIRST=3"):
+        run()
 
 
 @interpreter
