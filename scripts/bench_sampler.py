@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The general sampler (``sample``, no ``max_top_k``) alone on this GPU: the full sort of every row against the
-top-``n`` route with ``flare::sampling_cut`` for the rows the prefix does not decide (``FLARE_SAMPLER_PREFIX``),
-side by side in one process.
+top-``n`` route with ``flare::sampling_cut`` for the rows the prefix does not decide (``FLARE_SAMPLER_PREFIX``) and
+against the full sort cut by ``flare::sorted_cut`` (``FLARE_SORTED_CUT_KERNEL``), side by side in one process.
 
 One compiled, captured graph per (batch, route) -- the parameters are tensors the graph reads, so each row mix below
 is written into them between timing blocks, not compiled again:
@@ -48,15 +48,18 @@ MIXES = {
     "k1000": lambda r: {**SAMPLED, "top_k": 1000, "top_p": 1.0},
     "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
 }
-ROUTES = {"sort": "0", "prefix": str(MEASURED_PREFIX)}
+#: Each route's environment (read at trace time): the full sort with the traced cut, the top-n prefix route, and the
+#: full sort with ``flare::sorted_cut``'s one-launch cut (``FLARE_SORTED_CUT_KERNEL``, experimental).
+ROUTES = {"sort": {"FLARE_SAMPLER_PREFIX": "0"}, "prefix": {"FLARE_SAMPLER_PREFIX": str(MEASURED_PREFIX)},
+          "sortcut": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SORTED_CUT_KERNEL": "1"}}
 
 
 def build(batch: int, vocab: int, route: str, logits: torch.Tensor):
-    """``(graph, params, tokens)``: the compiled sampler over ``logits`` captured with ``FLARE_SAMPLER_PREFIX`` of
-    ``route``."""
+    """``(graph, params, tokens)``: the compiled sampler over ``logits`` captured in ``route``'s environment
+    (:data:`ROUTES`)."""
     params = SamplingTensors.empty(batch, vocab_size=vocab, device="cuda")
     torch._dynamo.reset()  # the route is read at trace time
-    with environment({"FLARE_SAMPLER_PREFIX": ROUTES[route]}):
+    with environment(ROUTES[route]):
         fn = torch.compile(lambda x: sample(x, params), fullgraph=True, dynamic=False)
         set_mix(params, "k20")
         for _ in range(2):
@@ -131,7 +134,8 @@ def main(argv=None) -> int:
             for route, (graph, params, tokens) in built.items():
                 graph.replay()
                 toks[route] = tokens.clone()
-            differ[f"b{batch}-{mix}"] = int((toks["sort"] != toks["prefix"]).sum())
+            differ[f"b{batch}-{mix}"] = {route: int((toks["sort"] != t).sum()) for route, t in toks.items()
+                                         if route != "sort"}
             times = time_graphs({route: graph for route, (graph, _, _) in built.items()}, args.samples)
             for route, t in times.items():
                 rows.append({"batch": batch, "mix": mix, "route": route, "us": t, "median_us": statistics.median(t),
