@@ -123,7 +123,8 @@ def cases(tk):
                 dict(BLOCK=tk.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
     out.append((f"sorted cut {tk.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
-                dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SORTED_CUT_WARPS)))
+                dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, NB=0, SCAN=tk.SORTED_CUT_SCAN),
+                dict(num_warps=tk.SORTED_CUT_WARPS)))
     return out
 
 

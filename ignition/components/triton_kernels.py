@@ -919,9 +919,9 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
-    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers
-    ``[B * KV * splits, 2 * PROBE_STAMPS]`` and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel
-    fill with clock stamps (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
+    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
+    diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
+    and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
                            block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
@@ -2090,17 +2090,18 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 # The cut of rows already sorted (``flare::sorted_cut``, ``sampling_cut.py``): what ``sampling_cut.sorted_cut`` computes
 # with about a dozen launches after the sampler's sort (the k-th value, a masked softmax, a blocked cumsum, a count,
 # two gathers -- ~25 us of Qwen3's decode step on the H200, run 74's trace), as one program per row: the k-th value
-# and the row's first (largest) value by index, one pass for the masked mass ``Z = sum exp(s - s[0])`` over the values
-# >= the k-th, then blocks of ``BLOCK`` (the reference's cumsum block) in order, each value's mass strictly above it
-# (``carry`` + the block's exclusive prefix) against ``top_p`` -- stopping at the first block whose start already
-# reaches it (the mass above only grows down a descending row), then the value at the count.  Deterministic; the
+# and the row's first (largest) value by index, one pass (blocks of ``BLOCK``) for the masked mass
+# ``Z = sum exp(s - s[0])`` over the values >= the k-th, then blocks of ``SCAN`` (the reference's cumsum block) in
+# order, each value's mass strictly above it (``carry`` + the block's exclusive prefix) against ``top_p`` -- stopping
+# at the first block whose start already reaches it (the mass above only grows down a descending row), then the value
+# at the count.  Deterministic; the
 # reference's softmax and scan round in their own order, so a cut may differ only where the mass above a value is
 # within rounding of ``top_p``.
 
 
 @triton.jit
 def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
-                       NB: tl.constexpr):
+                       NB: tl.constexpr, SCAN: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     row = S + r * stride_s
     k = tl.load(TOPK + r)
@@ -2116,33 +2117,37 @@ def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIP
     z = tl.sum(z_acc, axis=0)
     keep = tl.full((), 0, tl.int32)
     carry = tl.full((), 0.0, tl.float32)
+    offs1 = tl.arange(0, SCAN)
     i = 0
     while (i < n) & (carry < p) & (p < 1.0):  # p >= 1 keeps every value: no scan
-        offs = i + offs0
+        offs = i + offs1
         x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
         prob = tl.where(x >= kth, tl.exp(x - m), 0.0) / z
         incl = tl.cumsum(prob, axis=0)
         keep += tl.sum(((offs < n) & (carry + (incl - prob) < p)).to(tl.int32), axis=0)
-        carry += tl.sum(tl.where(offs0 == BLOCK - 1, incl, 0.0), axis=0)
-        i += BLOCK
+        carry += tl.sum(tl.where(offs1 == SCAN - 1, incl, 0.0), axis=0)
+        i += SCAN
     n_keep = tl.where(p >= 1.0, n, tl.maximum(keep, 1))
     last = tl.load(row + n_keep - 1)
     tl.store(CUT + r, tl.maximum(kth, tl.where(last >= kth, last, float("-inf"))))
 
 
-#: Values per block of :func:`sorted_cut_triton` (the reference's cumsum block) and its warps.
-SORTED_CUT_BLOCK = 1024
+#: Values per block of :func:`sorted_cut_triton`'s mass pass (more loads in flight), per block of its scan (the
+#: reference's cumsum block), and its warps.
+SORTED_CUT_BLOCK = 4096
+SORTED_CUT_SCAN = 1024
 SORTED_CUT_WARPS = 8
 
 
 def sorted_cut_triton(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor,
-                      block: int = SORTED_CUT_BLOCK) -> torch.Tensor:
-    """``flare::sorted_cut`` on the GPU (or the interpreter): one program per row (see above; ``block``: values per
-    block, for tests).  Shapes are checked by the op (``sampling_cut.py``)."""
+                      block: int = SORTED_CUT_BLOCK, scan: int = SORTED_CUT_SCAN) -> torch.Tensor:
+    """``flare::sorted_cut`` on the GPU (or the interpreter): one program per row (see above; ``block`` / ``scan``:
+    values per block of the mass pass and of the scan, for tests).  Shapes are checked by the op
+    (``sampling_cut.py``)."""
     s, cut, loop = _row_cut_setup(sorted_desc, block)
     if s.shape[0]:
         _sorted_cut_kernel[(s.shape[0],)](s, top_k.contiguous(), top_p.contiguous(), cut, s.shape[1], s.stride(0),
-                                          **loop, num_warps=SORTED_CUT_WARPS)
+                                          **loop, SCAN=min(scan, loop["BLOCK"]), num_warps=SORTED_CUT_WARPS)
     return cut
 
 
