@@ -921,7 +921,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
     weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
     diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
-    and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
+    and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps
+    (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
                            block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]

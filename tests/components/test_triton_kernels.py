@@ -114,7 +114,8 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
 
 @pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", [
     (1, 96, 512, True, False, False, False), (1, 64, 384, False, False, True, False),
-    (1, 48, 256, True, True, False, False), (1, 64, 256, False, False, True, True), (3, 40, 200, True, False, True, False)])
+    (1, 48, 256, True, True, False, False), (1, 64, 256, False, False, True, True),
+    (3, 40, 200, True, False, True, False)])
 def test_grouped_accumulation_is_bounded_deterministic_and_preload_neutral(monkeypatch, m, n, k, norm, gated, residual,
                                                                           gated_input):
     """``FLARE_GEMV_GROUP=8``: the products of 8 consecutive columns summed before they are accumulated -- within the
