@@ -30,9 +30,7 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch, whole
 
 __all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "sorted_cut_op", "sorted_cut_reference",
-           "top_k_threshold", "top_p_threshold",
-           "general_prefix",
-           "GENERAL_PREFIX", "MEASURED_PREFIX"]
+           "top_k_threshold", "top_p_threshold", "general_prefix", "GENERAL_PREFIX", "MEASURED_PREFIX"]
 
 #: Values per row the CUDA general sampler ranks with ``flare::topk_values`` before cutting (``FLARE_SAMPLER_PREFIX=N``
 #: sets it): rows with ``1 <= top_k <= N`` are cut there, the others by :func:`sampling_cut`'s kernel.  Default 0: the

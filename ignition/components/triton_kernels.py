@@ -214,10 +214,22 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-    tl.store(KP + offs[None, :], k1, mask=kmask)
-    tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
+    _store_halves(KP, k1, k2, offs, kmask, HALF)
     tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
     tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+
+
+@triton.jit
+def _store_halves(P, x1, x2, offs, mask, HALF: tl.constexpr):
+    """A row's halves ``x1, x2 [R, HALF]`` to the rows at ``P`` (``[R, 1]`` pointers)."""
+    tl.store(P + offs[None, :], x1, mask=mask)
+    tl.store(P + HALF + offs[None, :], x2, mask=mask)
+
+
+@triton.jit
+def _pool_slot(P, slot, kvh, stride_p, stride_t, stride_h, PAGE: tl.constexpr):
+    """Pointer to KV head ``kvh``'s row of pool slot ``slot`` (page ``slot // PAGE``, key ``slot % PAGE``)."""
+    return P + (slot // PAGE) * stride_p + (slot % PAGE) * stride_t + kvh * stride_h
 
 
 @triton.jit
@@ -613,12 +625,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     if LOADS_FIRST:
         k1, k2 = _norm_rope_loaded(kx1, kx2, KW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
         if split == writer:
-            kp_row = KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one
-            vp_row = VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one
-            tl.store(kp_row + offs_h[None, :], k1)
-            tl.store(kp_row + HALF + offs_h[None, :], k2)
-            tl.store(vp_row + offs_h[None, :], vx1)
-            tl.store(vp_row + HALF + offs_h[None, :], vx2)
+            _store_halves(_pool_slot(KP, slot, kvh, stride_kp, stride_kt, stride_kph, PAGE) + one, k1, k2, offs_h,
+                          one < 1, HALF)
+            _store_halves(_pool_slot(VP, slot, kvh, stride_vp, stride_vt, stride_vph, PAGE) + one, vx1, vx2, offs_h,
+                          one < 1, HALF)
             tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     else:
         writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
@@ -626,8 +636,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
             slot = tl.load(SLOTS + b).to(tl.int64)
             one = tl.arange(0, 1)[:, None]
             _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                           KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                           _pool_slot(KP, slot, kvh, stride_kp, stride_kt, stride_kph, PAGE) + one,
+                           _pool_slot(VP, slot, kvh, stride_vp, stride_vt, stride_vph, PAGE) + one,
                            KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
             tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
@@ -643,15 +653,14 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                                                  offs_n, q, m_i, l_i, acc, qk_scale_log2, BLOCK_N, DOT_F32, PROBE, prog,
                                                  HAS_PROBE)
         m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + LOADS_FIRST, end, KP, VP, BT, b64, kvh, seq_len,
-                                            offs_n,
-                                            offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                            stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE,
-                                            PROBE, prog, HAS_PROBE)
+                                            offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
+                                            stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32,
+                                            PIPELINE, PROBE, prog, HAS_PROBE)
     else:
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
-                                       d_mask,
-                                       stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                       qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+                                       d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                                       stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
+                                       HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -1233,7 +1242,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last one's (when first < K)
     if PIPE and first < last:  # the stream's first tile, issued ahead of the row statistics and the inputs
         kk = first + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        _, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
         u_cur = w_cur
         if GATED:
@@ -1296,7 +1305,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         for k0 in range(first, last, BK):
             kk = k0 + offs_k
             xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xn, wn = _gemv_masks(kk + BK, m_mask, n_mask, K, EVEN_K)
+            _, wn = _gemv_masks(kk + BK, m_mask, n_mask, K, EVEN_K)
             w_nxt = tl.load(w_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
             u_nxt = w_nxt
             if GATED:
@@ -1306,7 +1315,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             w_cur = w_nxt
             u_cur = u_nxt
         kk = last + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        xm, _ = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
         acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED, GROUP)
     else:
@@ -1503,11 +1512,6 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
-def _shape_key(M: int, N: int, K: int, gated: bool) -> str:
-    """``MxNxK`` (``g`` appended when gated): how the ``FLARE_GEMV_*`` shape switches name a one-row GEMV launch."""
-    return f"{M}x{N}x{K}{'g' if gated else ''}"
-
-
 #: One-row GEMVs the caller marks ``early`` (the output projection, the MLP's: their successors read only weights
 #: before their wait) let the next kernel launch before their own wait, so its weight tiles load while they and the
 #: attention before them run.  Side by side in the one-row layer graphs on the H200 (run 68,
@@ -1555,7 +1559,7 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int,
             shape, cfg = (), ()
         if len(shape) != 3 or len(cfg) != 4 or min(cfg) < 1:
             raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages")
-        if key == _shape_key(M, N, K, gated):
+        if key == f"{M}x{N}x{K}{'g' if gated else ''}":
             return cfg
     return None
 
@@ -2095,9 +2099,9 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 # ``Z = sum exp(s - s[0])`` over the values >= the k-th, then blocks of ``SCAN`` (the reference's cumsum block) in
 # order, each value's mass strictly above it (``carry`` + the block's exclusive prefix) against ``top_p`` -- stopping
 # at the first block whose start already reaches it (the mass above only grows down a descending row), then the value
-# at the count.  Deterministic; the
-# reference's softmax and scan round in their own order, so a cut may differ only where the mass above a value is
-# within rounding of ``top_p``.
+# at the count (the mass pass and the scan only for rows that cut by top-p).  Deterministic; the reference's softmax
+# and scan round in their own order, so a cut may differ only where the mass above a value is within rounding of
+# ``top_p``.
 
 
 @triton.jit
@@ -2110,12 +2114,14 @@ def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIP
     kth = tl.load(row + tl.where((k <= 0) | (k > n), n, k) - 1)  # top_k off or beyond the row: the n-th
     m = tl.load(row)  # the row's largest value
     offs0 = tl.arange(0, BLOCK)
-    z_acc = tl.zeros([BLOCK], tl.float32)
-    for i in range(0, tl.cdiv(n, BLOCK) if PIPELINE else NB):  # the interpreter: NB, the same trip count
-        offs = i * BLOCK + offs0
-        x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
-        z_acc += tl.where(x >= kth, tl.exp(x - m), 0.0)
-    z = tl.sum(z_acc, axis=0)
+    z = tl.full((), 1.0, tl.float32)
+    if p < 1.0:  # the mass only where top-p cuts
+        z_acc = tl.zeros([BLOCK], tl.float32)
+        for i in range(0, tl.cdiv(n, BLOCK) if PIPELINE else NB):  # the interpreter: NB, the same trip count
+            offs = i * BLOCK + offs0
+            x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+            z_acc += tl.where(x >= kth, tl.exp(x - m), 0.0)
+        z = tl.sum(z_acc, axis=0)
     keep = tl.full((), 0, tl.int32)
     carry = tl.full((), 0.0, tl.float32)
     offs1 = tl.arange(0, SCAN)

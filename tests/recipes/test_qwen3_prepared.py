@@ -282,7 +282,7 @@ def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
     seen = []
     real = attention.PyTorchPagedAttention.rope_attend
 
-    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=-1):
+    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=None):
         seen.append((q.shape[1], overlap_bytes))
         return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
 

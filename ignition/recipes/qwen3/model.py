@@ -88,6 +88,7 @@ class PagedQwen3Attention(nn.Module):
         self.head_dim = canonical.head_dim
         self.scaling = canonical.scaling
         self.qkv_proj = qkv_proj
+        self.qkv_bytes = _stored_bytes(qkv_proj)  # the attention's scheduling hint (forward), fixed by the formats
         self.q_norm = RMSNorm.from_canonical(canonical.q_norm)  # same weights (applied by flare::rope_write_)
         self.k_norm = RMSNorm.from_canonical(canonical.k_norm)
         if self.q_norm.variance_epsilon != self.k_norm.variance_epsilon:
@@ -118,7 +119,7 @@ class PagedQwen3Attention(nn.Module):
         # overlap_bytes: the QKV projection's weight, which its kernel streams while the attention's launches --
         # a scheduling hint (the decode kernel prefetches K/V only behind a long enough stream)
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
-                                       cos, sin, paged_batch, overlap_bytes=_stored_bytes(self.qkv_proj))
+                                       cos, sin, paged_batch, overlap_bytes=self.qkv_bytes)
         # early: the post-attention norm / MLP after it reads only weights before its wait
         return linear_block(out, self.o_proj, residual=residual, early=True), None
 
