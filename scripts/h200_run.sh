@@ -42,7 +42,8 @@
 #                   flare::sampling_cut, per row mix, batches 1 and 4 ($SAMPLER_ARGS)
 #   prefillprof     scripts/prefill_profile.py: kernel timeline of a Qwen3-8B prefill chunk (4 layers, chunks $PROF_CHUNKS)
 #   prefillparts    scripts/bench_prefill_parts.py: a 4096-token chunk's attention (config sweep) and projections
-#   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths);
+#   tests           pytest conformance -m gpu + the GPU tests of tests/ (archived run; $TESTS narrows the paths,
+#                   $TESTS_K selects by name: pytest -k "$TESTS_K");
 #                   when the Triton prefill kernel's GPU test fails, later stages use ATTN=triton-decode (its decode
 #                   kernel only); when the fused decode kernel's fails, ATTN=triton-unfused
 set -uo pipefail
@@ -99,7 +100,7 @@ for s in ${STAGES:?set STAGES}; do
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done
           tar czf "$OUT/bench-$g.tgz" -C $R/bench-$g . 2>/dev/null; cat "$OUT/prefill-$g.log" ;;
     tests) timeout ${TESTS_S:-300} python3 -m pytest ${TESTS:-conformance tests/recipes/test_qwen3_captured.py \
-          tests/components/test_components_gpu.py} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
+          tests/components/test_components_gpu.py} ${TESTS_K:+-k "$TESTS_K"} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
           --durations=15 2>&1 | log > "$OUT/gpu_tests.log"
           tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*prefill_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then

@@ -63,11 +63,6 @@ def cases(tk):
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-        if name.startswith("8B"):  # the grouped accumulation (FLARE_GEMV_GROUP, experimental)
-            for pipe in (False, True):  # and with the pipelined stream (FLARE_GEMV_PIPELINE)
-                out.append((f"gemv {name} preload {c['PRELOAD']} group 8{' pipe' if pipe else ''}",
-                            "_fused_gemv_kernel", GEMV_SIG, {**c, "GROUP": 8, "PIPE": pipe},
-                            dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
@@ -82,15 +77,9 @@ def cases(tk):
                     dict(num_warps=4)))
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
-        for blocks in (1, 2):
-            out.append((f"fused decode {heads}x8 splits {splits} loads first {blocks}", "_rope_decode_kernel",
-                        DECODE_SIG, {**c, "LOADS_FIRST": blocks, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
-            out.append((f"fused decode {heads}x8 splits {splits} loads first probed", "_rope_decode_kernel",
-                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "LOADS_FIRST": 2, "HAS_PROBE": True},
-                        dict(num_warps=4)))
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
                         {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))
     for name, n, k, norm, gated, res, gi in (("8B qkv (norm apart)", 6144, 4096, False, False, False, False),
@@ -123,7 +112,7 @@ def cases(tk):
                 dict(BLOCK=tk.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
     out.append((f"sorted cut {tk.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
-                dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, NB=0, SCAN=tk.SORTED_CUT_SCAN),
+                dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=tk.SORTED_CUT_SCAN),
                 dict(num_warps=tk.SORTED_CUT_WARPS)))
     return out
 

@@ -182,13 +182,6 @@ def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.co
     layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run11``)."""
     x1 = tl.load(src + offs[None, :], mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs[None, :], mask=mask, other=0.0)
-    return _norm_rope_loaded(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM)
-
-
-@triton.jit
-def _norm_rope_loaded(x1, x2, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                      NORM: tl.constexpr):
-    """:func:`_norm_rope_halves` of halves already loaded (``x1, x2 [R, HALF]``)."""
     dt = x1.dtype
     if NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
@@ -214,22 +207,10 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-    _store_halves(KP, k1, k2, offs, kmask, HALF)
+    tl.store(KP + offs[None, :], k1, mask=kmask)
+    tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
     tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
     tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
-
-
-@triton.jit
-def _store_halves(P, x1, x2, offs, mask, HALF: tl.constexpr):
-    """A row's halves ``x1, x2 [R, HALF]`` to the rows at ``P`` (``[R, 1]`` pointers)."""
-    tl.store(P + offs[None, :], x1, mask=mask)
-    tl.store(P + HALF + offs[None, :], x2, mask=mask)
-
-
-@triton.jit
-def _pool_slot(P, slot, kvh, stride_p, stride_t, stride_h, PAGE: tl.constexpr):
-    """Pointer to KV head ``kvh``'s row of pool slot ``slot`` (page ``slot // PAGE``, key ``slot % PAGE``)."""
-    return P + (slot // PAGE) * stride_p + (slot % PAGE) * stride_t + kvh * stride_h
 
 
 @triton.jit
@@ -322,27 +303,25 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
-                        stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
-    """Key block ``blk``'s tiles ``(K^T [DP, BLOCK_N], V [BLOCK_N, DP], key mask [BLOCK_N])``: one page id per key,
-    then K and V both issued before any use (one latency per block); keys past ``seq_len`` read as 0."""
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                  HAS_PROBE: tl.constexpr = False):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
+    _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
     page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
+    # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
     kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
                  mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                 mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    return kt, v, n_mask
-
-
-@triton.jit
-def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                       HAS_PROBE: tl.constexpr = False):
-    """The online softmax step of the query tile ``q [QR, DP]`` over one key block's tiles: ``(m, l, acc)``."""
+    _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
+                                   + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
+                 HAS_PROBE)
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -363,43 +342,6 @@ def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: 
 
 
 @triton.jit
-def _decode_loaded_block(blk, end, kt, v, n_mask, knew, vnew, is_writer, seq_len, offs_n, q, m_i, l_i, acc,
-                         qk_scale_log2, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                         HAS_PROBE: tl.constexpr = False):
-    """Key block ``blk``'s tiles loaded before the writer's store (the fused kernel's ``LOADS_FIRST``): the new key's
-    column (position ``seq_len - 1``, the writer's, if in this block) replaced by the stored ``knew [D]`` and
-    ``vnew [1, D]``, then its online softmax step -- none when ``blk`` is not below ``end``."""
-    new = (offs_n == seq_len - 1 - blk * BLOCK_N) & is_writer
-    kt = tl.where(new[None, :], knew[:, None], kt)
-    v = tl.where(new[:, None], vnew, v)
-    if blk < end:  # its block stamps (the probe's): 8 and 9 here, 10 once its tiles arrived
-        _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)
-        _probe_stamp(PROBE, prog, 9, blk, HAS_PROBE)
-        _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
-                                       + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
-                     HAS_PROBE)
-        m_i, l_i, acc = _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
-                                           HAS_PROBE)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
-    _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
-    kt, v, n_mask = _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
-                                        stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N, PROBE,
-                                        prog, HAS_PROBE)
-    _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
-                                   + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
-                 HAS_PROBE)
-    return _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog, HAS_PROBE)
-
-
-@triton.jit
 def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
@@ -410,31 +352,15 @@ def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _decode_state(QR: tl.constexpr, DP: tl.constexpr):
-    """The online softmax's empty state ``(m, l, acc)`` for ``QR`` query rows of ``DP`` dims."""
-    return (tl.full([QR], float("-inf"), dtype=tl.float32), tl.zeros([QR], dtype=tl.float32),
-            tl.zeros([QR, DP], dtype=tl.float32))
-
-
-@triton.jit
 def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
                    HAS_PROBE: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
-    m_i, l_i, acc = _decode_state(QR, DP)
-    return _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
-
-
-@triton.jit
-def _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
-    """:func:`_decode_blocks` continued from the state ``(m, l, acc)``."""
+    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([QR], dtype=tl.float32)
+    acc = tl.zeros([QR, DP], dtype=tl.float32)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -569,8 +495,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LOADS_FIRST: tl.constexpr = 0,
-                        PROBE=None, HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
+                        HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -586,35 +512,16 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
     # after the wait: tried and removed, the reduce (and through it o_proj and the MLP) launched before it -- within
-    # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``)
+    # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``).
+    # Tried and removed too: the writer's new K/V rows and the first one or two key blocks loaded before the query
+    # rows' arithmetic (the new slot patched in; same bits) -- slower in both layer graphs (1 block: Qwen3-8B 1.016x,
+    # Qwen3-0.6B 1.044x; 2 blocks: 1.025x, 1.076x; ``results/20261201T202700Z-sm90-run79``).
     _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
     offs_h = tl.arange(0, HALF)
-    if LOADS_FIRST:  # (FLARE_DECODE_LOADS_FIRST=1 or 2, experimental) every load of the program issued before any
-        # arithmetic, so their latencies overlap the query rows' norm and rotation: the writer's new key and value
-        # rows and slot, and the first LOADS_FIRST key blocks' tiles -- the writer's last one holds the new slot's
-        # stale row, replaced below by the values it stores (the same bits a load after its store returns)
-        offs_n = tl.arange(0, BLOCK_N)
-        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-        one = tl.arange(0, 1)[:, None]
-        k_row = K + b64 * stride_kb + kvh * stride_kh + one
-        v_row = V + b64 * stride_vb + kvh * stride_vh + one
-        wmask = (one < 1) & (split == writer)
-        kx1 = tl.load(k_row + offs_h[None, :], mask=wmask, other=0.0)
-        kx2 = tl.load(k_row + HALF + offs_h[None, :], mask=wmask, other=0.0)
-        vx1 = tl.load(v_row + offs_h[None, :], mask=wmask, other=0.0)
-        vx2 = tl.load(v_row + HALF + offs_h[None, :], mask=wmask, other=0.0)
-        slot = tl.load(SLOTS + b, mask=split == writer, other=0).to(tl.int64)
-        kt0, v0, n0 = _decode_block_tiles(start, KP, VP, BT, b64, kvh, tl.where(start < end, seq_len, 0), offs_n,
-                                          offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                          stride_vph, stride_bt, PAGE, BLOCK_N)
-        if LOADS_FIRST >= 2:
-            kt1, v1, n1 = _decode_block_tiles(start + 1, KP, VP, BT, b64, kvh, tl.where(start + 1 < end, seq_len, 0),
-                                              offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
-                                              stride_vt, stride_vph, stride_bt, PAGE, BLOCK_N)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
                                QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
@@ -622,45 +529,20 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
 
-    if LOADS_FIRST:
-        k1, k2 = _norm_rope_loaded(kx1, kx2, KW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
-        if split == writer:
-            _store_halves(_pool_slot(KP, slot, kvh, stride_kp, stride_kt, stride_kph, PAGE) + one, k1, k2, offs_h,
-                          one < 1, HALF)
-            _store_halves(_pool_slot(VP, slot, kvh, stride_vp, stride_vt, stride_vph, PAGE) + one, vx1, vx2, offs_h,
-                          one < 1, HALF)
-            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-    else:
-        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-        if split == writer:
-            slot = tl.load(SLOTS + b).to(tl.int64)
-            one = tl.arange(0, 1)[:, None]
-            _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                           _pool_slot(KP, slot, kvh, stride_kp, stride_kt, stride_kph, PAGE) + one,
-                           _pool_slot(VP, slot, kvh, stride_vp, stride_vt, stride_vph, PAGE) + one,
-                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
-            tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
+    writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+    if split == writer:
+        slot = tl.load(SLOTS + b).to(tl.int64)
+        one = tl.arange(0, 1)[:, None]
+        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+        tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
-    if LOADS_FIRST:
-        knew = tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (D,))  # the stored new key and value, [D]
-        vnew = tl.reshape(tl.permute(tl.join(vx1, vx2), (0, 2, 1)), (1, D))
-        m_i, l_i, acc = _decode_state(QR, D)
-        m_i, l_i, acc = _decode_loaded_block(start, end, kt0, v0, n0, knew, vnew, split == writer, seq_len, offs_n, q,
-                                             m_i, l_i, acc, qk_scale_log2, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
-        if LOADS_FIRST >= 2:
-            m_i, l_i, acc = _decode_loaded_block(start + 1, end, kt1, v1, n1, knew, vnew, split == writer, seq_len,
-                                                 offs_n, q, m_i, l_i, acc, qk_scale_log2, BLOCK_N, DOT_F32, PROBE, prog,
-                                                 HAS_PROBE)
-        m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + LOADS_FIRST, end, KP, VP, BT, b64, kvh, seq_len,
-                                            offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp,
-                                            stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32,
-                                            PIPELINE, PROBE, prog, HAS_PROBE)
-    else:
-        m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
-                                       d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
-                                       stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
-                                       HAS_PROBE)
+    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
+                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -889,16 +771,6 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 512
 
 
-def decode_loads_first() -> int:
-    """Key blocks the fused decode kernel loads before its query rows' arithmetic (with the writer's new key and
-    value): ``FLARE_DECODE_LOADS_FIRST`` 0 (default), 1 or 2 -- experimental, not yet measured; raises naming the
-    switch otherwise."""
-    blocks = whole("FLARE_DECODE_LOADS_FIRST", 0, low=0)
-    if blocks > 2:
-        raise ValueError(f"FLARE_DECODE_LOADS_FIRST={blocks}: expected 0, 1 or 2 key blocks")
-    return blocks
-
-
 def register_cap_option(name: str) -> dict:
     """The launch option ``maxnreg`` from the switch ``name`` (side-by-side runs: a register cap of N per thread, so
     more programs fit an SM, at the cost of spilled values), none when unset or 0, or in the interpreter; raises
@@ -953,7 +825,6 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        LOADS_FIRST=decode_loads_first(),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
@@ -1155,21 +1026,12 @@ def _gemv_x_f32(xv):
 
 
 @triton.jit
-def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr, GROUP: tl.constexpr = 1):
+def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr):
     """``acc`` (and ``acc_u`` with the up half ``u`` when gated) plus a weight tile ``w [BN, BK]`` times its fp32
-    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed.
-    ``GROUP`` > 1: the products of ``GROUP`` consecutive columns summed first (``acc [MP, BN, BK / GROUP]``)."""
-    if GROUP == 1:
-        acc += xf * w.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u.to(tl.float32)[None, :, :]
-    else:
-        mp: tl.constexpr = xf.shape[0]
-        bn: tl.constexpr = w.shape[0]
-        bk: tl.constexpr = w.shape[1]
-        acc += tl.sum(tl.reshape(xf * w.to(tl.float32)[None, :, :], (mp, bn, bk // GROUP, GROUP)), axis=3)
-        if GATED:
-            acc_u += tl.sum(tl.reshape(xf * u.to(tl.float32)[None, :, :], (mp, bn, bk // GROUP, GROUP)), axis=3)
+    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
+    acc += xf * w.to(tl.float32)[None, :, :]
+    if GATED:
+        acc_u += xf * u.to(tl.float32)[None, :, :]
     return acc, acc_u
 
 
@@ -1197,8 +1059,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
-                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False, GROUP: tl.constexpr = 1,
-                       PIPE: tl.constexpr = False, PROBE=None, HAS_PROBE: tl.constexpr = False):
+                       X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
+                       PROBE=None, HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1238,15 +1100,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
-    first: tl.constexpr = PRELOAD * BK  # the first streamed tile's start
-    last: tl.constexpr = first + ((K - first - 1) // BK) * BK  # the last one's (when first < K)
-    if PIPE and first < last:  # the stream's first tile, issued ahead of the row statistics and the inputs
-        kk = first + offs_k
-        _, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        w_cur = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        u_cur = w_cur
-        if GATED:
-            u_cur = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
     # cross) -- the same values, the same accumulation order; with the norm prologue and the whole K preloaded, the
@@ -1272,62 +1125,43 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
-    acc = tl.zeros([MP, BN, BK // GROUP], dtype=tl.float32)
+    acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
     if GATED:
-        acc_u = tl.zeros([MP, BN, BK // GROUP], dtype=tl.float32)
+        acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
     else:
         acc_u = acc  # unused
     if PRELOAD >= 1:
         if not X_FIRST:
             x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED, GROUP)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED)
     if PRELOAD >= 2:
         if not X_FIRST:
             x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED, GROUP)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED)
     if PRELOAD >= 3:
         if not X_FIRST:
             x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED, GROUP)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED)
     if PRELOAD >= 4:
         if not X_FIRST:
             x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED, GROUP)
-    # The streamed tiles.  ``PIPE`` (``FLARE_GEMV_PIPELINE=1``, experimental, off): the first tile is issued right
-    # after the wait (above, ahead of the row statistics), then each iteration first issues the NEXT tile's weight
-    # loads, then loads its input tile and multiplies the tile loaded one iteration before -- two tiles in flight per
-    # program instead of one (the plain loop is load x, barrier, load w, multiply).  The same tiles in the same order:
-    # the same bits.  Alone it needs more registers than one wave of resident programs allows: Qwen3-8B's one-row
-    # layer graph 1.086x slower side by side, qkv and down each in a late wave (``results/20261201T183600Z-sm90-run71``,
-    # 96 and 161 registers).  With ``FLARE_GEMV_GROUP=8`` (not yet measured) offline ptxas counts 76 and 108: 6 and 4
-    # programs per SM, one wave for both.
-    if PIPE and first < last:
-        for k0 in range(first, last, BK):
-            kk = k0 + offs_k
-            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            _, wn = _gemv_masks(kk + BK, m_mask, n_mask, K, EVEN_K)
-            w_nxt = tl.load(w_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
-            u_nxt = w_nxt
-            if GATED:
-                u_nxt = tl.load(u_rows + (kk + BK)[None, :], mask=wn, other=0.0, eviction_policy="evict_first")
-            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED, GROUP)
-            w_cur = w_nxt
-            u_cur = u_nxt
-        kk = last + offs_k
-        xm, _ = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED)
+    # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
+    # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
+    # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``; nor with
+    # ``FLARE_GEMV_GROUP=8``, the products of 8 consecutive columns summed before accumulating -- an eighth of the
+    # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
+    # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
+    # ``results/20261201T202700Z-sm90-run79``).
+    for k0 in range(PRELOAD * BK, K, BK):
+        kk = k0 + offs_k
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_cur, u_cur, xf, GATED, GROUP)
-    else:
-        for k0 in range(PRELOAD * BK, K, BK):
-            kk = k0 + offs_k
-            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
-            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-            u = w
-            if GATED:
-                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, GROUP)
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        u = w
+        if GATED:
+            u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1528,23 +1362,6 @@ def gemv_early_enabled(device: torch.device, rows: int) -> bool:
     return pdl_enabled(device) and pdl_early_enabled(rows) and switch("FLARE_GEMV_EARLY", GEMV_EARLY)
 
 
-#: Consecutive columns whose products the elementwise GEMV sums before accumulating (``FLARE_GEMV_GROUP=N``,
-#: experimental, not yet measured on a GPU): 1 keeps one fp32 accumulator per weight element of a tile -- at 8 the
-#: accumulator is an eighth of that, and offline sm90 ptxas counts Qwen3-8B's qkv at 56 registers instead of 80 (9
-#: programs per SM instead of 6), its down at 72 instead of 127, o_proj 216 instead of 255 -- room for larger tiles
-#: or more programs in flight.  Other bits than 1 (another summation order), deterministic, within the same bound.
-GEMV_ACC_GROUP = 1
-
-
-def gemv_acc_group(bk: int) -> int:
-    """The one-row GEMV's column group (:data:`GEMV_ACC_GROUP`, or ``FLARE_GEMV_GROUP``; read at each launch), at most
-    ``bk``; raises naming the switch when it is not a power of two."""
-    group = whole("FLARE_GEMV_GROUP", GEMV_ACC_GROUP, low=1)
-    if group & (group - 1):
-        raise ValueError(f"FLARE_GEMV_GROUP={group}: expected a power of two")
-    return min(group, bk)
-
-
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
     """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
     config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
@@ -1672,7 +1489,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        GROUP=gemv_acc_group(bk), PIPE=switch("FLARE_GEMV_PIPELINE", False),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
@@ -2096,17 +1912,25 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 # with about a dozen launches after the sampler's sort (the k-th value, a masked softmax, a blocked cumsum, a count,
 # two gathers -- ~25 us of Qwen3's decode step on the H200, run 74's trace), as one program per row: the k-th value
 # and the row's first (largest) value by index, one pass (blocks of ``BLOCK``) for the masked mass
-# ``Z = sum exp(s - s[0])`` over the values >= the k-th, then blocks of ``SCAN`` (the reference's cumsum block) in
-# order, each value's mass strictly above it (``carry`` + the block's exclusive prefix) against ``top_p`` -- stopping
-# at the first block whose start already reaches it (the mass above only grows down a descending row), then the value
-# at the count (the mass pass and the scan only for rows that cut by top-p).  Deterministic; the reference's softmax
+# ``Z = sum exp(s - s[0])`` over the values >= the k-th -- a prefix of the row: the blocks up to the k-th, then any
+# holding values tied with it (top_k off: the whole row) -- then blocks of ``SCAN`` (the reference's cumsum block) of
+# that prefix in order, each value's mass strictly above it (``carry`` + the block's exclusive prefix) against
+# ``top_p`` -- stopping at the first block whose start already reaches it (the mass above only grows down a descending
+# row), then the value at the count (the mass pass and the scan only for rows that cut by top-p).  Deterministic; the reference's softmax
 # and scan round in their own order, so a cut may differ only where the mass above a value is within rounding of
 # ``top_p``.
 
 
 @triton.jit
+def _sorted_cut_mass(row, offs, n, kth, m, z_acc):
+    """``z_acc`` plus one block's masses ``exp(s - m)`` of the values ``>= kth`` (positions ``offs``)."""
+    x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+    return z_acc + tl.where(x >= kth, tl.exp(x - m), 0.0)
+
+
+@triton.jit
 def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
-                       NB: tl.constexpr, SCAN: tl.constexpr):
+                       SCAN: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     row = S + r * stride_s
     k = tl.load(TOPK + r)
@@ -2115,18 +1939,28 @@ def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIP
     m = tl.load(row)  # the row's largest value
     offs0 = tl.arange(0, BLOCK)
     z = tl.full((), 1.0, tl.float32)
-    if p < 1.0:  # the mass only where top-p cuts
+    hi = n  # the values >= the k-th lie before hi (a descending row: a prefix)
+    if p < 1.0:  # the mass only where top-p cuts, over the blocks that hold the k-th value and those above it
+        nb = tl.cdiv(tl.where((k <= 0) | (k > n), n, k), BLOCK)
         z_acc = tl.zeros([BLOCK], tl.float32)
-        for i in range(0, tl.cdiv(n, BLOCK) if PIPELINE else NB):  # the interpreter: NB, the same trip count
-            offs = i * BLOCK + offs0
-            x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
-            z_acc += tl.where(x >= kth, tl.exp(x - m), 0.0)
+        if PIPELINE:  # compiled: a range() loop; the interpreter cannot take a tensor bound there -- the same blocks
+            for j in range(0, nb):
+                z_acc = _sorted_cut_mass(row, j * BLOCK + offs0, n, kth, m, z_acc)
+        else:
+            j = 0
+            while j < nb:
+                z_acc = _sorted_cut_mass(row, j * BLOCK + offs0, n, kth, m, z_acc)
+                j += 1
+        hi = nb * BLOCK
+        while (hi < n) & (tl.load(row + tl.minimum(hi, n - 1)) >= kth):  # values tied with the k-th past the blocks
+            z_acc = _sorted_cut_mass(row, hi + offs0, n, kth, m, z_acc)
+            hi += BLOCK
         z = tl.sum(z_acc, axis=0)
     keep = tl.full((), 0, tl.int32)
     carry = tl.full((), 0.0, tl.float32)
     offs1 = tl.arange(0, SCAN)
     i = 0
-    while (i < n) & (carry < p) & (p < 1.0):  # p >= 1 keeps every value: no scan
+    while (i < tl.minimum(hi, n)) & (carry < p) & (p < 1.0):  # p >= 1 keeps every value: no scan
         offs = i + offs1
         x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
         prob = tl.where(x >= kth, tl.exp(x - m), 0.0) / z
@@ -2154,7 +1988,8 @@ def sorted_cut_triton(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: tor
     s, cut, loop = _row_cut_setup(sorted_desc, block)
     if s.shape[0]:
         _sorted_cut_kernel[(s.shape[0],)](s, top_k.contiguous(), top_p.contiguous(), cut, s.shape[1], s.stride(0),
-                                          **loop, SCAN=min(scan, loop["BLOCK"]), num_warps=SORTED_CUT_WARPS)
+                                          BLOCK=loop["BLOCK"], PIPELINE=loop["PIPELINE"],
+                                          SCAN=min(scan, loop["BLOCK"]), num_warps=SORTED_CUT_WARPS)
     return cut
 
 

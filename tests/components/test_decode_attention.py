@@ -141,35 +141,6 @@ def assert_same_bits(a, b):
 
 
 @interpreter
-@pytest.mark.parametrize("blocks", [1, 2])
-@pytest.mark.parametrize("num_splits,block_n", [(None, None), (1, None), (3, None), (None, 32), (64, None)])
-def test_loads_first_changes_no_bit(monkeypatch, num_splits, block_n, blocks):
-    """``FLARE_DECODE_LOADS_FIRST=1`` / ``2``: the writer's new key/value rows and every program's first key blocks
-    loaded before the query rows -- the writer's last block read before its store and its new slot replaced by the
-    stored values: the same output and pools, bit for bit (splits of one block each put the new slot in the writer's
-    first block, of two or more in a later one, hoisted or not)."""
-    from ignition.components.triton_kernels import rope_decode_attention_triton
-
-    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(8, 2, 32, seed=11 + (num_splits or 0))
-
-    def run():
-        kp1, vp1 = kp.clone(), vp.clone()
-        out = rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp1, vp1, slots, bt, lens, 32 ** -0.5,
-                                           num_splits=num_splits, block_n=block_n)
-        return out, kp1, vp1
-
-    monkeypatch.delenv("FLARE_DECODE_LOADS_FIRST", raising=False)
-    plain = run()
-    monkeypatch.setenv("FLARE_DECODE_LOADS_FIRST", str(blocks))
-    first = run()
-    for a, b in zip(plain, first):
-        assert _bits(a, b), "loads first changed a bit"
-    monkeypatch.setenv("FLARE_DECODE_LOADS_FIRST", "3")
-    with pytest.raises(ValueError, match="FLARE_DECODE_LOADS_FIRST=3"):
-        run()
-
-
-@interpreter
 @pytest.mark.parametrize("heads,kv_heads,d,norms", [(8, 2, 32, True), (4, 4, 16, False), (16, 2, 64, True)])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d, norms, num_splits):

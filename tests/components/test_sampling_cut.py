@@ -176,6 +176,24 @@ def test_sorted_cut_op_checks_arguments_compiles_and_routes(monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("block", [64, 128])
+def test_sorted_cut_kernel_takes_the_values_tied_with_the_kth_past_its_blocks(block):
+    """The mass pass reads the blocks up to the k-th value, then every block holding values tied with it: here 150
+    values tie at the k-th (top_k 50) and run past those blocks; without them the mass would be too small and top_p
+    0.7 would cut at 4.0 instead of keeping every tie (the reference's 0.0).  Rows 1-2: the same ties with top_p 1
+    (no pass) and top_k off (the whole row)."""
+    from ignition.components.triton_kernels import sorted_cut_triton
+
+    row = torch.tensor([5.0, 4.0, 3.0] + [0.0] * 150 + [-1.0] * 300)
+    s = row.repeat(3, 1)
+    top_k = torch.tensor([50, 50, 0], dtype=torch.int32)
+    top_p = torch.tensor([0.7, 1.0, 0.7])
+    ref = sorted_cut_reference(top_k, top_p, s)
+    assert ref.tolist() == [0.0, 0.0, 0.0]
+    assert torch.equal(sorted_cut_triton(top_k, top_p, s, block=block, scan=32), ref)
+
+
+@interpreter
 @pytest.mark.parametrize("b,v,block", [(12, 2000, 256), (5, 777, 128), (24, 700, 1024), (3, 64, 64), (0, 50, 64)])
 def test_sorted_cut_kernel_is_the_reference_up_to_top_p_near_ties(b, v, block):
     """The one-program-per-row kernel on sorted rows (several blocks, a masked tail, ties, -inf, signed zeros, a

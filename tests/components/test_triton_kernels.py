@@ -112,50 +112,6 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-@pytest.mark.parametrize("m,n,k,norm,gated,residual,gated_input", [
-    (1, 96, 512, True, False, False, False), (1, 64, 384, False, False, True, False),
-    (1, 48, 256, True, True, False, False), (1, 64, 256, False, False, True, True),
-    (3, 40, 200, True, False, True, False)])
-def test_grouped_accumulation_is_bounded_deterministic_and_preload_neutral(monkeypatch, m, n, k, norm, gated, residual,
-                                                                          gated_input):
-    """``FLARE_GEMV_GROUP=8``: the products of 8 consecutive columns summed before they are accumulated -- within the
-    reference's bound, the same bits on a second launch and with or without preloaded tiles (each tile takes the same
-    step); 1 is the default; a group that is not a power of two names the switch."""
-    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
-    from ignition.components.triton_kernels import GEMV_ACC_GROUP, fused_linear_triton, gemv_acc_group
-
-    import torch.nn.functional as F
-
-    x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m * n + k)
-    if gated_input:
-        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
-    cfg = {"BN": 16, "BK": 128}
-    run = lambda: fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated,  # noqa: E731
-                                      gated_input=gated_input, config=cfg)
-    assert GEMV_ACC_GROUP == 1 and gemv_acc_group(128) == 1
-    monkeypatch.setenv("FLARE_GEMV_GROUP", "8")
-    assert gemv_acc_group(128) == 8 and gemv_acc_group(4) == 4
-    got = run()
-    assert torch.equal(run().view(torch.int16), got.view(torch.int16))
-    monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
-    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "0")
-    assert torch.equal(run().view(torch.int16), got.view(torch.int16))
-    ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
-    if gated_input:
-        act = F.silu(x[:, :k]) * x[:, k:]
-        y = fused_linear_reference(act, w)
-        tol = 2 * 2.0 ** -7 * y.float().abs() + reorder_bound(act, w, norm=True, gated=False)
-    else:
-        tol = _gemv_tolerance(x, w, nw, gated, fused_linear_reference(x, w, nw, 1e-6, None, gated))
-    if residual:
-        tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
-    err = (got.float() - ref.float()).abs()
-    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-    monkeypatch.setenv("FLARE_GEMV_GROUP", "6")
-    with pytest.raises(ValueError, match="FLARE_GEMV_GROUP=6"):
-        run()
-
-
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
     from ignition.components.triton_kernels import fused_linear_triton
@@ -224,40 +180,6 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     assert gemv_preload_tiles(1, k, 128, False) == 0  # 2 of 3 tiles: not by default
     monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
     assert gemv_preload_tiles(1, k, 128, False) == 2
-    assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
-
-
-@pytest.mark.parametrize("group", [1, 8])
-@pytest.mark.parametrize("m,k,bk,norm,gated,gated_input,preload", [
-    (1, 512, 128, True, False, False, 0),  # four streamed tiles after the norm prologue
-    (1, 512, 128, False, True, False, 0),  # gated: both halves pipelined
-    (1, 512, 128, False, False, True, 0),  # the gated input's prologue
-    (1, 448, 128, False, False, False, 0),  # K not a multiple of BK: a masked last tile
-    (1, 512, 128, False, False, False, 1),  # one tile preloaded before the wait, three streamed
-    (1, 256, 128, False, False, False, 0),  # two streamed tiles: the loop body once, then the last tile
-    (3, 320, 64, True, True, False, 0),  # several rows
-    (1, 128, 128, True, False, False, 0),  # one tile: nothing to pipeline
-])
-def test_fused_linear_triton_pipelined_stream_changes_no_bit(monkeypatch, m, k, bk, norm, gated, gated_input,
-                                                              preload, group):
-    """``FLARE_GEMV_PIPELINE=1``: the streamed weight tiles are loaded one iteration ahead -- the same tiles multiplied
-    in the same order, so the same bits as the plain loop (with the default accumulation and the grouped one)."""
-    from ignition.components.triton_kernels import fused_linear_triton
-
-    x, w, nw, r = _gemv_inputs(m, 48, k, norm=norm, gated=gated, residual=not gated, seed=k + m)
-    if gated_input:
-        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
-    monkeypatch.setenv("FLARE_GEMV_PRELOAD", str(preload))
-    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1" if preload else "0")
-    monkeypatch.setenv("FLARE_GEMV_GROUP", str(group))
-
-    def run():
-        return fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, gated_input=gated_input,
-                                   config={"BN": 16, "BK": bk})
-
-    monkeypatch.delenv("FLARE_GEMV_PIPELINE", raising=False)
-    plain = run()
-    monkeypatch.setenv("FLARE_GEMV_PIPELINE", "1")
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
