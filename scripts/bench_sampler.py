@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The general sampler (``sample``, no ``max_top_k``) alone on this GPU: the full sort of every row against the
 top-``n`` route with ``flare::sampling_cut`` for the rows the prefix does not decide (``FLARE_SAMPLER_PREFIX``) and
-against the full sort cut by ``flare::sorted_cut`` (``FLARE_SORTED_CUT_KERNEL``), side by side in one process.
+against the full sort cut by ``flare::sorted_cut`` (``FLARE_SORTED_CUT_KERNEL``, the default), side by side in one
+process.
 
 One compiled, captured graph per (batch, route) -- the parameters are tensors the graph reads, so each row mix below
 is written into them between timing blocks, not compiled again:
@@ -49,8 +50,9 @@ MIXES = {
     "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
 }
 #: Each route's environment (read at trace time): the full sort with the traced cut, the top-n prefix route, and the
-#: full sort with ``flare::sorted_cut``'s one-launch cut (``FLARE_SORTED_CUT_KERNEL``, experimental).
-ROUTES = {"sort": {"FLARE_SAMPLER_PREFIX": "0"}, "prefix": {"FLARE_SAMPLER_PREFIX": str(MEASURED_PREFIX)},
+#: full sort with ``flare::sorted_cut``'s one-launch cut (``FLARE_SORTED_CUT_KERNEL``, the default).
+ROUTES = {"sort": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SORTED_CUT_KERNEL": "0"},
+          "prefix": {"FLARE_SAMPLER_PREFIX": str(MEASURED_PREFIX)},
           "sortcut": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SORTED_CUT_KERNEL": "1"}}
 
 

@@ -30,8 +30,8 @@ below cuts them, and ``flare::sampling_cut``'s sort-free kernel the others.  ``S
 (static, a graph-variant property) replaces the sort by the top ``max_top_k`` values (``flare::topk_values``:
 ``torch.topk``'s values; two Triton launches on CUDA unless ``FLARE_TRITON_TOPK=0``); it is exact because admission
 requires ``1 <= top_k <= max_top_k`` for every row -- e.g. a recipe whose ``top_k`` default has no range (Qwen3: fixed
-at 20).  Either way the cut of the sorted values is ``sampling_cut.sorted_cut`` (traced; ``FLARE_SORTED_CUT_KERNEL=1``:
-one Triton launch on CUDA, experimental).
+at 20).  Either way the cut of the sorted values is ``sampling_cut.sorted_cut`` (one Triton launch on CUDA,
+``flare::sorted_cut``; traced elsewhere or with ``FLARE_SORTED_CUT_KERNEL=0``).
 """
 
 from __future__ import annotations

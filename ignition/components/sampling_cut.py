@@ -30,7 +30,8 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch, whole
 
 __all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "sorted_cut_op", "sorted_cut_reference",
-           "top_k_threshold", "top_p_threshold", "general_prefix", "GENERAL_PREFIX", "MEASURED_PREFIX"]
+           "top_k_threshold", "top_p_threshold", "general_prefix", "GENERAL_PREFIX", "MEASURED_PREFIX",
+           "SORTED_CUT_KERNEL"]
 
 #: Values per row the CUDA general sampler ranks with ``flare::topk_values`` before cutting (``FLARE_SAMPLER_PREFIX=N``
 #: sets it): rows with ``1 <= top_k <= N`` are cut there, the others by :func:`sampling_cut`'s kernel.  Default 0: the
@@ -45,6 +46,15 @@ GENERAL_PREFIX = 0
 
 #: The prefix ``scripts/bench_sampler.py`` and the GPU tests run the route with.
 MEASURED_PREFIX = 64
+
+#: Whether the CUDA sampler cuts its sorted values with ``flare::sorted_cut`` (one Triton program per row) instead of
+#: the traced softmax / cumsum / count (about a dozen launches).  Measured on the H200 (``scripts/bench_sampler.py``,
+#: one 151,936-value row per batch row, run 80): the general sampler 17-21 us faster at batch 1 and 4 for greedy rows,
+#: top_k 20 / top_p 0.95, top_k 1000 and top_k off without top-p (e.g. 91.9 -> 75.3 us, 161.4 -> 141.9 us) -- but 16-18
+#: us slower for rows with top_k off and top_p 0.95 (its sequential scan of 1024-value blocks; now 4096 with the next
+#: block in flight: see the run after it); Qwen3-0.6B's decode step 0.977x (B=1) and 0.981x (B=4) side by side
+#: (``results/20261201T203600Z-sm90-run80``).
+SORTED_CUT_KERNEL = True
 
 
 def general_prefix() -> int:
@@ -77,10 +87,9 @@ def sorted_cut(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tens
     the top-p threshold over the values above it, whichever is larger.  With ``top_k`` off and ``top_p >= 1`` it is
     the ``n``-th value, which cuts nothing from a whole row.
 
-    :func:`sorted_cut_reference`, traced inline (a compiled step fuses it into its own kernels); on CUDA with
-    ``FLARE_SORTED_CUT_KERNEL=1`` (experimental, off: not yet measured on a GPU; read at each trace) the one-launch op
-    ``flare::sorted_cut`` instead."""
-    if sorted_desc.is_cuda and switch("FLARE_SORTED_CUT_KERNEL", False):
+    On CUDA the one-launch op ``flare::sorted_cut`` (:data:`SORTED_CUT_KERNEL`; ``FLARE_SORTED_CUT_KERNEL=0``, read
+    at each trace: :func:`sorted_cut_reference` traced inline instead); elsewhere the reference."""
+    if sorted_desc.is_cuda and switch("FLARE_SORTED_CUT_KERNEL", SORTED_CUT_KERNEL):
         return sorted_cut_op(top_k, top_p, sorted_desc)
     return sorted_cut_reference(top_k, top_p, sorted_desc)
 

@@ -390,7 +390,7 @@ def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
 
 
 def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
-    """``FLARE_SORTED_CUT_KERNEL=1`` (``flare::sorted_cut``, one program per row after the sort): on vocabulary-sized
+    """``flare::sorted_cut`` (the default; one program per row after the sort): on vocabulary-sized
     rows the sampler keeps what the traced reference keeps, up to top-p near ties, and draws the same tokens -- the
     full sort and the bounded top-64 variant."""
     from test_sampling_cut import _cut64

@@ -158,7 +158,7 @@ def _sorted_cases(b: int, v: int, seed: int):
 
 def test_sorted_cut_op_checks_arguments_compiles_and_routes(monkeypatch):
     """``flare::sorted_cut``: its CPU path is the reference; bad arguments name themselves; it traces under
-    torch.compile; ``sorted_cut`` takes it only on CUDA with ``FLARE_SORTED_CUT_KERNEL=1`` (the reference otherwise)."""
+    torch.compile; ``sorted_cut`` takes it only on CUDA (by default; the reference otherwise)."""
     y, s, top_k, top_p = _sorted_cases(6, 300, 3)
     assert torch.equal(sorted_cut_op(top_k, top_p, s), sorted_cut_reference(top_k, top_p, s))
     with pytest.raises(ValueError, match="sorted_desc must be"):
