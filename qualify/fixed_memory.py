@@ -1,6 +1,7 @@
 """Fixed GPU memory after loading a core: weights, KV pool, graph pool, workspaces, allocator slack.
 
-``python -m qualify.fixed_memory CORE [--capacities 1,4] [--prefill 256] [--kv-pages N] [--json OUT]``
+``python -m qualify.fixed_memory CORE [--capacities 1,4] [--prefill 256] [--kv-pages N] [--attention NAME]
+[--json OUT]``
 loads the core the way the runtime does (no preparation resources), allocates the KV pool, prepares,
 compiles and captures the catalog, and reports each owner's bytes from the CUDA caching allocator
 (``allocated`` = live tensors, ``reserved`` = physical segments held by the allocator):
@@ -23,7 +24,10 @@ import time
 
 
 def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, page_size: int | None = None,
-            compile: bool = True) -> dict:
+            compile: bool = True, attention: str | None = None) -> dict:
+    """The report (module docstring) for ``core`` with its graphs for ``decode`` capacities and ``prefill`` chunks
+    (default: the core's catalog), ``attention``: a backend by name (default: the recipe's) -- the graphs'
+    intermediates, and so the graph pool, depend on it (the reference attention holds a prefill chunk's scores)."""
     import torch
 
     from ignition.preparation import _recipe_model, load_prepared
@@ -32,7 +36,7 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     torch.cuda.empty_cache()
     base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     t0 = time.perf_counter()
-    model, loaded = load_prepared(core, device="cuda")
+    model, loaded = load_prepared(core, device="cuda", attention_backend=attention)
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
     weights = torch.cuda.memory_allocated() - base_alloc
@@ -59,7 +63,8 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     pools = pool_split()
     graph_pool = pools["graph_pools"]
     return {
-        "core": core, "decode_capacities": list(decode), "prefill_chunks": list(prefill),
+        "core": core, "attention": attention or "recipe default", "decode_capacities": list(decode),
+        "prefill_chunks": list(prefill),
         "compiled": compile, "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
         "weights_bytes": weights, "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
         "static_io_bytes": static_io,
@@ -100,9 +105,12 @@ def main(argv=None) -> int:
     p.add_argument("--kv-pages", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--eager", action="store_true", help="capture the eager prepared steps (no torch.compile)")
+    p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
+                   "default: the recipe's")
     a = p.parse_args(argv)
     caps = lambda t: tuple(int(x) for x in t.split(",") if x) if t is not None else None  # noqa: E731
-    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages, compile=not a.eager)
+    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages, compile=not a.eager,
+                     attention=a.attention)
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:

@@ -14,7 +14,7 @@
 #                   either set empty: the recipe's full catalog); exported with --eager ($EXPORT_ARGS, default
 #                   --eager: the same core, its steps validated uncompiled -- every stage that times a core compiles
 #                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29)
-#   memory-G        qualify.fixed_memory on core G: weights, KV pool, graph pool, workspaces, allocator slack
+#   memory-G        qualify.fixed_memory on core G ($ATTN attention): weights, KV pool, graph pool, workspaces, slack
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
 #   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy and top-k variants ($ATTN)
@@ -67,7 +67,7 @@ for s in ${STAGES:?set STAGES}; do
       timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
           --out $W/core-$g --hub-cache .hub "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
           | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"; tail -n 4 "$OUT/build.log" ;;
-    memory-*) timeout ${MEMORY_S:-200} python3 -m qualify.fixed_memory $W/core-$g --json "$OUT/memory-$g.json" \
+    memory-*) timeout ${MEMORY_S:-200} python3 -m qualify.fixed_memory $W/core-$g --attention $ATTN --json "$OUT/memory-$g.json" \
           > "$OUT/memory-$g.log" 2>&1; tail -n 3 "$OUT/memory-$g.log" ;;
     served-*) timeout 200 python3 -m qualify.served_equivalence $W/core-$g --max-tokens 64 --prompt-tokens 100 \
           --json "$OUT/served-$g.json" 2>&1 | log | grep -v "^ *[0-9]*,\?$" | tail -n 20 > "$OUT/served-$g.log"; cat "$OUT/served-$g.log" ;;
