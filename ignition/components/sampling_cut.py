@@ -51,9 +51,10 @@ MEASURED_PREFIX = 64
 #: the traced softmax / cumsum / count (about a dozen launches).  Measured on the H200 (``scripts/bench_sampler.py``,
 #: one 151,936-value row per batch row, run 80): the general sampler 17-21 us faster at batch 1 and 4 for greedy rows,
 #: top_k 20 / top_p 0.95, top_k 1000 and top_k off without top-p (e.g. 91.9 -> 75.3 us, 161.4 -> 141.9 us) -- but 16-18
-#: us slower for rows with top_k off and top_p 0.95 (its sequential scan of 1024-value blocks; now 4096 with the next
-#: block in flight: see the run after it); Qwen3-0.6B's decode step 0.977x (B=1) and 0.981x (B=4) side by side
-#: (``results/20261201T203600Z-sm90-run80``).
+#: us slower for rows with top_k off and top_p 0.95 (its sequential scan of 1024-value blocks; with 4096 and the next
+#: block in flight 96.0 against 93.9 us at batch 1, 157.3 against 161.2 at batch 4, run 81); Qwen3-0.6B's decode step
+#: 0.977x (B=1) and 0.981x (B=4) side by side (``results/20261201T203600Z-sm90-run80``), the sampler region of the
+#: step 110 -> 90 us (``results/20261201T204400Z-sm90-gpu-replay-0.6B``).
 SORTED_CUT_KERNEL = True
 
 

@@ -771,20 +771,14 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 512
 
 
-def register_cap_option(name: str) -> dict:
-    """The launch option ``maxnreg`` from the switch ``name`` (side-by-side runs: a register cap of N per thread, so
-    more programs fit an SM, at the cost of spilled values), none when unset or 0, or in the interpreter; raises
-    naming the switch outside 24..255."""
-    cap = whole(name, 0, low=0)
-    if cap and not 24 <= cap <= 255:
-        raise ValueError(f"{name}={cap}: expected 24..255 registers per thread (or 0: no cap)")
-    return {"maxnreg": cap} if cap and not _interpreting() else {}
-
-
 def fused_decode_launch_options() -> dict:
-    """Extra launch options of the fused decode kernel: ``FLARE_DECODE_MAXNREG=N`` (:func:`register_cap_option`;
-    64 holds 8 programs per SM, one wave of 1024)."""
-    return register_cap_option("FLARE_DECODE_MAXNREG")
+    """Extra launch options of the fused decode kernel: ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (side-by-side
+    runs: a register cap of N per thread -- 64 holds 8 programs per SM, one wave of 1024 -- at the cost of a few
+    spilled values), none by default or in the interpreter."""
+    cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
+    if cap and not 24 <= cap <= 255:
+        raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
+    return {"maxnreg": cap} if cap and not _interpreting() else {}
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -1935,13 +1929,14 @@ def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIP
     row = S + r * stride_s
     k = tl.load(TOPK + r)
     p = tl.load(TOPP + r)
-    kth = tl.load(row + tl.where((k <= 0) | (k > n), n, k) - 1)  # top_k off or beyond the row: the n-th
+    k = tl.where((k <= 0) | (k > n), n, k)  # top_k off or beyond the row: the n-th value
+    kth = tl.load(row + k - 1)
     m = tl.load(row)  # the row's largest value
     offs0 = tl.arange(0, BLOCK)
     z = tl.full((), 1.0, tl.float32)
     hi = n  # the values >= the k-th lie before hi (a descending row: a prefix)
     if p < 1.0:  # the mass only where top-p cuts, over the blocks that hold the k-th value and those above it
-        nb = tl.cdiv(tl.where((k <= 0) | (k > n), n, k), BLOCK)
+        nb = tl.cdiv(k, BLOCK)
         z_acc = tl.zeros([BLOCK], tl.float32)
         if PIPELINE:  # compiled: a range() loop; the interpreter cannot take a tensor bound there -- the same blocks
             for j in range(0, nb):
@@ -1977,7 +1972,7 @@ def _sorted_cut_kernel(S, TOPK, TOPP, CUT, n, stride_s, BLOCK: tl.constexpr, PIP
 
 #: Values per block of :func:`sorted_cut_triton`'s mass pass and of its scan (more loads in flight, fewer steps of the
 #: sequential scan: a row with top_k off and top_p 0.95 took 112.7 us with 1024-value scan blocks against the traced
-#: cut's 94.5, run 80), and its warps.
+#: cut's 94.5, run 80; 96.0 against 93.9 with 4096, ``results/20261201T204400Z-sm90-gpu-replay-0.6B``), and its warps.
 SORTED_CUT_BLOCK = 4096
 SORTED_CUT_SCAN = 4096
 SORTED_CUT_WARPS = 8
