@@ -77,6 +77,8 @@ def cases(tk):
                     dict(num_warps=4)))
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
+        out.append((f"fused decode {heads}x8 splits {splits} late trigger", "_rope_decode_kernel", DECODE_SIG,
+                    {**c, "LATE": True, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))

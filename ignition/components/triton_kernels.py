@@ -101,6 +101,15 @@ def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
 
 
 @triton.jit
+def _pdl_trigger_after(dep, USE_PDL: tl.constexpr):
+    """Let the next kernel launch once ``dep`` (an int32 scalar the work before it produced) is computed -- the asm
+    takes it as an input, so the trigger cannot be hoisted above that work."""
+    if USE_PDL:
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, $1;", "=r,r", [dep],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefetch_l2(ptrs):
     """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
@@ -495,8 +504,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
-                        HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LATE: tl.constexpr = False,
+                        PROBE=None, HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -516,7 +525,11 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # Tried and removed too: the writer's new K/V rows and the first one or two key blocks loaded before the query
     # rows' arithmetic (the new slot patched in; same bits) -- slower in both layer graphs (1 block: Qwen3-8B 1.016x,
     # Qwen3-0.6B 1.044x; 2 blocks: 1.025x, 1.076x; ``results/20261201T202700Z-sm90-run79``).
-    _pdl_enter(USE_PDL)
+    if LATE:  # the trigger after the key loop below (decode_late_trigger)
+        if USE_PDL:
+            gdc_wait()
+    else:
+        _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -544,6 +557,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                                    stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
                                    qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
+    if LATE:
+        _pdl_trigger_after(tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), USE_PDL)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -717,6 +732,20 @@ DECODE_KV_PREFETCH_ROWS = 1
 DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 
+#: The largest batch whose fused decode kernel lets its dependents launch only after its key loop instead of right
+#: after its PDL wait (``FLARE_DECODE_LATE_ROWS=N`` sets it; 0: never).  The dependents -- the reduce, and through the
+#: ``EARLY`` chain the output projection, the MLP and the next layer's qkv -- stream their weights into L2 as soon as
+#: they are resident; launched after the wait, that stream runs while the attention's own K/V loads are in flight (the
+#: probe: 3.3 us for one program's 8 KiB block at Qwen3-0.6B, with or without the pre-wait L2 prefetch).
+DECODE_LATE_ROWS = 0
+
+
+def decode_late_trigger(batch: int) -> bool:
+    """Whether the fused decode kernel triggers its dependents after its key loop (:data:`DECODE_LATE_ROWS`); read at
+    each launch, for side-by-side runs."""
+    return batch <= switch_rows("FLARE_DECODE_LATE_ROWS", DECODE_LATE_ROWS)
+
+
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
     :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
@@ -819,7 +848,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
+        KV_LINES=max(1, d * k_pool.element_size() // 128), LATE=decode_late_trigger(b), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](

@@ -280,6 +280,22 @@ def test_early_reduce_rows_switch(monkeypatch):
             tk.pdl_early_enabled(1)
 
 
+def test_late_trigger_rows_switch(monkeypatch):
+    """The fused decode kernel triggers its dependents after its wait by default (:data:`DECODE_LATE_ROWS` 0), after
+    its key loop up to ``FLARE_DECODE_LATE_ROWS`` rows when set; a bad row count names the switch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    monkeypatch.setattr(tk, "DECODE_LATE_ROWS", 0)
+    assert [tk.decode_late_trigger(b) for b in (1, 4)] == [False, False]
+    monkeypatch.setenv("FLARE_DECODE_LATE_ROWS", "1")
+    assert [tk.decode_late_trigger(b) for b in (1, 2, 4)] == [True, False, False]
+    for bad in ("-1", "1.5", "all"):
+        monkeypatch.setenv("FLARE_DECODE_LATE_ROWS", bad)
+        with pytest.raises(ValueError, match="FLARE_DECODE_LATE_ROWS"):
+            tk.decode_late_trigger(1)
+
+
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
