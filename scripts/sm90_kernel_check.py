@@ -67,10 +67,11 @@ def cases(tk):
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    for heads, splits, prefetch in ((32, 32, 64), (16, 64, 0)):  # Qwen3-8B's and Qwen3-0.6B's one-row launches
+    # Qwen3-8B's and Qwen3-0.6B's one-row launches (0.6B: the wide blocks, tk.fused_decode_wide)
+    for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 32, False)):
         g = heads // 8
-        c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=16, SPLITS=splits, Q_NORM=True,
-                 K_NORM=True, DOT_F32=False, PIPELINE=True, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
+        c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
+                 K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None},

@@ -599,6 +599,26 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
+#: Keys per block of the fused decode kernel's one-row launches for small groups (:func:`fused_decode_wide`).
+FUSED_DECODE_WIDE_BLOCK_N = 32
+
+
+def fused_decode_wide(batch: int, groups: int) -> bool:
+    """Whether a fused decode launch takes :data:`FUSED_DECODE_WIDE_BLOCK_N`-key blocks (at least a page) and the plain
+    key loop instead of whole-page blocks and the software-pipelined loop: at one row when the group, rounded up to a
+    power of two, is at most 2 -- the launches whose split count reaches the 64 cap (:func:`fused_decode_num_splits`),
+    so that a 1024-token context leaves one 16-key page per split.  ``FLARE_DECODE_WIDE=0`` turns it off; an explicit
+    ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch, for side-by-side runs).
+
+    Measured on the H200, 1024-token context, the whole decode step side by side in one process
+    (``qualify.gpu_replay --ab``, ``results/20261201T213500Z-sm90-run85`` and ``...T213800Z-sm90-run86``): Qwen3-0.6B
+    (G=2, 64 splits) batch 1 0.9501x and 0.9502x (0.8137 against 0.8564 ms; half the programs hold the 32 keys, the
+    others none) -- the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x, 64-key blocks over 16 splits
+    1.085x; batch 4 1.065x slower (so one row only).  Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop alone
+    0.9998x: within noise, so its launches keep whole pages and the pipelined loop."""
+    return batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2 and switch("FLARE_DECODE_WIDE", True)
+
+
 def decode_block_n(page: int, block_n: int | None = None) -> int:
     """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
     multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
@@ -637,13 +657,14 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
-    block_n = decode_block_n(page, block_n)
+    wide = fused and block_n is None and number("FLARE_DECODE_BLOCK_N") is None and fused_decode_wide(b, g)
+    block_n = decode_block_n(page, max(FUSED_DECODE_WIDE_BLOCK_N, page) if wide else block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
     gp = triton.next_power_of_2(g)
     return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
-                SP=triton.next_power_of_2(splits))
+                SP=triton.next_power_of_2(splits), WIDE=wide)
 
 
 def _decode_workspace(geo: dict, device, workspace=None):
@@ -847,7 +868,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=decode_pipelined(), KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
+        PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LINES=max(1, d * k_pool.element_size() // 128), LATE=decode_late_trigger(b), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:

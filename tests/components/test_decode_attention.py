@@ -296,6 +296,51 @@ def test_late_trigger_rows_switch(monkeypatch):
             tk.decode_late_trigger(1)
 
 
+def test_wide_blocks_rule(monkeypatch):
+    """One-row fused launches of groups up to 2 heads take 32-key blocks (at least a page) and the plain loop;
+    more rows, larger groups, ``FLARE_DECODE_WIDE=0`` or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep
+    whole pages; the two-kernel path never widens."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    assert [tk.fused_decode_wide(b, g) for b, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (4, 1))] == [
+        True, True, False, False, False, False]
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(4, 2, 32, (40,), seed=3)
+
+    def geo(**kw):
+        return tk._decode_geometry("test", q, kp, vp, bt, None, **kw)
+
+    assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (32, True)
+    assert geo(fused=True, block_n=16)["BLOCK_N"] == 16 and geo()["BLOCK_N"] == 16
+    monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "64")
+    assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (64, False)
+    monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
+    monkeypatch.setenv("FLARE_DECODE_WIDE", "0")
+    assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (16, False)
+    monkeypatch.delenv("FLARE_DECODE_WIDE")
+    big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
+    assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
+
+
+@interpreter
+def test_wide_one_row_launch_equals_the_two_kernels_bitwise_and_fp64():
+    """The default one-row launch of a 2-head group (32-key blocks, ``fused_decode_wide``) equals the two-kernel path
+    at 32-key blocks bit for bit, within the fp64 bound."""
+    from ignition.components import triton_kernels as tk
+    from test_triton_attention import check
+
+    case = make_decode_case(8, 4, 32, (90,), seed=11)
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    assert tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)["WIDE"]
+    kp, vp = kp0.clone(), vp0.clone()
+    got = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, 32 ** -0.5)
+    splits = tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)["SPLITS"]
+    _, two = fused_vs_two_kernels(case, 32 ** -0.5, splits, 32)
+    assert_same_bits((got, kp, vp), two)
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
+
+
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
