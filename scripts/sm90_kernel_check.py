@@ -67,19 +67,20 @@ def cases(tk):
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    # Qwen3-8B's and Qwen3-0.6B's one-row launches (0.6B: the wide blocks, tk.fused_decode_wide)
-    for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 32, False)):
+    # Qwen3-8B's and Qwen3-0.6B's one-row launches, and 0.6B's with FLARE_DECODE_WIDE=1 (tk.fused_decode_wide)
+    for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 16, True), (16, 64, 0, 32, False)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
-        out.append((f"fused decode {heads}x8 splits {splits}", "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None},
-                    dict(num_warps=4)))
+        wide = " wide" if bn == 32 else ""
+        out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
+                    {**c, "PROBE": None}, dict(num_warps=4)))
+        if wide:
+            continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
-        out.append((f"fused decode {heads}x8 splits {splits} late trigger", "_rope_decode_kernel", DECODE_SIG,
-                    {**c, "LATE": True, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))

@@ -4,7 +4,7 @@
 ``FLARE_GEMV_X_FIRST``, ``FLARE_GEMV_EARLY``, ``FLARE_SORTED_CUT_KERNEL``, ``FLARE_DECODE_WIDE``; numbers:
 ``FLARE_GEMV_PREFETCH_MB``, ``FLARE_GEMV_PRELOAD``, ``FLARE_DECODE_BLOCK_N``, ``FLARE_DECODE_MAX_SPLITS``,
 ``FLARE_DECODE_PROGRAMS``, ``FLARE_DECODE_MAXNREG``, ``FLARE_SAMPLER_PREFIX``, ``FLARE_DECODE_KV_PREFETCH_MIN_MB``;
-row counts: ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_DECODE_LATE_ROWS``, ``FLARE_PDL_EARLY_ROWS``; ``FLARE_GEMM_ROWS_TABLE``; launch configs:
+row counts: ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``; ``FLARE_GEMM_ROWS_TABLE``; launch configs:
 ``FLARE_GEMV_CONFIG`` (``triton_kernels.gemv_config_override``);
 README, "Side-by-side switches").
 Each is read where a launch or a trace decides, so one process can measure both settings; every archived run records

@@ -101,15 +101,6 @@ def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
 
 
 @triton.jit
-def _pdl_trigger_after(dep, USE_PDL: tl.constexpr):
-    """Let the next kernel launch once ``dep`` (an int32 scalar the work before it produced) is computed -- the asm
-    takes it as an input, so the trigger cannot be hoisted above that work."""
-    if USE_PDL:
-        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, $1;", "=r,r", [dep],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefetch_l2(ptrs):
     """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
@@ -504,8 +495,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, LATE: tl.constexpr = False,
-                        PROBE=None, HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
+                        HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -525,11 +516,11 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # Tried and removed too: the writer's new K/V rows and the first one or two key blocks loaded before the query
     # rows' arithmetic (the new slot patched in; same bits) -- slower in both layer graphs (1 block: Qwen3-8B 1.016x,
     # Qwen3-0.6B 1.044x; 2 blocks: 1.025x, 1.076x; ``results/20261201T202700Z-sm90-run79``).
-    if LATE:  # the trigger after the key loop below (decode_late_trigger)
-        if USE_PDL:
-            gdc_wait()
-    else:
-        _pdl_enter(USE_PDL)
+    # Tried and removed too: the trigger after the key loop instead (so that the reduce and, through the EARLY chain,
+    # the projections after it stream their weights only once this kernel's K/V loads are done) -- the last block's
+    # K/V load stayed 3.3 us at Qwen3-0.6B, and slower: the one-row layer graphs 1.053x (0.6B) and 1.015x (8B), the
+    # Qwen3-0.6B step 1.113x side by side (``results/20261201T213000Z-sm90-run84``).
+    _pdl_enter(USE_PDL)
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -557,8 +548,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                                    stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
                                    qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
-    if LATE:
-        _pdl_trigger_after(tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), USE_PDL)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -599,24 +588,37 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
     return max(1, min(max_blocks, max_splits, triton.cdiv(target_programs, max(1, batch * kv_heads))))
 
 
-#: Keys per block of the fused decode kernel's one-row launches for small groups (:func:`fused_decode_wide`).
+#: Keys per block of the fused decode kernel's wide launches (:func:`fused_decode_wide`).
 FUSED_DECODE_WIDE_BLOCK_N = 32
+
+#: Whether the wide launches of :func:`fused_decode_wide` are the default (``FLARE_DECODE_WIDE=1`` / ``0`` sets it).
+#: Off: measured on the H200 (1024-token context, Qwen3-0.6B batch 1), the plain ``qualify.gpu_replay`` run takes
+#: them 0.950x the step's time -- side by side in one process three times (``results/20261201T213500Z-sm90-run85``,
+#: ``...T213800Z-sm90-run86``, ``...T214900Z-sm90-run87``: 0.8137 / 0.8134 against 0.8564 / 0.8559 ms) and in
+#: separate processes bracketed (``...T215900Z-sm90-run88``: 0.8122, then 0.8552 without, then 0.8120) -- but the full
+#: replay of record (``h200_run.sh``'s replay stage: ``--check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant
+#: --topk-variant 64``, whose bench captures the round and variant graphs and 256 steps of room) measured 0.8547 and
+#: 0.8665 ms with them (runs 87 and 89; 0.8556 without in run 81): there the attention's 3 us gain (8.8 -> 5.7 us per
+#: layer) moves into the qkv and output projections (3.4 -> 5.3-5.8 and 2.5 -> 4.7-4.9 us; they launch 3 and 7 us
+#: later), which the plain runs do not show (3.8 and 3.2 us).  The wide kernel holds 201 registers per thread (sm90
+#: ptxas; the pipelined one 95): 2 programs per SM, so its 512 programs run in two waves and keep the early-launched
+#: projections from becoming resident.  Unexplained which of the replay-of-record's extra graphs or buffers makes the
+#: difference; until it is, the default stays the measured one.
+DECODE_WIDE = False
 
 
 def fused_decode_wide(batch: int, groups: int) -> bool:
     """Whether a fused decode launch takes :data:`FUSED_DECODE_WIDE_BLOCK_N`-key blocks (at least a page) and the plain
-    key loop instead of whole-page blocks and the software-pipelined loop: at one row when the group, rounded up to a
-    power of two, is at most 2 -- the launches whose split count reaches the 64 cap (:func:`fused_decode_num_splits`),
-    so that a 1024-token context leaves one 16-key page per split.  ``FLARE_DECODE_WIDE=0`` turns it off; an explicit
-    ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch, for side-by-side runs).
-
-    Measured on the H200, 1024-token context, the whole decode step side by side in one process
-    (``qualify.gpu_replay --ab``, ``results/20261201T213500Z-sm90-run85`` and ``...T213800Z-sm90-run86``): Qwen3-0.6B
-    (G=2, 64 splits) batch 1 0.9501x and 0.9502x (0.8137 against 0.8564 ms; half the programs hold the 32 keys, the
-    others none) -- the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x, 64-key blocks over 16 splits
-    1.085x; batch 4 1.065x slower (so one row only).  Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop alone
-    0.9998x: within noise, so its launches keep whole pages and the pipelined loop."""
-    return batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2 and switch("FLARE_DECODE_WIDE", True)
+    key loop instead of whole-page blocks and the software-pipelined loop: when :data:`DECODE_WIDE`
+    (``FLARE_DECODE_WIDE``), at one row when the group, rounded up to a power of two, is at most 2 -- the launches
+    whose split count reaches the 64 cap (:func:`fused_decode_num_splits`), so that a 1024-token context leaves one
+    16-key page per split.  An explicit ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch, for
+    side-by-side runs).  Half the programs then hold the 32 keys, the others none; other shapes measured on the H200
+    (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``, side by side in one process): Qwen3-0.6B
+    the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x, 64-key blocks over 16 splits 1.085x, batch 4
+    1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop alone 0.9998x (within noise)."""
+    return (batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2
+            and switch("FLARE_DECODE_WIDE", DECODE_WIDE))
 
 
 def decode_block_n(page: int, block_n: int | None = None) -> int:
@@ -753,20 +755,6 @@ DECODE_KV_PREFETCH_ROWS = 1
 DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 
-#: The largest batch whose fused decode kernel lets its dependents launch only after its key loop instead of right
-#: after its PDL wait (``FLARE_DECODE_LATE_ROWS=N`` sets it; 0: never).  The dependents -- the reduce, and through the
-#: ``EARLY`` chain the output projection, the MLP and the next layer's qkv -- stream their weights into L2 as soon as
-#: they are resident; launched after the wait, that stream runs while the attention's own K/V loads are in flight (the
-#: probe: 3.3 us for one program's 8 KiB block at Qwen3-0.6B, with or without the pre-wait L2 prefetch).
-DECODE_LATE_ROWS = 0
-
-
-def decode_late_trigger(batch: int) -> bool:
-    """Whether the fused decode kernel triggers its dependents after its key loop (:data:`DECODE_LATE_ROWS`); read at
-    each launch, for side-by-side runs."""
-    return batch <= switch_rows("FLARE_DECODE_LATE_ROWS", DECODE_LATE_ROWS)
-
-
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
     :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
@@ -869,7 +857,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), LATE=decode_late_trigger(b), num_warps=4, **_pdl(q.device),
+        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
         _paged_decode_reduce_kernel[(b, h)](

@@ -280,29 +280,15 @@ def test_early_reduce_rows_switch(monkeypatch):
             tk.pdl_early_enabled(1)
 
 
-def test_late_trigger_rows_switch(monkeypatch):
-    """The fused decode kernel triggers its dependents after its wait by default (:data:`DECODE_LATE_ROWS` 0), after
-    its key loop up to ``FLARE_DECODE_LATE_ROWS`` rows when set; a bad row count names the switch."""
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    monkeypatch.setattr(tk, "DECODE_LATE_ROWS", 0)
-    assert [tk.decode_late_trigger(b) for b in (1, 4)] == [False, False]
-    monkeypatch.setenv("FLARE_DECODE_LATE_ROWS", "1")
-    assert [tk.decode_late_trigger(b) for b in (1, 2, 4)] == [True, False, False]
-    for bad in ("-1", "1.5", "all"):
-        monkeypatch.setenv("FLARE_DECODE_LATE_ROWS", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_LATE_ROWS"):
-            tk.decode_late_trigger(1)
-
-
 def test_wide_blocks_rule(monkeypatch):
-    """One-row fused launches of groups up to 2 heads take 32-key blocks (at least a page) and the plain loop;
-    more rows, larger groups, ``FLARE_DECODE_WIDE=0`` or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep
-    whole pages; the two-kernel path never widens."""
+    """Off by default (:data:`DECODE_WIDE`); with ``FLARE_DECODE_WIDE=1`` one-row fused launches of groups up to 2
+    heads take 32-key blocks (at least a page) and the plain loop; more rows, larger groups, ``FLARE_DECODE_WIDE=0``
+    or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep whole pages; the two-kernel path never widens."""
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
+    assert not tk.DECODE_WIDE and not tk.fused_decode_wide(1, 2)
+    monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     assert [tk.fused_decode_wide(b, g) for b, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (4, 1))] == [
         True, True, False, False, False, False]
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(4, 2, 32, (40,), seed=3)
@@ -317,18 +303,19 @@ def test_wide_blocks_rule(monkeypatch):
     monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
     monkeypatch.setenv("FLARE_DECODE_WIDE", "0")
     assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (16, False)
-    monkeypatch.delenv("FLARE_DECODE_WIDE")
+    monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
     assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
 
 
 @interpreter
-def test_wide_one_row_launch_equals_the_two_kernels_bitwise_and_fp64():
-    """The default one-row launch of a 2-head group (32-key blocks, ``fused_decode_wide``) equals the two-kernel path
-    at 32-key blocks bit for bit, within the fp64 bound."""
+def test_wide_one_row_launch_equals_the_two_kernels_bitwise_and_fp64(monkeypatch):
+    """The wide one-row launch of a 2-head group (``FLARE_DECODE_WIDE=1``: 32-key blocks, ``fused_decode_wide``)
+    equals the two-kernel path at 32-key blocks bit for bit, within the fp64 bound."""
     from ignition.components import triton_kernels as tk
     from test_triton_attention import check
 
+    monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     case = make_decode_case(8, 4, 32, (90,), seed=11)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
     assert tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)["WIDE"]
