@@ -602,8 +602,14 @@ FUSED_DECODE_WIDE_BLOCK_N = 32
 #: layer) moves into the qkv and output projections (3.4 -> 5.3-5.8 and 2.5 -> 4.7-4.9 us; they launch 3 and 7 us
 #: later), which the plain runs do not show (3.8 and 3.2 us).  The wide kernel holds 201 registers per thread (sm90
 #: ptxas; the pipelined one 95): 2 programs per SM, so its 512 programs run in two waves and keep the early-launched
-#: projections from becoming resident.  Unexplained which of the replay-of-record's extra graphs or buffers makes the
-#: difference; until it is, the default stays the measured one.
+#: projections from becoming resident.  The likely difference (from the shapes, not measured apart): the split count
+#: is static, from the block table's width (:func:`fused_decode_num_splits`), and the plain bench's table is 65 pages
+#: (1024 + 1 tokens of room) -- 33 splits of 32-key blocks, 264 programs, exactly one wave at 2 per SM, each holding
+#: one block of the 1025 keys -- while the full one's is 81 pages (256 steps and a width of 8 more): 41 splits, 328
+#: programs, two waves (8 idle splits per head).  A serving table (the longest context) reaches the 64-split cap: 512
+#: programs.  (Without the wide blocks, 64 splits of 16-key blocks share 1025 keys as 33 programs per head holding 2
+#: blocks each -- ``_decode_share`` rounds the blocks per split up.)  So the variant's gain needs a split count that
+#: keeps it in one wave, or fewer registers; until that is measured in the replay of record the default stays off.
 DECODE_WIDE = False
 
 
