@@ -617,12 +617,12 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
     """Whether a fused decode launch takes :data:`FUSED_DECODE_WIDE_BLOCK_N`-key blocks (at least a page) and the plain
     key loop instead of whole-page blocks and the software-pipelined loop: when :data:`DECODE_WIDE`
     (``FLARE_DECODE_WIDE``), at one row when the group, rounded up to a power of two, is at most 2 -- the launches
-    whose split count reaches the 64 cap (:func:`fused_decode_num_splits`), so that a 1024-token context leaves one
-    16-key page per split.  An explicit ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch, for
-    side-by-side runs).  Half the programs then hold the 32 keys, the others none; other shapes measured on the H200
-    (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``, side by side in one process): Qwen3-0.6B
-    the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x, 64-key blocks over 16 splits 1.085x, batch 4
-    1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop alone 0.9998x (within noise)."""
+    whose split count reaches the 64 cap (:func:`fused_decode_num_splits`).  An explicit ``FLARE_DECODE_BLOCK_N``
+    replaces it (both read at each launch, for side-by-side runs).  Other shapes measured on the H200, side by side in
+    one process (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop
+    alone 1.027x, 32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key
+    blocks over 16 splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop
+    alone 0.9998x (within noise)."""
     return (batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2
             and switch("FLARE_DECODE_WIDE", DECODE_WIDE))
 
