@@ -67,8 +67,9 @@ def cases(tk):
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    # Qwen3-8B's and Qwen3-0.6B's one-row launches, and 0.6B's with FLARE_DECODE_WIDE=1 (tk.fused_decode_wide)
-    for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 16, True), (16, 64, 0, 32, False)):
+    # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (tk.fused_decode_wide, 33 splits on 132 SMs)
+    # and its FLARE_DECODE_WIDE=0 one
+    for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 16, True), (16, 33, 0, 32, False)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)

@@ -592,33 +592,40 @@ def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_p
 FUSED_DECODE_WIDE_BLOCK_N = 32
 
 #: Whether the wide launches of :func:`fused_decode_wide` are the default (``FLARE_DECODE_WIDE=1`` / ``0`` sets it).
-#: Off: measured on the H200 (1024-token context, Qwen3-0.6B batch 1), the plain ``qualify.gpu_replay`` run takes
-#: them 0.950x the step's time -- side by side in one process three times (``results/20261201T213500Z-sm90-run85``,
-#: ``...T213800Z-sm90-run86``, ``...T214900Z-sm90-run87``: 0.8137 / 0.8134 against 0.8564 / 0.8559 ms) and in
-#: separate processes bracketed (``...T215900Z-sm90-run88``: 0.8122, then 0.8552 without, then 0.8120) -- but the full
-#: replay of record (``h200_run.sh``'s replay stage: ``--check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant
-#: --topk-variant 64``, whose bench captures the round and variant graphs and 256 steps of room) measured 0.8547 and
-#: 0.8665 ms with them (runs 87 and 89; 0.8556 without in run 81): there the attention's 3 us gain (8.8 -> 5.7 us per
-#: layer) moves into the qkv and output projections (3.4 -> 5.3-5.8 and 2.5 -> 4.7-4.9 us; they launch 3 and 7 us
-#: later), which the plain runs do not show (3.8 and 3.2 us).  The wide kernel holds 201 registers per thread (sm90
-#: ptxas; the pipelined one 95): 2 programs per SM, so its 512 programs run in two waves and keep the early-launched
-#: projections from becoming resident.  The likely difference (from the shapes, not measured apart): the split count
-#: is static, from the block table's width (:func:`fused_decode_num_splits`), and the plain bench's table is 65 pages
-#: (1024 + 1 tokens of room) -- 33 splits of 32-key blocks, 264 programs, exactly one wave at 2 per SM, each holding
-#: one block of the 1025 keys -- while the full one's is 81 pages (256 steps and a width of 8 more): 41 splits, 328
-#: programs, two waves (8 idle splits per head).  A serving table (the longest context) reaches the 64-split cap: 512
-#: programs.  (Without the wide blocks, 64 splits of 16-key blocks share 1025 keys as 33 programs per head holding 2
-#: blocks each -- ``_decode_share`` rounds the blocks per split up.)  So the variant's gain needs a split count that
-#: keeps it in one wave, or fewer registers; until that is measured in the replay of record the default stays off.
-DECODE_WIDE = False
+#: On since run 90 (``results/20261201T222600Z-sm90-run90``): in the full replay of record (``h200_run.sh``'s replay
+#: stage, Qwen3-0.6B, 1024-token context) with their splits capped at one wave (:func:`fused_decode_wide_splits`)
+#: the batch-1 step took 0.8137 / 0.8154 ms (seeds 0 / 1) against 0.8562 / 0.8573 without them in the same call,
+#: 0.950x; the attention 8.83 -> 5.34 us per layer in the critical path, the layer 24.5 -> 22.7 us.  Before the cap
+#: (runs 87, 89) the full replay showed no gain (0.8547, 0.8665 ms) while plain and side-by-side replays showed the
+#: same 0.950x (runs 85-88): the wide kernel holds 201 registers per thread (sm90 ptxas; the pipelined one 95), 2
+#: programs per SM, and the split count is static, from the block table's width -- the full bench's 81-page table
+#: gave 41 splits, 328 programs, two waves that kept the early-launched projections from becoming resident (their
+#: critical-path share grew 3.4 -> 5.5 and 2.5 -> 4.8 us); the plain bench's 65 pages gave 33 splits, one wave.
+#: ``FLARE_DECODE_MAXNREG=128`` instead of the cap spills and was slower (0.9086 ms, run 90).
+DECODE_WIDE = True
+
+#: Programs per SM of the wide launch (201 registers per thread at 4 warps, offline sm90 ptxas:
+#: ``scripts/sm90_kernel_check.py``): :func:`fused_decode_wide_splits` keeps its programs in one wave.
+FUSED_DECODE_WIDE_PER_SM = 2
+
+#: SMs assumed where the device has none to report (the interpreter): the H200's.
+DEFAULT_SMS = 132
+
+
+def fused_decode_wide_splits(batch: int, kv_heads: int, device: torch.device) -> int:
+    """The wide launch's split cap: its ``batch * kv_heads * splits`` programs in one wave of
+    :data:`FUSED_DECODE_WIDE_PER_SM` per SM (``device``'s SM count; :data:`DEFAULT_SMS` off CUDA) -- 33 for
+    Qwen3-0.6B's 8 KV heads on the H200's 132 SMs."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
+    return max(1, FUSED_DECODE_WIDE_PER_SM * sms // max(1, batch * kv_heads))
 
 
 def fused_decode_wide(batch: int, groups: int) -> bool:
     """Whether a fused decode launch takes :data:`FUSED_DECODE_WIDE_BLOCK_N`-key blocks (at least a page) and the plain
     key loop instead of whole-page blocks and the software-pipelined loop: when :data:`DECODE_WIDE`
     (``FLARE_DECODE_WIDE``), at one row when the group, rounded up to a power of two, is at most 2 -- the launches
-    whose split count reaches the 64 cap (:func:`fused_decode_num_splits`).  An explicit ``FLARE_DECODE_BLOCK_N``
-    replaces it (both read at each launch, for side-by-side runs).  Other shapes measured on the H200, side by side in
+    whose split count reaches the 64 cap (:func:`fused_decode_num_splits`); their splits are then capped at one wave
+    (:func:`fused_decode_wide_splits`).  An explicit ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch, for side-by-side runs).  Other shapes measured on the H200, side by side in
     one process (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop
     alone 1.027x, 32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key
     blocks over 16 splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop
@@ -670,6 +677,8 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
+    if wide and not num_splits:
+        splits = min(splits, fused_decode_wide_splits(b, kvh, q.device))
     gp = triton.next_power_of_2(g)
     return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                 SP=triton.next_power_of_2(splits), WIDE=wide)

@@ -178,8 +178,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     """``flare::rope_decode_attention_``'s kernel, compiled:
     - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
       key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
-    - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (``FLARE_DECODE_WIDE=1``) are the bits of the
-      explicit 32-key blocks with the plain loop;
+    - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
+      of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
       first launch's) gives the same bits (a read of the old value would differ; the rows of 1 and 33 keys give the
       new key a large weight);
@@ -229,16 +229,19 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_PIPELINE")
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     if tk.fused_decode_wide(len(seq_lens), heads // kv_heads):
-        assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["BLOCK_N"] == 32
+        geo = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+        assert geo["BLOCK_N"] == 32 and geo["SPLITS"] <= tk.fused_decode_wide_splits(1, kv_heads, q.device)
         kp7, vp7 = kp.clone(), vp.clone()
         wide = run(kp7, vp7)
         monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
         monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
+        monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", str(geo["SPLITS"]))  # the knobs' launch has no one-wave cap
         kp8, vp8 = kp.clone(), vp.clone()
         assert bits(run(kp8, vp8), wide) and bits(kp8, kp7) and bits(vp8, vp7), "the wide blocks are not the knobs'"
         assert bits(kp7, kp1) and bits(vp7, vp1), "the wide blocks changed the pools"
         monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
         monkeypatch.delenv("FLARE_DECODE_PIPELINE")
+        monkeypatch.delenv("FLARE_DECODE_MAX_SPLITS")
     monkeypatch.delenv("FLARE_DECODE_WIDE")
     stamps = 2 * tk.PROBE_STAMPS.value
     probe = (torch.zeros(len(seq_lens) * kv_heads * 64, stamps, dtype=torch.int64, device="cuda"),

@@ -281,13 +281,14 @@ def test_early_reduce_rows_switch(monkeypatch):
 
 
 def test_wide_blocks_rule(monkeypatch):
-    """Off by default (:data:`DECODE_WIDE`); with ``FLARE_DECODE_WIDE=1`` one-row fused launches of groups up to 2
-    heads take 32-key blocks (at least a page) and the plain loop; more rows, larger groups, ``FLARE_DECODE_WIDE=0``
-    or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep whole pages; the two-kernel path never widens."""
+    """On by default (:data:`DECODE_WIDE`; ``FLARE_DECODE_WIDE=1`` too): one-row fused launches of groups up to 2
+    heads take 32-key blocks (at least a page) and the plain loop, their splits capped at one wave of 2 programs per
+    SM; more rows, larger groups, ``FLARE_DECODE_WIDE=0`` or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep
+    whole pages; the two-kernel path never widens."""
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
-    assert not tk.DECODE_WIDE and not tk.fused_decode_wide(1, 2)
+    assert tk.DECODE_WIDE and tk.fused_decode_wide(1, 2)
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     assert [tk.fused_decode_wide(b, g) for b, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (4, 1))] == [
         True, True, False, False, False, False]
@@ -306,6 +307,15 @@ def test_wide_blocks_rule(monkeypatch):
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
     assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
+
+    # Qwen3-0.6B's shape (16 heads, 8 KV heads) with a 4096-key table: 128 blocks of 32 keys would take the 64-split
+    # cap (512 programs, two waves at 2 per SM); capped at one wave of the SMs the interpreter assumes (132)
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(16, 8, 32, (40,), width=256, seed=3)
+    wide = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    assert wide["WIDE"] and wide["SPLITS"] * 8 <= 2 * tk.DEFAULT_SMS < (wide["SPLITS"] + 1) * 8
+    assert tk._decode_geometry("test", q, kp, vp, bt, 48, fused=True)["SPLITS"] == 48  # an explicit count stays
+    monkeypatch.setenv("FLARE_DECODE_WIDE", "0")
+    assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == 64
 
 
 @interpreter
