@@ -766,7 +766,8 @@ DECODE_KV_PREFETCH_ROWS = 1
 #: batch 1: Qwen3-0.6B (an 8 MiB projection) without the prefetch 0.921x the step's time side by side in one process
 #: (``results/20261201T184659Z-sm90-replayin-0.6B``, B faster by the min-max rule; the one-row layer graph 0.961x,
 #: ``results/20261201T184100Z-sm90-run72``); Qwen3-8B (48 MiB) 1.014x slower without it (run 72's layer graph, and
-#: run 53).  24 MiB lies between the two measured sizes.
+#: run 53).  24 MiB lies between the two measured sizes.  With the wide one-row blocks (:data:`DECODE_WIDE`) the
+#: prefetch at Qwen3-0.6B measured 0.9905x, within noise (``results/20261201T225800Z-sm90-run93``): unchanged.
 DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 
