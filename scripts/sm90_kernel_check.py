@@ -115,6 +115,27 @@ def cases(tk):
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},
                 dict(BLOCK=tk.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
+    # the compacted cut at Qwen3's vocabulary (tk.sampling_cut_compact_triton: 38 chunks of 4096)
+    rows = {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1"}
+    mz = {"MC": "*fp32", "ZC": "*fp32"}
+    chunks = dict(C=38, CP=64)
+    bins = dict(NBINS=tk.SAMPLING_CUT_BINS, INV_W=tk.SAMPLING_CUT_INV_W)
+    out.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
+                dict(C=38, CHUNK=4096), dict(num_warps=8)))
+    out.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
+                {**rows, **mz, "H": "*i32", "V": "i32", "stride_y": "i32"}, dict(**chunks, CHUNK=4096, **bins),
+                dict(num_warps=8)))
+    out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1", **mz, "H": "*i32",
+                                                 "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
+                dict(**chunks, **bins), dict(num_warps=8)))
+    out.append(("cut compact 4096", "_cut_compact_kernel",
+                {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "V": "i32", "stride_y": "i32"},
+                dict(**chunks, CHUNK=4096, **bins, BUFN=tk.SAMPLING_CUT_BUFFER), dict(num_warps=8)))
+    out.append((f"cut final {tk.SAMPLING_CUT_CAP}", "_cut_final_kernel",
+                {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
+                 "stride_y": "i32"},
+                dict(**chunks, CAP=tk.SAMPLING_CUT_CAP, BUFN=tk.SAMPLING_CUT_BUFFER, BLOCK=tk.SAMPLING_CUT_BLOCK,
+                     PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
     out.append((f"sorted cut {tk.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
                 dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=tk.SORTED_CUT_SCAN),

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ignition.components.sampling_cut import general_prefix, sampling_cut, sorted_cut
+from ignition.components.sampling_cut import general_prefix, sampling_cut, sampling_cut_compact, sort_free, sorted_cut
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
@@ -260,14 +260,18 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
     in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
 
     With ``max_top_k``: the top ``max_top_k`` values (every row has ``1 <= top_k <= max_top_k``, so its kept set lies
-    inside them).  Without, on CUDA with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off): the top
-    ``N`` values instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not decide
-    (``sampling_cut.py``); otherwise the full sort."""
+    inside them).  Without, on CUDA with ``FLARE_SAMPLER_SORT_FREE=1`` (:func:`sort_free`, default off): every row
+    by ``flare::sampling_cut_compact`` (no sort); with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0:
+    off): the top ``N`` values instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not
+    decide (``sampling_cut.py``); otherwise the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
+    elif y.is_cuda and sort_free():
+        skipped = torch.zeros_like(params.active) if skip is None else skip
+        cut = sampling_cut_compact(y, params.top_k, params.top_p, skipped)
     elif y.is_cuda and n > 0:
         cut = _prefix_cut(y, params, n, torch.zeros_like(params.active) if skip is None else skip)
     else:

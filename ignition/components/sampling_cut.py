@@ -29,9 +29,9 @@ import torch
 from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch, whole
 
-__all__ = ["sampling_cut", "sampling_cut_reference", "sorted_cut", "sorted_cut_op", "sorted_cut_reference",
-           "top_k_threshold", "top_p_threshold", "general_prefix", "GENERAL_PREFIX", "MEASURED_PREFIX",
-           "SORTED_CUT_KERNEL"]
+__all__ = ["sampling_cut", "sampling_cut_compact", "sampling_cut_reference", "sorted_cut", "sorted_cut_op",
+           "sorted_cut_reference", "top_k_threshold", "top_p_threshold", "general_prefix", "sort_free",
+           "GENERAL_PREFIX", "MEASURED_PREFIX", "SORTED_CUT_KERNEL", "SORT_FREE"]
 
 #: Values per row the CUDA general sampler ranks with ``flare::topk_values`` before cutting (``FLARE_SAMPLER_PREFIX=N``
 #: sets it): rows with ``1 <= top_k <= N`` are cut there, the others by :func:`sampling_cut`'s kernel.  Default 0: the
@@ -148,6 +148,31 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
 
         _check(y, top_k, top_p, skip)
         return sampling_cut_triton(y, top_k, top_p, skip)
+    return sampling_cut_reference(y, top_k, top_p, skip)
+
+
+#: Whether the general sampler on CUDA cuts every row with :func:`sampling_cut_compact` (no sort, no prefix;
+#: ``FLARE_SAMPLER_SORT_FREE=1``, read at each trace).  Off: not yet measured on a GPU.
+SORT_FREE = False
+
+
+def sort_free() -> bool:
+    """:data:`SORT_FREE`, or ``FLARE_SAMPLER_SORT_FREE`` when set (read at each trace, for side-by-side runs)."""
+    return switch("FLARE_SAMPLER_SORT_FREE", SORT_FREE)
+
+
+@opaque_op("sampling_cut_compact", mutates_args=(), fake=_fake)
+def sampling_cut_compact(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                         skip: torch.Tensor) -> torch.Tensor:
+    """:func:`sampling_cut` over many programs per row: chunk statistics, bin counts below the row max, the row's
+    largest values compacted and sorted (``triton_kernels.sampling_cut_compact_triton``, five launches; the
+    one-program searches for rows with too many survivors).  The same cut as :func:`sampling_cut` (counts exact, masses
+    in its own fixed order); elsewhere the sorting reference."""
+    if y.is_cuda:
+        from ignition.components.triton_kernels import sampling_cut_compact_triton  # imports triton: CUDA only
+
+        _check(y, top_k, top_p, skip)
+        return sampling_cut_compact_triton(y, top_k, top_p, skip)
     return sampling_cut_reference(y, top_k, top_p, skip)
 
 

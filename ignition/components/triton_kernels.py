@@ -1893,16 +1893,20 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
-                         NB: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    row = Y + b * stride_y
-    ws = WS + b * V
+def _cut_row_needs(TOPK, TOPP, SKIP, b, V):
+    """``(k, p, need_k, need_p)`` of row ``b``: whether it cuts by top-k (``1 <= k < V``) and by top-p (``p < 1``);
+    both False for a skipped row."""
     k = tl.load(TOPK + b)
     p = tl.load(TOPP + b)
     live = tl.load(SKIP + b).to(tl.int32) == 0
-    need_k = live & (k >= 1) & (k < V)
-    need_p = live & (p < 1.0)
+    return k, p, live & (k >= 1) & (k < V), live & (p < 1.0)
+
+
+@triton.jit
+def _cut_row_search(row, ws, V, k, p, need_k, need_p, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
+                    NB: tl.constexpr):
+    """The cut of one row by the bit searches above (``-inf`` when neither is needed): ``K`` by count, then the row
+    max, ``Z`` over the values ``>= K`` and ``P`` by mass."""
     offs0 = tl.arange(0, BLOCK)
     cut = float("-inf")
     lo = tl.full((), 0, tl.uint32)
@@ -1924,7 +1928,15 @@ def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.co
         z = tl.sum(z_acc, axis=0)
         tl.debug_barrier()  # the top-k search's workspace copies are read no more
         cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK, PIPELINE))
-    tl.store(CUT + b, cut)
+    return cut
+
+
+@triton.jit
+def _sampling_cut_kernel(Y, TOPK, TOPP, SKIP, CUT, WS, V, stride_y, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
+                         NB: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    tl.store(CUT + b, _cut_row_search(Y + b * stride_y, WS + b * V, V, k, p, need_k, need_p, BLOCK, PIPELINE, NB))
 
 
 #: Values per block of :func:`sampling_cut_triton`'s passes and its warps: 4 values per thread, 128 registers and 12
@@ -1953,6 +1965,222 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
     blk = min(block, triton.next_power_of_2(x.shape[1]))
     loop = dict(BLOCK=blk, PIPELINE=not _interpreting(), NB=triton.cdiv(x.shape[1], blk) if _interpreting() else 0)
     return x, torch.empty((x.shape[0],), dtype=torch.float32, device=x.device), loop
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The same cut over many programs per row, compacted (``sampling_cut_compact_triton``; ``flare::sampling_cut`` takes it
+# unless ``FLARE_SAMPLING_CUT_COMPACT=0``).  The one-program searches above are compute-bound on one SM (each pass
+# touches every value of the row).  Here five launches, each skipping the rows without a cut:
+#
+# 1. grid (B, C chunks of CHUNK values): each chunk's max ``m_c`` and ``z_c = sum exp(y - m_c)``;
+# 2. grid (B, C): the row max ``m`` (from the C maxima) and each chunk's count histogram of the bins
+#    ``min(floor((m - y) * INV_W), NBINS - 1)`` (``tl.histogram``: exact counts; bin 0 holds the largest values);
+# 3. grid (B,): the plan -- the histograms summed over chunks; the bin ``j`` that holds the k-th largest value (top-k
+#    rows), or (top-p rows without top-k) the first bin below which an upper bound of the mass (count * exp(-(i - 1)
+#    / INV_W) for bin i, a bin of margin for rounding) is at most ``(1 - top_p) * Z`` with ``Z = sum z_c exp(m_c -
+#    m)``; the survivors are the values of bins ``<= j`` -- the largest values of the row, ties included -- and,
+#    when at most CAP, each chunk's offset among them;
+# 4. grid (B, C): each chunk copies its survivors in order to the row's buffer (at most BUFFER of them);
+# 5. grid (B,): up to CAP survivors sorted (``tl.sort``), the k-th value read at k - 1, and the top-p threshold the
+#    first value whose cumulative mass (over the values ``>= K``, Z from the buffer; without top-k the row's Z)
+#    reaches ``top_p * Z``; up to BUFFER survivors, the one-program searches above over them.  Rows whose survivors
+#    exceed BUFFER, or whose survivors do not reach ``top_p * Z`` (rounding), take the searches on the whole row --
+#    the same cut, slower.
+#
+# Counts are exact, so K is the definition's; the masses are fp32 sums in this pipeline's own fixed order (the same
+# every run), so P can differ from the sorted reference's only where the mass above a value is within rounding of
+# ``top_p``.  Not yet measured on a GPU (interpreter tests only).
+
+
+@triton.jit
+def _cut_row_m_z(MC, ZC, b, C: tl.constexpr, CP: tl.constexpr):
+    """``(m, Z)`` of row ``b`` from its C chunks' ``(m_c, z_c)``: the max (0 for a row of -inf) and
+    ``sum z_c exp(m_c - m)`` in chunk order's tree."""
+    offs = tl.arange(0, CP)
+    mc = tl.load(MC + b * C + offs, mask=offs < C, other=float("-inf"))
+    zc = tl.load(ZC + b * C + offs, mask=offs < C, other=0.0)
+    m = tl.max(mc, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    return m, tl.sum(tl.where(offs < C, zc * tl.exp(mc - m), 0.0), axis=0)
+
+
+@triton.jit
+def _cut_bins(x, m, INV_W: tl.constexpr, NBINS: tl.constexpr):
+    """The bin of each value: ``floor((m - x) * INV_W)``, at most ``NBINS - 1`` (-inf: the last); monotone in x."""
+    return tl.minimum((m - x) * INV_W, NBINS - 1.0).to(tl.int32)
+
+
+@triton.jit
+def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    if need_k | need_p:
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+        mc = tl.max(x, axis=0)
+        tl.store(MC + b * C + c, mc)
+        tl.store(ZC + b * C + c, tl.sum(tl.exp(x - tl.where(mc == float("-inf"), 0.0, mc)), axis=0))
+
+
+@triton.jit
+def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.constexpr, CP: tl.constexpr,
+                           CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    if need_k | need_p:
+        m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
+        offs = c * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+        hist = tl.histogram(_cut_bins(x, m, INV_W, NBINS), NBINS, mask=offs < V)
+        tl.store(H + (b * C + c) * NBINS + tl.arange(0, NBINS), hist)
+
+
+@triton.jit
+def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr, CP: tl.constexpr,
+                     NBINS: tl.constexpr, INV_W: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    if need_k | need_p:
+        m, z = _cut_row_m_z(MC, ZC, b, C, CP)
+        offs_c = tl.arange(0, CP)
+        j = tl.arange(0, NBINS)
+        hist = tl.load(H + (b * C + offs_c[:, None]) * NBINS + j[None, :], mask=(offs_c < C)[:, None], other=0)
+        total = tl.sum(hist, axis=0)  # [NBINS]
+        cum = tl.cumsum(total, axis=0)
+        bin_k = tl.min(tl.where(cum >= k, j, NBINS - 1), axis=0)
+        # an upper bound of each bin's mass (its values lie at least j / INV_W below m; a bin of margin for rounding)
+        # and of the mass below each bin: the survivors hold at least top_p * Z once that is <= (1 - top_p) * Z
+        high = total.to(tl.float32) * tl.exp(-(j - 1).to(tl.float32) / INV_W)
+        below = tl.cumsum(high, axis=0, reverse=True) - high
+        bin_p = tl.min(tl.where(below <= (1.0 - p) * z, j, NBINS - 1), axis=0)
+        last = tl.where(need_k, bin_k, bin_p)
+        per_chunk = tl.sum(tl.where(j[None, :] <= last, hist, 0), axis=1)  # [CP] survivors per chunk
+        n = tl.sum(per_chunk, axis=0)
+        tl.store(PLAN + b * 2, last)
+        tl.store(PLAN + b * 2 + 1, n)
+        tl.store(OFF + b * C + offs_c, tl.cumsum(per_chunk, axis=0) - per_chunk, mask=offs_c < C)
+
+
+@triton.jit
+def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, V, stride_y, C: tl.constexpr,
+                        CP: tl.constexpr, CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
+                        BUFN: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    if need_k | need_p:
+        if tl.load(PLAN + b * 2 + 1) <= BUFN:
+            m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
+            offs = c * CHUNK + tl.arange(0, CHUNK)
+            x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+            keep = (offs < V) & (_cut_bins(x, m, INV_W, NBINS) <= tl.load(PLAN + b * 2))
+            at = tl.load(OFF + b * C + c) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+            tl.store(BUF + b * BUFN + at, x, mask=keep)
+
+
+@triton.jit
+def _cut_buffer_mass(src, n, lo, m, BLOCK: tl.constexpr):
+    """``sum exp(x - m)`` over the ``n`` values of ``src`` whose keys are ``>= lo`` (blocks of BLOCK, in order)."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    start = 0
+    while start < n:
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < n, other=float("-inf"))
+        acc += tl.where((offs < n) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
+        start += BLOCK
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride_y, C: tl.constexpr,
+                      CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
+                      PIPELINE: tl.constexpr, NB: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    cut = float("-inf")
+    done = tl.full((), True, tl.int1)
+    if need_k | need_p:
+        n = tl.load(PLAN + b * 2 + 1)
+        m, z_row = _cut_row_m_z(MC, ZC, b, C, CP)
+        src = BUF + b * BUFN
+        done = n <= BUFN
+        if n <= CAP:  # few survivors: sorted in registers
+            i = tl.arange(0, CAP)
+            s = tl.sort(tl.load(src + i, mask=i < n, other=float("-inf")), descending=True)
+            kth = tl.max(tl.where(need_k & (i == k - 1), s, float("-inf")), axis=0)
+            cut = kth
+            if need_p:
+                w = tl.where((i < n) & (s >= kth), tl.exp(s - m), 0.0)
+                z = tl.where(need_k, tl.sum(w, axis=0), z_row)
+                first = tl.min(tl.where(tl.cumsum(w, axis=0) >= p * z, i, CAP), axis=0)
+                done = first < n  # else the buffer holds too little mass (rounding): the whole row decides
+                cut = tl.maximum(kth, tl.max(tl.where(i == first, s, float("-inf")), axis=0))
+        elif done:  # more: the searches over the survivors (the values above any survivor are survivors too)
+            lo = tl.full((), 0, tl.uint32)
+            if need_k:
+                lo = _cut_search(src, WS + b * V, n, lo, 0.0, k, False, BLOCK, False)
+                cut = _cut_value(lo)
+            if need_p:
+                held = _cut_buffer_mass(src, n, lo, m, BLOCK)
+                z = tl.where(need_k, held, z_row)
+                done = held >= p * z
+                if done:
+                    tl.debug_barrier()  # the top-k search's workspace copies are read no more
+                    cut = _cut_value(_cut_search(src, WS + b * V, n, lo, m, p * z, True, BLOCK, False))
+    if not done:
+        cut = _cut_row_search(Y + b * stride_y, WS + b * V, V, k, p, need_k, need_p, BLOCK, PIPELINE, NB)
+    tl.store(CUT + b, cut)
+
+
+#: The compacted cut's constants (:func:`sampling_cut_compact_triton`): survivors per row sorted by one program at
+#: most (more: searched), survivors per row compacted at most (more: the whole row searched), bins of ``1 / INV_W``
+#: nats below the row max, their count (the last bin takes everything further down), and the largest chunk count per
+#: row (the chunk grows with the vocabulary beyond ``CHUNKS * 4096``).
+SAMPLING_CUT_CAP = 2048
+SAMPLING_CUT_BUFFER = 16384
+SAMPLING_CUT_INV_W = 8
+SAMPLING_CUT_BINS = 256
+SAMPLING_CUT_CHUNKS = 64
+
+
+def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+                                *, chunk: int | None = None, cap: int = SAMPLING_CUT_CAP,
+                                buffer: int = SAMPLING_CUT_BUFFER, block: int = SAMPLING_CUT_BLOCK,
+                                plan: torch.Tensor | None = None) -> torch.Tensor:
+    """``flare::sampling_cut`` over many programs per row (see above): the cut of :func:`sampling_cut_triton`.
+    ``chunk`` / ``cap`` / ``buffer`` (powers of two): values per chunk (default: at least 4096, at most
+    :data:`SAMPLING_CUT_CHUNKS` chunks), the survivors sorted at most and compacted at most; ``plan``: an optional ``[B, 2]`` int32 that receives
+    each row's last bin and survivor count (tests: which rows took the buffer); ``block``: the searches' block (rows
+    whose survivors exceed ``cap``).  Shapes are checked by the op."""
+    y, cut, loop = _row_cut_setup(y, block)
+    b, v = y.shape
+    chunk = chunk or max(4096, triton.next_power_of_2(triton.cdiv(v, SAMPLING_CUT_CHUNKS)))
+    if chunk & (chunk - 1) or cap & (cap - 1) or buffer & (buffer - 1) or cap > buffer:
+        raise ValueError(f"sampling_cut_compact_triton: chunk {chunk}, cap {cap} and buffer {buffer} must be powers "
+                         "of two, cap <= buffer")
+    c = triton.cdiv(v, chunk)
+    plan = torch.zeros((b, 2), dtype=torch.int32, device=y.device) if plan is None else plan
+    if b == 0:
+        return cut
+    f32 = dict(dtype=torch.float32, device=y.device)
+    mc, zc, buf, ws = (torch.empty((b, c), **f32), torch.empty((b, c), **f32), torch.empty((b, buffer), **f32),
+                       torch.empty((b, v), **f32))
+    hist = torch.empty((b, c, SAMPLING_CUT_BINS), dtype=torch.int32, device=y.device)
+    off = torch.empty((b, c), dtype=torch.int32, device=y.device)
+    rows = (y, top_k.contiguous(), top_p.contiguous(), skip.contiguous())
+    bins = dict(NBINS=SAMPLING_CUT_BINS, INV_W=SAMPLING_CUT_INV_W)
+    cp = triton.next_power_of_2(c)
+    _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8)
+    _cut_chunk_hist_kernel[(b, c)](*rows, mc, zc, hist, v, y.stride(0), C=c, CP=cp, CHUNK=chunk, **bins,
+                                   num_warps=8)
+    _cut_plan_kernel[(b,)](*rows[1:], mc, zc, hist, plan, off, v, C=c, CP=cp, **bins, num_warps=8)
+    _cut_compact_kernel[(b, c)](*rows, mc, zc, plan, off, buf, v, y.stride(0), C=c, CP=cp, CHUNK=chunk,
+                                BUFN=buffer, **bins, num_warps=8)
+    _cut_final_kernel[(b,)](*rows, mc, zc, plan, buf, cut, ws, v, y.stride(0), C=c, CP=cp, CAP=cap, BUFN=buffer,
+                            **loop, num_warps=SAMPLING_CUT_WARPS)
+    return cut
 
 
 # ------------------------------------------------------------------------------------------------------------

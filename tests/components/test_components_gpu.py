@@ -358,12 +358,17 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
     assert torch.equal(out, want)
 
 
-def test_sampling_cut_on_this_gpu():
-    """``flare::sampling_cut``'s sort-free kernel on vocabulary-sized rows: the definition (``_cut64``, float64)
-    up to top-p near ties, the sorting reference bit for bit where top-k alone cuts, eager and captured."""
+@pytest.mark.parametrize("op_name", ["sampling_cut", "sampling_cut_compact"])
+def test_sampling_cut_on_this_gpu(op_name):
+    """``flare::sampling_cut``'s sort-free kernel and ``flare::sampling_cut_compact``'s five launches on
+    vocabulary-sized rows: the definition (``_cut64``, float64) up to top-p near ties, the sorting reference bit for
+    bit where top-k alone cuts, eager and captured."""
     from test_sampling_cut import _assert_cuts, _rows
 
-    from ignition.components.sampling_cut import sampling_cut, sampling_cut_reference
+    from ignition.components import sampling_cut as ops
+    from ignition.components.sampling_cut import sampling_cut_reference
+
+    sampling_cut = getattr(ops, op_name)
 
     b = 10
     y = _rows(b, VOCAB, 5).cuda()
@@ -383,9 +388,11 @@ def test_sampling_cut_on_this_gpu():
     assert torch.equal(out, got)
 
 
-def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
-    """The general sampler's CUDA route (``FLARE_SAMPLER_PREFIX=64``: top 64, the op for the other rows) keeps what
-    the full sort keeps, up to top-p near ties, and draws the same tokens."""
+@pytest.mark.parametrize("route", ["prefix", "sort-free"])
+def test_general_sampler_routes_agree_on_this_gpu(monkeypatch, route):
+    """The general sampler's CUDA routes (``FLARE_SAMPLER_PREFIX=64``: top 64, the op for the other rows;
+    ``FLARE_SAMPLER_SORT_FREE=1``: ``flare::sampling_cut_compact`` for every row) keep what the full sort keeps, up to
+    top-p near ties, and draw the same tokens."""
     from test_sampling_cut import _cut64
 
     from ignition.components.sampling import apply_min_p, apply_temperature, filter_logits
@@ -397,10 +404,14 @@ def test_general_sampler_routes_agree_on_this_gpu(monkeypatch):
     rows = [{"temperature": [0.0, 0.8, 1.0, 0.6][r % 4], "top_k": [0, 20, 100, 64][r % 4],
              "top_p": [0.95, 0.9, 1.0, 0.5, 0.99][r % 5], "min_p": [0.0, 0.01][r % 2], "seed": r} for r in range(b)]
     params = SamplingTensors.from_resolved(rows, b, vocab_size=VOCAB, device="cuda")
-    monkeypatch.setenv("FLARE_SAMPLER_PREFIX", str(MEASURED_PREFIX))
+    if route == "prefix":
+        monkeypatch.setenv("FLARE_SAMPLER_PREFIX", str(MEASURED_PREFIX))
+    else:
+        monkeypatch.setenv("FLARE_SAMPLER_SORT_FREE", "1")
     _, routed = filter_logits(logits, params)
     tokens_routed = sample(logits, params)
     monkeypatch.setenv("FLARE_SAMPLER_PREFIX", "0")
+    monkeypatch.setenv("FLARE_SAMPLER_SORT_FREE", "0")
     x, full = filter_logits(logits, params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)  # what both routes cut
     for r in range(b):

@@ -8,7 +8,8 @@ is accepted; the top-k part and every other case must be exact.
 - CPU: the op's reference (the sort) against ``_cut64`` and against the sampler's full-sort path; the sampler's CUDA
   route (top ``n`` values, the op for the other rows) run on CPU against the full sort; arguments checked by name.
 - Interpreter (CPU machines with Triton): the sort-free kernel against ``_cut64`` -- ties, ``-inf`` (min-p), signed
-  zeros, a constant row, ``top_k`` at and beyond the row length, skipped rows, blocks that do not divide the row.
+  zeros, a constant row, ``top_k`` at and beyond the row length, skipped rows, blocks that do not divide the row; the
+  compacted pipeline (``flare::sampling_cut_compact``) the same way, each of its three ends.
 - The vocabulary-sized rows on the H200 are in ``test_components_gpu.py``.
 """
 
@@ -147,6 +148,64 @@ def test_triton_kernel_is_the_definition(b, v, block):
     ref = sampling_cut_reference(y, top_k, top_p, skip)
     exact = (top_p >= 1.0) | skip  # top-k alone: counts, no rounding
     assert torch.equal(got[exact], ref[exact])
+
+
+@interpreter
+@pytest.mark.parametrize("b,v,chunk,cap,buffer,ends", [(12, 2000, 256, 2048, 2048, False),
+                                                       (12, 2000, 256, 64, 512, True), (12, 2000, 256, 16, 64, True),
+                                                       (5, 777, 128, 256, 256, False), (1, 64, 64, 64, 64, False),
+                                                       (0, 100, 64, 64, 64, False)])
+def test_compact_kernels_are_the_definition(b, v, chunk, cap, buffer, ends):
+    """``flare::sampling_cut_compact``'s five launches against the definition (the rows and mixes above), with
+    chunks that do not divide the row and caps small enough that each of its three ends runs: survivors sorted (at
+    most ``cap``), searched in the buffer (at most ``buffer``), the whole row searched (more)."""
+    from ignition.components.triton_kernels import sampling_cut_compact_triton
+
+    y = _rows(b, v, v + chunk)
+    top_k, top_p = _params(v, b)
+    skip = torch.zeros(b, dtype=torch.bool)
+    if b > 6:
+        skip[6] = True
+    plan = torch.zeros((b, 2), dtype=torch.int32)
+    got = sampling_cut_compact_triton(y, top_k, top_p, skip, chunk=chunk, cap=cap, buffer=buffer, block=256,
+                                      plan=plan)
+    assert got.shape == (b,) and got.dtype == torch.float32
+    _assert_cuts(y, top_k, top_p, skip, got)
+    ref = sampling_cut_reference(y, top_k, top_p, skip)
+    exact = (top_p >= 1.0) | skip  # top-k alone: counts, no rounding
+    assert torch.equal(got[exact], ref[exact])
+    cuts = (((top_k >= 1) & (top_k < v)) | (top_p < 1.0)) & ~skip
+    survivors = plan[:, 1][cuts].tolist()
+    if ends:  # every end runs
+        assert min(survivors) <= cap and any(cap < n <= buffer for n in survivors) and max(survivors) > buffer
+    for i in range(b):  # the survivors: the largest values, ties included, at least the k-th
+        if cuts[i]:
+            n = int(plan[i, 1])
+            s = torch.sort(y[i], descending=True).values
+            assert n == v or s[n - 1] > s[n], (i, n)
+            assert not (1 <= top_k[i] < v) or n >= top_k[i], (i, n)
+
+
+def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
+    """``flare::sampling_cut_compact``: its CPU path is the reference, bad arguments name themselves, it traces, and
+    the sampler takes it only on CUDA with ``FLARE_SAMPLER_SORT_FREE=1`` (CPU rows: the full sort either way)."""
+    from ignition.components.sampling_cut import SORT_FREE, sampling_cut_compact, sort_free
+
+    y = _rows(3, 300, 2)
+    top_k, top_p = _params(300, 3)
+    skip = torch.zeros(3, dtype=torch.bool)
+    assert torch.equal(sampling_cut_compact(y, top_k, top_p, skip), sampling_cut_reference(y, top_k, top_p, skip))
+    with pytest.raises(ValueError, match="top_p"):
+        sampling_cut_compact(y, top_k, top_p[:2], skip)
+    fn = torch.compile(lambda *a: sampling_cut_compact(*a) * 2.0, backend="aot_eager", fullgraph=True)
+    assert torch.equal(fn(y, top_k, top_p, skip), sampling_cut_reference(y, top_k, top_p, skip) * 2.0)
+    assert not SORT_FREE and not sort_free()
+    monkeypatch.setenv("FLARE_SAMPLER_SORT_FREE", "1")
+    assert sort_free()
+    rows = [{"temperature": 1.0, "top_k": int(top_k[i]), "top_p": float(top_p[i]), "seed": i} for i in range(3)]
+    _, filtered = filter_logits(y, SamplingTensors.from_resolved(rows, 3))
+    cut = sampling_cut_reference(y, top_k, top_p, skip)
+    assert torch.equal(filtered, y.masked_fill(y < cut[:, None], float("-inf")))
 
 
 def _sorted_cases(b: int, v: int, seed: int):
