@@ -2161,7 +2161,7 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
         raise ValueError(f"sampling_cut_compact_triton: chunk {chunk}, cap {cap} and buffer {buffer} must be powers "
                          "of two, cap <= buffer")
     c = triton.cdiv(v, chunk)
-    plan = torch.zeros((b, 2), dtype=torch.int32, device=y.device) if plan is None else plan
+    plan = torch.empty((b, 2), dtype=torch.int32, device=y.device) if plan is None else plan  # rows with a cut only
     if b == 0:
         return cut
     f32 = dict(dtype=torch.float32, device=y.device)
