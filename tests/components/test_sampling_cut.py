@@ -186,6 +186,31 @@ def test_compact_kernels_are_the_definition(b, v, chunk, cap, buffer, ends):
             assert not (1 <= top_k[i] < v) or n >= top_k[i], (i, n)
 
 
+@interpreter
+def test_compact_kernels_on_peaked_and_flat_rows():
+    """Rows shaped like a language model's (a few logits far above a flat bulk, at several temperatures) and flat
+    ones, random top_k / top_p: the compacted cut is the definition up to top-p near ties, whichever end decides."""
+    from ignition.components.triton_kernels import sampling_cut_compact_triton
+
+    g = torch.Generator().manual_seed(11)
+    b, v = 16, 1500
+    y = torch.randn(b, v, generator=g)
+    for r in range(b):
+        head = torch.randint(0, v, (1 + r % 7,), generator=g)
+        y[r, head] += torch.rand(len(head), generator=g) * 12  # a few values far above the rest
+        y[r] /= [0.3, 0.7, 1.0, 2.0][r % 4]  # temperatures
+    top_k = torch.randint(0, 80, (b,), generator=g, dtype=torch.int32) * (torch.arange(b) % 3 != 0)
+    top_p = torch.tensor([0.5, 0.9, 0.95, 0.99, 1.0, 0.8, 0.3, 0.999] * 2)
+    skip = torch.zeros(b, dtype=torch.bool)
+    plan = torch.zeros((b, 2), dtype=torch.int32)
+    got = sampling_cut_compact_triton(y, top_k.to(torch.int32), top_p, skip, chunk=256, cap=64, buffer=256,
+                                      block=256, plan=plan)
+    _assert_cuts(y, top_k, top_p, skip, got)
+    cuts = ((top_k >= 1) | (top_p < 1.0)).tolist()
+    ends = {0 if n <= 64 else 1 if n <= 256 else 2 for n, c in zip(plan[:, 1].tolist(), cuts) if c}
+    assert ends == {0, 1, 2}, plan[:, 1].tolist()
+
+
 def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
     """``flare::sampling_cut_compact``: its CPU path is the reference, bad arguments name themselves, it traces, and
     the sampler takes it only on CUDA with ``FLARE_SAMPLER_SORT_FREE=1`` (CPU rows: the full sort either way)."""
