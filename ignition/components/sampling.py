@@ -269,11 +269,10 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
-    elif y.is_cuda and sort_free():
+    elif y.is_cuda and (sort_free() or n > 0):
         skipped = torch.zeros_like(params.active) if skip is None else skip
-        cut = sampling_cut_compact(y, params.top_k, params.top_p, skipped)
-    elif y.is_cuda and n > 0:
-        cut = _prefix_cut(y, params, n, torch.zeros_like(params.active) if skip is None else skip)
+        cut = (sampling_cut_compact(y, params.top_k, params.top_p, skipped) if sort_free()
+               else _prefix_cut(y, params, n, skipped))
     else:
         cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
     return x, y.masked_fill(y < cut[:, None], float("-inf"))

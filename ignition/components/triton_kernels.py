@@ -626,8 +626,8 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
     (``FLARE_DECODE_WIDE``), at one row when the group, rounded up to a power of two, is at most 2 -- the launches
     whose split count reaches the 64 cap (:func:`fused_decode_num_splits`); their splits are then capped at one wave
     (:func:`fused_decode_wide_splits`).  An explicit ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch,
-    for side-by-side runs).  Other shapes measured on the H200, side by side in one process (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop
-    alone 1.027x, 32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key
+    for side-by-side runs).  Other shapes measured on the H200, side by side in one process
+    (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key
     blocks over 16 splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop
     alone 0.9998x (within noise)."""
     return (batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2
@@ -1903,6 +1903,25 @@ def _cut_row_needs(TOPK, TOPP, SKIP, b, V):
 
 
 @triton.jit
+def _cut_mass(src, n, lo, m, BLOCK: tl.constexpr, PIPELINE: tl.constexpr):
+    """``sum exp(x - m)`` over the ``n`` values of ``src`` whose keys are ``>= lo``, in blocks of BLOCK (compiled: a
+    pipelined ``range`` loop; the interpreter: a ``while`` loop over the same blocks)."""
+    offs0 = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    if PIPELINE:
+        for start in range(0, n, BLOCK):
+            x = tl.load(src + start + offs0, mask=start + offs0 < n, other=float("-inf"))
+            acc += tl.where((start + offs0 < n) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
+    else:
+        start = 0
+        while start < n:
+            x = tl.load(src + start + offs0, mask=start + offs0 < n, other=float("-inf"))
+            acc += tl.where((start + offs0 < n) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
+            start += BLOCK
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
 def _cut_row_search(row, ws, V, k, p, need_k, need_p, BLOCK: tl.constexpr, PIPELINE: tl.constexpr,
                     NB: tl.constexpr):
     """The cut of one row by the bit searches above (``-inf`` when neither is needed): ``K`` by count, then the row
@@ -1920,12 +1939,7 @@ def _cut_row_search(row, ws, V, k, p, need_k, need_p, BLOCK: tl.constexpr, PIPEL
             m_acc = tl.maximum(m_acc, tl.load(row + offs, mask=offs < V, other=float("-inf")))
         m = tl.max(m_acc, axis=0)
         m = tl.where(m == float("-inf"), 0.0, m)
-        z_acc = tl.zeros([BLOCK], tl.float32)
-        for i in range(0, tl.cdiv(V, BLOCK) if PIPELINE else NB):
-            offs = i * BLOCK + offs0
-            x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-            z_acc += tl.where((offs < V) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
-        z = tl.sum(z_acc, axis=0)
+        z = _cut_mass(row, V, lo, m, BLOCK, PIPELINE)
         tl.debug_barrier()  # the top-k search's workspace copies are read no more
         cut = _cut_value(_cut_search(row, ws, V, lo, m, p * z, True, BLOCK, PIPELINE))
     return cut
@@ -2081,19 +2095,6 @@ def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, V, stride_y
 
 
 @triton.jit
-def _cut_buffer_mass(src, n, lo, m, BLOCK: tl.constexpr):
-    """``sum exp(x - m)`` over the ``n`` values of ``src`` whose keys are ``>= lo`` (blocks of BLOCK, in order)."""
-    acc = tl.zeros([BLOCK], tl.float32)
-    start = 0
-    while start < n:
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(src + offs, mask=offs < n, other=float("-inf"))
-        acc += tl.where((offs < n) & (_cut_key(x) >= lo), tl.exp(x - m), 0.0)
-        start += BLOCK
-    return tl.sum(acc, axis=0)
-
-
-@triton.jit
 def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride_y, C: tl.constexpr,
                       CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
                       PIPELINE: tl.constexpr, NB: tl.constexpr):
@@ -2120,15 +2121,15 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride
         elif done:  # more: the searches over the survivors (the values above any survivor are survivors too)
             lo = tl.full((), 0, tl.uint32)
             if need_k:
-                lo = _cut_search(src, WS + b * V, n, lo, 0.0, k, False, BLOCK, False)
+                lo = _cut_search(src, WS + b * V, n, lo, 0.0, k, False, BLOCK, PIPELINE)
                 cut = _cut_value(lo)
             if need_p:
-                held = _cut_buffer_mass(src, n, lo, m, BLOCK)
+                held = _cut_mass(src, n, lo, m, BLOCK, PIPELINE)
                 z = tl.where(need_k, held, z_row)
                 done = held >= p * z
                 if done:
                     tl.debug_barrier()  # the top-k search's workspace copies are read no more
-                    cut = _cut_value(_cut_search(src, WS + b * V, n, lo, m, p * z, True, BLOCK, False))
+                    cut = _cut_value(_cut_search(src, WS + b * V, n, lo, m, p * z, True, BLOCK, PIPELINE))
     if not done:
         cut = _cut_row_search(Y + b * stride_y, WS + b * V, V, k, p, need_k, need_p, BLOCK, PIPELINE, NB)
     tl.store(CUT + b, cut)
