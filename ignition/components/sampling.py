@@ -260,10 +260,10 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
     in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
 
     With ``max_top_k``: the top ``max_top_k`` values (every row has ``1 <= top_k <= max_top_k``, so its kept set lies
-    inside them).  Without, on CUDA with ``FLARE_SAMPLER_SORT_FREE=1`` (:func:`sort_free`, default off): every row
-    by ``flare::sampling_cut_compact`` (no sort); with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0:
-    off): the top ``N`` values instead of the full sort, and ``flare::sampling_cut`` for the rows whose cut they do not
-    decide (``sampling_cut.py``); otherwise the full sort."""
+    inside them).  Without, on CUDA: with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off) the
+    top ``N`` values, and ``flare::sampling_cut`` for the rows whose cut they do not decide (``sampling_cut.py``);
+    otherwise (:func:`sort_free`, default on; ``FLARE_SAMPLER_SORT_FREE=0``: the full sort) every row by
+    ``flare::sampling_cut_compact`` (no sort).  Elsewhere the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
     n = min(general_prefix(), y.shape[-1])
@@ -271,8 +271,8 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
     elif y.is_cuda and (sort_free() or n > 0):
         skipped = torch.zeros_like(params.active) if skip is None else skip
-        cut = (sampling_cut_compact(y, params.top_k, params.top_p, skipped) if sort_free()
-               else _prefix_cut(y, params, n, skipped))
+        cut = (_prefix_cut(y, params, n, skipped) if n > 0
+               else sampling_cut_compact(y, params.top_k, params.top_p, skipped))
     else:
         cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
     return x, y.masked_fill(y < cut[:, None], float("-inf"))

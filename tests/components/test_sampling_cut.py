@@ -213,7 +213,8 @@ def test_compact_kernels_on_peaked_and_flat_rows():
 
 def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
     """``flare::sampling_cut_compact``: its CPU path is the reference, bad arguments name themselves, it traces, and
-    the sampler takes it only on CUDA with ``FLARE_SAMPLER_SORT_FREE=1`` (CPU rows: the full sort either way)."""
+    the sampler takes it on CUDA by default, ``FLARE_SAMPLER_SORT_FREE=0`` the full sort (CPU rows: the full sort
+    either way)."""
     from ignition.components.sampling_cut import SORT_FREE, sampling_cut_compact, sort_free
 
     y = _rows(3, 300, 2)
@@ -224,7 +225,9 @@ def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
         sampling_cut_compact(y, top_k, top_p[:2], skip)
     fn = torch.compile(lambda *a: sampling_cut_compact(*a) * 2.0, backend="aot_eager", fullgraph=True)
     assert torch.equal(fn(y, top_k, top_p, skip), sampling_cut_reference(y, top_k, top_p, skip) * 2.0)
-    assert not SORT_FREE and not sort_free()
+    assert SORT_FREE and sort_free()
+    monkeypatch.setenv("FLARE_SAMPLER_SORT_FREE", "0")
+    assert not sort_free()
     monkeypatch.setenv("FLARE_SAMPLER_SORT_FREE", "1")
     assert sort_free()
     rows = [{"temperature": 1.0, "top_k": int(top_k[i]), "top_p": float(top_p[i]), "seed": i} for i in range(3)]
