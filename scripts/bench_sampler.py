@@ -12,7 +12,8 @@ is written into them between timing blocks, not compiled again:
 - ``k20``: every row sampled with top_k 20, top_p 0.95;
 - ``k0-p95``: top_k off, top_p 0.95 (the op's mass search over the whole row);
 - ``k1000``: top_k 1000, top_p 1 (the op's count search);
-- ``k0-p1``: top_k off, top_p 1 (no cut).
+- ``k0-p1``: top_k off, top_p 1 (no cut);
+- ``hot-p95``: temperature 3 (logits ~ N(0, 1) nats: a flat row, the nucleus most of it), top_k off, top_p 0.95.
 
 Then ``flare::sampling_cut``'s kernel alone (``--cut-configs``: warps x block), on the mixes that reach its
 searches, captured one launch per graph.
@@ -48,6 +49,7 @@ MIXES = {
     "k0-p95": lambda r: {**SAMPLED, "top_k": 0},
     "k1000": lambda r: {**SAMPLED, "top_k": 1000, "top_p": 1.0},
     "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
+    "hot-p95": lambda r: {**SAMPLED, "temperature": 3.0, "top_k": 0},
 }
 #: Each route's environment (read at trace time): the full sort with the traced cut, the top-n prefix route, the
 #: full sort with ``flare::sorted_cut``'s one-launch cut (``FLARE_SORTED_CUT_KERNEL``, the default), and no sort at

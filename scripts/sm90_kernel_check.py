@@ -127,12 +127,13 @@ def cases(tk):
                 dict(num_warps=8)))
     out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1", **mz, "H": "*i32",
                                                  "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
-                dict(**chunks, **bins), dict(num_warps=8)))
+                dict(**chunks, **bins, MARGIN=tk.SAMPLING_CUT_MARGIN), dict(num_warps=16)))
     out.append(("cut compact 4096", "_cut_compact_kernel",
-                {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "V": "i32", "stride_y": "i32"},
+                {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "MA": "*fp32", "V": "i32",
+                 "stride_y": "i32"},
                 dict(**chunks, CHUNK=4096, **bins, BUFN=tk.SAMPLING_CUT_BUFFER), dict(num_warps=8)))
     out.append((f"cut final {tk.SAMPLING_CUT_CAP}", "_cut_final_kernel",
-                {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
+                {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "MA": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
                  "stride_y": "i32"},
                 dict(**chunks, CAP=tk.SAMPLING_CUT_CAP, BUFN=tk.SAMPLING_CUT_BUFFER, BLOCK=tk.SAMPLING_CUT_BLOCK,
                      PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))

@@ -1982,28 +1982,34 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The same cut over many programs per row, compacted (``sampling_cut_compact_triton``; ``flare::sampling_cut`` takes it
-# unless ``FLARE_SAMPLING_CUT_COMPACT=0``).  The one-program searches above are compute-bound on one SM (each pass
-# touches every value of the row).  Here five launches, each skipping the rows without a cut:
+# The same cut over many programs per row, compacted (``sampling_cut_compact_triton``: ``flare::sampling_cut_compact``,
+# the general sampler's cut on CUDA unless ``FLARE_SAMPLER_SORT_FREE=0``).  The one-program searches above are
+# compute-bound on one SM (each pass touches every value of the row).  Here five launches, each skipping the rows
+# without a cut:
 #
 # 1. grid (B, C chunks of CHUNK values): each chunk's max ``m_c`` and ``z_c = sum exp(y - m_c)``;
 # 2. grid (B, C): the row max ``m`` (from the C maxima) and each chunk's count histogram of the bins
 #    ``min(floor((m - y) * INV_W), NBINS - 1)`` (``tl.histogram``: exact counts; bin 0 holds the largest values);
-# 3. grid (B,): the plan -- the histograms summed over chunks; the bin ``j`` that holds the k-th largest value (top-k
-#    rows), or (top-p rows without top-k) the first bin below which an upper bound of the mass (count * exp(-(i - 1)
-#    / INV_W) for bin i, a bin of margin for rounding) is at most ``(1 - top_p) * Z`` with ``Z = sum z_c exp(m_c -
-#    m)``; the survivors are the values of bins ``<= j`` -- the largest values of the row, ties included -- and,
-#    when at most CAP, each chunk's offset among them;
-# 4. grid (B, C): each chunk copies its survivors in order to the row's buffer (at most BUFFER of them);
-# 5. grid (B,): up to CAP survivors sorted (``tl.sort``), the k-th value read at k - 1, and the top-p threshold the
-#    first value whose cumulative mass (over the values ``>= K``, Z from the buffer; without top-k the row's Z)
-#    reaches ``top_p * Z``; up to BUFFER survivors, the one-program searches above over them.  Rows whose survivors
-#    exceed BUFFER, or whose survivors do not reach ``top_p * Z`` (rounding), take the searches on the whole row --
-#    the same cut, slower.
+# 3. grid (B,): the plan -- the histograms summed over chunks.  Top-k rows: the bin ``j`` that holds the k-th largest
+#    value; the window is bins ``0 .. j`` (the row's largest values, ties included).  Top-p rows without top-k: each
+#    bin's mass lies between count * exp(-(j + 2) / INV_W) and count * exp(-(j - 1) / INV_W) (relative to the row max
+#    m; a bin of margin each way for rounding), so bounds of the mass through each bin and below it, against
+#    ``top_p * Z`` and ``(1 - top_p) * Z`` (``Z = sum z_c exp(m_c - m)``), give the first and the last bin that can
+#    hold the cut -- the window, whose values are a run of the row sorted (about ``2 / INV_W`` nats of mass
+#    uncertainty: a few percent of a flat row's values, not the whole nucleus); and, when at most BUFFER values lie in
+#    the window, each chunk's offset among them;
+# 4. grid (B, C): each chunk copies its window values in order to the row's buffer and stores the mass of its values
+#    above the window;
+# 5. grid (B,): up to CAP window values sorted (``tl.sort``), the k-th value read at k - 1, and the top-p threshold the
+#    first value where the mass above the window (the chunks' sums in chunk order) plus the cumulative mass reaches
+#    ``top_p * Z`` (top-k rows: Z over the values ``>= K``, from the buffer; else the row's Z); up to BUFFER of them,
+#    the one-program searches above over them (the mass target less the mass above).  Rows whose window exceeds
+#    BUFFER, or whose window does not hold the cut (rounding), take the searches on the whole row -- the same cut,
+#    slower.
 #
 # Counts are exact, so K is the definition's; the masses are fp32 sums in this pipeline's own fixed order (the same
 # every run), so P can differ from the sorted reference's only where the mass above a value is within rounding of
-# ``top_p``.  Not yet measured on a GPU (interpreter tests only).
+# ``top_p``.  Measured on the H200: ``sampling_cut.SORT_FREE``.
 
 
 @triton.jit
@@ -2053,7 +2059,7 @@ def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.co
 
 @triton.jit
 def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr, CP: tl.constexpr,
-                     NBINS: tl.constexpr, INV_W: tl.constexpr):
+                     NBINS: tl.constexpr, INV_W: tl.constexpr, MARGIN: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
     if need_k | need_p:
@@ -2064,38 +2070,55 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
         total = tl.sum(hist, axis=0)  # [NBINS]
         cum = tl.cumsum(total, axis=0)
         bin_k = tl.min(tl.where(cum >= k, j, NBINS - 1), axis=0)
-        # an upper bound of each bin's mass (its values lie at least j / INV_W below m; a bin of margin for rounding)
-        # and of the mass below each bin: the survivors hold at least top_p * Z once that is <= (1 - top_p) * Z
-        high = total.to(tl.float32) * tl.exp(-(j - 1).to(tl.float32) / INV_W)
-        below = tl.cumsum(high, axis=0, reverse=True) - high
-        bin_p = tl.min(tl.where(below <= (1.0 - p) * z, j, NBINS - 1), axis=0)
-        last = tl.where(need_k, bin_k, bin_p)
-        per_chunk = tl.sum(tl.where(j[None, :] <= last, hist, 0), axis=1)  # [CP] survivors per chunk
-        n = tl.sum(per_chunk, axis=0)
-        tl.store(PLAN + b * 2, last)
-        tl.store(PLAN + b * 2 + 1, n)
+        # Top-p: the bin j* of the first value (largest first) at which the mass reaches p Z.  Bin j's values lie in
+        # (m - (j + 1) / INV_W, m - j / INV_W] (the last bin: anything below), so its mass lies between count *
+        # exp(-(j + 1 + MARGIN) / INV_W) and count * exp(-(j - MARGIN) / INV_W) -- MARGIN of a bin each way for the
+        # rounding of the bins and of exp.  Those bounds of the mass through j and below j bound j* from both sides:
+        # the window [first, last] (the final kernel checks that it holds the cut; else the whole row decides).
+        jf = j.to(tl.float32)
+        high = total.to(tl.float32) * tl.exp(-(jf - MARGIN) / INV_W)
+        low = tl.where(j < NBINS - 1, total.to(tl.float32) * tl.exp(-(jf + 1.0 + MARGIN) / INV_W), 0.0)
+        high_to, low_to = tl.cumsum(high, axis=0), tl.cumsum(low, axis=0)  # through bin j
+        high_below, low_below = tl.sum(high, axis=0) - high_to, tl.sum(low, axis=0) - low_to  # below bin j
+        tail = (1.0 - p) * z
+        first_p = tl.maximum(tl.min(tl.where(high_to >= p * z, j, NBINS - 1), axis=0),
+                             tl.min(tl.where(low_below <= tail, j, NBINS - 1), axis=0))
+        last_p = tl.minimum(tl.min(tl.where(low_to >= p * z, j, NBINS - 1), axis=0),
+                            tl.min(tl.where(high_below <= tail, j, NBINS - 1), axis=0))
+        # top-k rows: every value down to the k-th's bin (their top-p mass is over the values >= the k-th)
+        first = tl.where(need_k, 0, tl.minimum(first_p, last_p))
+        last = tl.where(need_k, bin_k, last_p)
+        window = (j[None, :] >= first) & (j[None, :] <= last)
+        per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] survivors per chunk
+        tl.store(PLAN + b * 4, last)
+        tl.store(PLAN + b * 4 + 1, tl.sum(per_chunk, axis=0))
+        tl.store(PLAN + b * 4 + 2, first)
+        tl.store(PLAN + b * 4 + 3, tl.sum(tl.where(j < first, total, 0), axis=0))
         tl.store(OFF + b * C + offs_c, tl.cumsum(per_chunk, axis=0) - per_chunk, mask=offs_c < C)
 
 
 @triton.jit
-def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, V, stride_y, C: tl.constexpr,
+def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stride_y, C: tl.constexpr,
                         CP: tl.constexpr, CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
                         BUFN: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
     if need_k | need_p:
-        if tl.load(PLAN + b * 2 + 1) <= BUFN:
+        if tl.load(PLAN + b * 4 + 1) <= BUFN:
             m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
             offs = c * CHUNK + tl.arange(0, CHUNK)
             x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
-            keep = (offs < V) & (_cut_bins(x, m, INV_W, NBINS) <= tl.load(PLAN + b * 2))
+            bins = _cut_bins(x, m, INV_W, NBINS)
+            first = tl.load(PLAN + b * 4 + 2)
+            keep = (offs < V) & (bins >= first) & (bins <= tl.load(PLAN + b * 4))
             at = tl.load(OFF + b * C + c) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
             tl.store(BUF + b * BUFN + at, x, mask=keep)
+            tl.store(MA + b * C + c, tl.sum(tl.where((offs < V) & (bins < first), tl.exp(x - m), 0.0), axis=0))
 
 
 @triton.jit
-def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride_y, C: tl.constexpr,
+def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, stride_y, C: tl.constexpr,
                       CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
                       PIPELINE: tl.constexpr, NB: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -2103,10 +2126,13 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride
     cut = float("-inf")
     done = tl.full((), True, tl.int1)
     if need_k | need_p:
-        n = tl.load(PLAN + b * 2 + 1)
+        n = tl.load(PLAN + b * 4 + 1)
         m, z_row = _cut_row_m_z(MC, ZC, b, C, CP)
         src = BUF + b * BUFN
         done = n <= BUFN
+        # the mass above the window (0 for top-k rows: their window starts at the row max), summed in chunk order
+        offs_c = tl.arange(0, CP)
+        above = tl.where(done, tl.sum(tl.load(MA + b * C + offs_c, mask=(offs_c < C) & done, other=0.0), axis=0), 0.0)
         if n <= CAP:  # few survivors: sorted in registers
             i = tl.arange(0, CAP)
             s = tl.sort(tl.load(src + i, mask=i < n, other=float("-inf")), descending=True)
@@ -2115,10 +2141,11 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride
             if need_p:
                 w = tl.where((i < n) & (s >= kth), tl.exp(s - m), 0.0)
                 z = tl.where(need_k, tl.sum(w, axis=0), z_row)
-                first = tl.min(tl.where(tl.cumsum(w, axis=0) >= p * z, i, CAP), axis=0)
-                done = first < n  # else the buffer holds too little mass (rounding): the whole row decides
+                first = tl.min(tl.where(above + tl.cumsum(w, axis=0) >= p * z, i, CAP), axis=0)
+                # else the window holds the cut not (rounding): the whole row decides
+                done = (first < n) & (above < p * z)
                 cut = tl.maximum(kth, tl.max(tl.where(i == first, s, float("-inf")), axis=0))
-        elif done:  # more: the searches over the survivors (the values above any survivor are survivors too)
+        elif done:  # more: the searches over the survivors (the values above any survivor are survivors or above)
             lo = tl.full((), 0, tl.uint32)
             if need_k:
                 lo = _cut_search(src, WS + b * V, n, lo, 0.0, k, False, BLOCK, PIPELINE)
@@ -2126,23 +2153,25 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, CUT, WS, V, stride
             if need_p:
                 held = _cut_mass(src, n, lo, m, BLOCK, PIPELINE)
                 z = tl.where(need_k, held, z_row)
-                done = held >= p * z
+                done = (above + held >= p * z) & (above < p * z)
                 if done:
                     tl.debug_barrier()  # the top-k search's workspace copies are read no more
-                    cut = _cut_value(_cut_search(src, WS + b * V, n, lo, m, p * z, True, BLOCK, PIPELINE))
+                    cut = _cut_value(_cut_search(src, WS + b * V, n, lo, m, p * z - above, True, BLOCK, PIPELINE))
     if not done:
         cut = _cut_row_search(Y + b * stride_y, WS + b * V, V, k, p, need_k, need_p, BLOCK, PIPELINE, NB)
     tl.store(CUT + b, cut)
 
 
-#: The compacted cut's constants (:func:`sampling_cut_compact_triton`): survivors per row sorted by one program at
-#: most (more: searched), survivors per row compacted at most (more: the whole row searched), bins of ``1 / INV_W``
-#: nats below the row max, their count (the last bin takes everything further down), and the largest chunk count per
-#: row (the chunk grows with the vocabulary beyond ``CHUNKS * 4096``).
+#: The compacted cut's constants (:func:`sampling_cut_compact_triton`): window values per row sorted by one program
+#: at most (more: searched), window values per row compacted at most (more: the whole row searched), bins of
+#: ``1 / INV_W`` nats below the row max and their count (32 nats; the last bin takes everything further down; the
+#: plan holds all chunks' counts in registers, 16 warps), the fraction of a bin the top-p mass bounds allow for
+#: rounding, and the largest chunk count per row (the chunk grows with the vocabulary beyond ``CHUNKS * 4096``).
 SAMPLING_CUT_CAP = 2048
 SAMPLING_CUT_BUFFER = 16384
-SAMPLING_CUT_INV_W = 8
-SAMPLING_CUT_BINS = 256
+SAMPLING_CUT_INV_W = 16
+SAMPLING_CUT_BINS = 512
+SAMPLING_CUT_MARGIN = 0.125
 SAMPLING_CUT_CHUNKS = 64
 
 
@@ -2152,8 +2181,9 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
                                 plan: torch.Tensor | None = None) -> torch.Tensor:
     """``flare::sampling_cut`` over many programs per row (see above): the cut of :func:`sampling_cut_triton`.
     ``chunk`` / ``cap`` / ``buffer`` (powers of two): values per chunk (default: at least 4096, at most
-    :data:`SAMPLING_CUT_CHUNKS` chunks), the survivors sorted at most and compacted at most; ``plan``: an optional ``[B, 2]`` int32 that receives
-    each row's last bin and survivor count (tests: which rows took the buffer); ``block``: the searches' block (rows
+    :data:`SAMPLING_CUT_CHUNKS` chunks), the survivors sorted at most and compacted at most; ``plan``: an optional ``[B, 4]`` int32 that receives
+    each row's last bin, survivor count, first bin and count of values above the first bin (tests: which rows took
+    the buffer, and what it held); ``block``: the searches' block (rows
     whose survivors exceed ``cap``).  Shapes are checked by the op."""
     y, cut, loop = _row_cut_setup(y, block)
     b, v = y.shape
@@ -2162,12 +2192,12 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
         raise ValueError(f"sampling_cut_compact_triton: chunk {chunk}, cap {cap} and buffer {buffer} must be powers "
                          "of two, cap <= buffer")
     c = triton.cdiv(v, chunk)
-    plan = torch.empty((b, 2), dtype=torch.int32, device=y.device) if plan is None else plan  # rows with a cut only
+    plan = torch.empty((b, 4), dtype=torch.int32, device=y.device) if plan is None else plan  # rows with a cut only
     if b == 0:
         return cut
     f32 = dict(dtype=torch.float32, device=y.device)
-    mc, zc, buf, ws = (torch.empty((b, c), **f32), torch.empty((b, c), **f32), torch.empty((b, buffer), **f32),
-                       torch.empty((b, v), **f32))
+    mc, zc, ma, buf, ws = (torch.empty((b, c), **f32), torch.empty((b, c), **f32), torch.empty((b, c), **f32),
+                           torch.empty((b, buffer), **f32), torch.empty((b, v), **f32))
     hist = torch.empty((b, c, SAMPLING_CUT_BINS), dtype=torch.int32, device=y.device)
     off = torch.empty((b, c), dtype=torch.int32, device=y.device)
     rows = (y, top_k.contiguous(), top_p.contiguous(), skip.contiguous())
@@ -2176,10 +2206,11 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
     _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8)
     _cut_chunk_hist_kernel[(b, c)](*rows, mc, zc, hist, v, y.stride(0), C=c, CP=cp, CHUNK=chunk, **bins,
                                    num_warps=8)
-    _cut_plan_kernel[(b,)](*rows[1:], mc, zc, hist, plan, off, v, C=c, CP=cp, **bins, num_warps=8)
-    _cut_compact_kernel[(b, c)](*rows, mc, zc, plan, off, buf, v, y.stride(0), C=c, CP=cp, CHUNK=chunk,
+    _cut_plan_kernel[(b,)](*rows[1:], mc, zc, hist, plan, off, v, C=c, CP=cp, **bins, MARGIN=SAMPLING_CUT_MARGIN,
+                           num_warps=16)
+    _cut_compact_kernel[(b, c)](*rows, mc, zc, plan, off, buf, ma, v, y.stride(0), C=c, CP=cp, CHUNK=chunk,
                                 BUFN=buffer, **bins, num_warps=8)
-    _cut_final_kernel[(b,)](*rows, mc, zc, plan, buf, cut, ws, v, y.stride(0), C=c, CP=cp, CAP=cap, BUFN=buffer,
+    _cut_final_kernel[(b,)](*rows, mc, zc, plan, buf, ma, cut, ws, v, y.stride(0), C=c, CP=cp, CAP=cap, BUFN=buffer,
                             **loop, num_warps=SAMPLING_CUT_WARPS)
     return cut
 

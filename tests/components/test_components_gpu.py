@@ -388,6 +388,35 @@ def test_sampling_cut_on_this_gpu(op_name):
     assert torch.equal(out, got)
 
 
+def test_sampling_cut_compact_window_of_flat_rows_on_this_gpu():
+    """Flat vocabulary-sized rows (logits ~ N(0, sigma^2), sigma 0.5 to 2 nats), top_k off: the nucleus holds far
+    more values than the compacted cut's buffer, yet the plan's window of possible cut values fits it (no row takes
+    the whole-row search) and the cut is the definition wherever it is not a top-p near tie."""
+    from test_sampling_cut import _assert_window, _cut64
+
+    from ignition.components.sampling_cut import sampling_cut_reference
+    from ignition.components.triton_kernels import SAMPLING_CUT_BUFFER, sampling_cut_compact_triton
+
+    g = torch.Generator(device="cuda").manual_seed(9)
+    b = 9
+    y = torch.randn(b, VOCAB, device="cuda", generator=g) * torch.tensor([0.5, 1.0, 2.0] * 3, device="cuda")[:, None]
+    top_k = torch.zeros(b, dtype=torch.int32, device="cuda")
+    top_p = torch.tensor([0.9] * 3 + [0.95] * 3 + [0.99] * 3, device="cuda")
+    skip = torch.zeros(b, dtype=torch.bool, device="cuda")
+    plan = torch.zeros((b, 4), dtype=torch.int32, device="cuda")
+    got = sampling_cut_compact_triton(y, top_k, top_p, skip, plan=plan).cpu()
+    ref = sampling_cut_reference(y, top_k, top_p, skip).cpu()
+    y, plan, exact = y.cpu(), plan.cpu(), 0
+    for i in range(b):
+        want, near = _cut64(y[i].double().tolist(), 0, float(top_p[i]))
+        if not near:
+            assert got[i].item() == want, (i, got[i].item(), want)
+            exact += 1
+        _assert_window(y[i], plan[i], 0)
+        assert int(plan[i, 1]) <= SAMPLING_CUT_BUFFER < int((y[i] >= ref[i]).sum()), (i, plan[i].tolist())
+    assert exact >= 5, exact
+
+
 @pytest.mark.parametrize("route", ["prefix", "sort-free"])
 def test_general_sampler_routes_agree_on_this_gpu(monkeypatch, route):
     """The general sampler's CUDA routes (``FLARE_SAMPLER_PREFIX=64``: top 64, the op for the other rows;

@@ -166,7 +166,7 @@ def test_compact_kernels_are_the_definition(b, v, chunk, cap, buffer, ends):
     skip = torch.zeros(b, dtype=torch.bool)
     if b > 6:
         skip[6] = True
-    plan = torch.zeros((b, 2), dtype=torch.int32)
+    plan = torch.zeros((b, 4), dtype=torch.int32)
     got = sampling_cut_compact_triton(y, top_k, top_p, skip, chunk=chunk, cap=cap, buffer=buffer, block=256,
                                       plan=plan)
     assert got.shape == (b,) and got.dtype == torch.float32
@@ -178,12 +178,28 @@ def test_compact_kernels_are_the_definition(b, v, chunk, cap, buffer, ends):
     survivors = plan[:, 1][cuts].tolist()
     if ends:  # every end runs
         assert min(survivors) <= cap and any(cap < n <= buffer for n in survivors) and max(survivors) > buffer
-    for i in range(b):  # the survivors: the largest values, ties included, at least the k-th
+    for i in range(b):
         if cuts[i]:
-            n = int(plan[i, 1])
-            s = torch.sort(y[i], descending=True).values
-            assert n == v or s[n - 1] > s[n], (i, n)
-            assert not (1 <= top_k[i] < v) or n >= top_k[i], (i, n)
+            _assert_window(y[i], plan[i], int(top_k[i]))
+
+
+def _assert_window(row: torch.Tensor, plan: torch.Tensor, k: int) -> None:
+    """A row's plan ``(last bin, window count, first bin, count above)``: the window is a run of the row sorted
+    (ties never split), the count above it is its values in earlier bins, a top-k row's window starts at the row max
+    and reaches the k-th."""
+    from ignition.components.triton_kernels import SAMPLING_CUT_BINS, SAMPLING_CUT_INV_W
+
+    last, n, first, above = plan.tolist()
+    v = row.numel()
+    s = torch.sort(row, descending=True).values
+    assert first <= last and n + above <= v, plan.tolist()
+    assert above == 0 or s[above - 1] > s[above], plan.tolist()
+    assert above + n == v or s[above + n - 1] > s[above + n], plan.tolist()
+    m = row.max() if row.max() > float("-inf") else torch.tensor(0.0)
+    bins = torch.clamp((m - row) * SAMPLING_CUT_INV_W, max=SAMPLING_CUT_BINS - 1.0).to(torch.int32)
+    assert int((bins < first).sum()) == above and int(((bins >= first) & (bins <= last)).sum()) == n, plan.tolist()
+    if 1 <= k < v:
+        assert first == 0 and n >= k, plan.tolist()
 
 
 @interpreter
@@ -202,13 +218,16 @@ def test_compact_kernels_on_peaked_and_flat_rows():
     top_k = torch.randint(0, 80, (b,), generator=g, dtype=torch.int32) * (torch.arange(b) % 3 != 0)
     top_p = torch.tensor([0.5, 0.9, 0.95, 0.99, 1.0, 0.8, 0.3, 0.999] * 2)
     skip = torch.zeros(b, dtype=torch.bool)
-    plan = torch.zeros((b, 2), dtype=torch.int32)
-    got = sampling_cut_compact_triton(y, top_k.to(torch.int32), top_p, skip, chunk=256, cap=64, buffer=256,
+    plan = torch.zeros((b, 4), dtype=torch.int32)
+    got = sampling_cut_compact_triton(y, top_k.to(torch.int32), top_p, skip, chunk=256, cap=16, buffer=64,
                                       block=256, plan=plan)
     _assert_cuts(y, top_k, top_p, skip, got)
     cuts = ((top_k >= 1) | (top_p < 1.0)).tolist()
-    ends = {0 if n <= 64 else 1 if n <= 256 else 2 for n, c in zip(plan[:, 1].tolist(), cuts) if c}
+    ends = {0 if n <= 16 else 1 if n <= 64 else 2 for n, c in zip(plan[:, 1].tolist(), cuts) if c}
     assert ends == {0, 1, 2}, plan[:, 1].tolist()
+    for i in range(b):
+        if cuts[i]:
+            _assert_window(y[i], plan[i], int(top_k[i]))
 
 
 def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
@@ -304,3 +323,33 @@ def test_sorted_cut_kernel_is_the_reference_up_to_top_p_near_ties(b, v, block):
         for i in range(b):
             if got64[i] != ref64[i]:
                 assert _cut64(s[i, :64].double().tolist(), int(k64[i]), float(top_p[i]))[1], (i, got64[i], ref64[i])
+
+
+@interpreter
+def test_compact_window_of_flat_rows():
+    """Flat rows (high temperatures), top_k off: the nucleus holds most of the row, far more than the buffer, yet the
+    plan's window of possible cut values fits it -- no row falls back to the whole-row search -- and the cut is the
+    definition up to top-p near ties."""
+    from ignition.components.triton_kernels import sampling_cut_compact_triton
+
+    g = torch.Generator().manual_seed(5)
+    b, v, buffer = 9, 4096, 512
+    y = torch.randn(b, v, generator=g) * torch.tensor([0.5, 1.0, 2.0] * 3)[:, None]
+    top_k = torch.zeros(b, dtype=torch.int32)
+    top_p = torch.tensor([0.9] * 3 + [0.95] * 3 + [0.99] * 3)
+    skip = torch.zeros(b, dtype=torch.bool)
+    plan = torch.zeros((b, 4), dtype=torch.int32)
+    got = sampling_cut_compact_triton(y, top_k, top_p, skip, chunk=256, cap=64, buffer=buffer, block=256, plan=plan)
+    ref = sampling_cut_reference(y, top_k, top_p, skip)
+    exact = 0
+    for i in range(b):
+        # deep in a flat row's tail many values' masses above lie within TIE of top_p (fp32 decides): those rows
+        # are checked for their window only
+        want, near = _cut64(y[i].double().tolist(), 0, float(top_p[i]))
+        if not near:
+            assert got[i].item() == want, (i, got[i].item(), want)
+            exact += 1
+        _assert_window(y[i], plan[i], 0)
+        nucleus = int((y[i] >= ref[i]).sum())
+        assert int(plan[i, 1]) <= buffer < nucleus, (i, plan[i].tolist(), nucleus)
+    assert exact >= 5, exact
