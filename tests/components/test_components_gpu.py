@@ -391,8 +391,9 @@ def test_sampling_cut_on_this_gpu(op_name):
 def test_sampling_cut_compact_window_of_flat_rows_on_this_gpu():
     """Flat vocabulary-sized rows (logits ~ N(0, sigma^2), sigma 0.5 to 2 nats), top_k off: the nucleus holds far
     more values than the compacted cut's buffer, yet the plan's window of possible cut values fits it (no row takes
-    the whole-row search) and the cut is the definition wherever it is not a top-p near tie."""
-    from test_sampling_cut import _assert_window, _cut64
+    the whole-row search), and the cut is the definition where it is not a top-p near tie, else within TIE of it in
+    mass (with ~1e5 values of ~1e-5 each, run 98 found every such row a near tie)."""
+    from test_sampling_cut import _assert_window, _cut64, _top_p_cut_ok
 
     from ignition.components.sampling_cut import sampling_cut_reference
     from ignition.components.triton_kernels import SAMPLING_CUT_BUFFER, sampling_cut_compact_triton
@@ -406,15 +407,13 @@ def test_sampling_cut_compact_window_of_flat_rows_on_this_gpu():
     plan = torch.zeros((b, 4), dtype=torch.int32, device="cuda")
     got = sampling_cut_compact_triton(y, top_k, top_p, skip, plan=plan).cpu()
     ref = sampling_cut_reference(y, top_k, top_p, skip).cpu()
-    y, plan, exact = y.cpu(), plan.cpu(), 0
+    y, plan = y.cpu(), plan.cpu()
     for i in range(b):
-        want, near = _cut64(y[i].double().tolist(), 0, float(top_p[i]))
-        if not near:
-            assert got[i].item() == want, (i, got[i].item(), want)
-            exact += 1
+        row = y[i].double().tolist()
+        want, near = _cut64(row, 0, float(top_p[i]))
+        assert got[i].item() == want if not near else _top_p_cut_ok(row, got[i].item(), float(top_p[i])), i
         _assert_window(y[i], plan[i], 0)
         assert int(plan[i, 1]) <= SAMPLING_CUT_BUFFER < int((y[i] >= ref[i]).sum()), (i, plan[i].tolist())
-    assert exact >= 5, exact
 
 
 @pytest.mark.parametrize("route", ["prefix", "sort-free"])

@@ -51,6 +51,16 @@ def _cut64(row: list[float], k: int, p: float) -> tuple[float, bool]:
     return max(kth, cut), near
 
 
+def _top_p_cut_ok(row: list[float], cut: float, p: float) -> bool:
+    """Whether ``cut`` is a top-p cut of ``row`` (top_k off) up to TIE, in float64: the mass strictly above it is
+    below ``p + TIE`` and the mass of the values ``>= cut`` reaches ``p - TIE`` -- what a near tie may return."""
+    m = max(row)
+    w = [(x, math.exp(x - m)) for x in row]
+    z = sum(e for _, e in w)
+    above = sum(e for x, e in w if x > cut) / z
+    return above < p + TIE and above + sum(e for x, e in w if x == cut) / z >= p - TIE
+
+
 def _rows(b: int, v: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     y = torch.randn(b, v, generator=g) * 3
@@ -349,6 +359,7 @@ def test_compact_window_of_flat_rows():
         if not near:
             assert got[i].item() == want, (i, got[i].item(), want)
             exact += 1
+        assert _top_p_cut_ok(y[i].double().tolist(), got[i].item(), float(top_p[i])), (i, got[i].item(), want)
         _assert_window(y[i], plan[i], 0)
         nucleus = int((y[i] >= ref[i]).sum())
         assert int(plan[i, 1]) <= buffer < nucleus, (i, plan[i].tolist(), nucleus)
