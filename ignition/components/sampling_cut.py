@@ -153,8 +153,8 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
 
 #: Whether the general sampler on CUDA cuts every row with :func:`sampling_cut_compact` (no sort;
 #: ``FLARE_SAMPLER_SORT_FREE=0`` restores the full sort, read at each trace).  On: 1.7-3.6x faster than the full sort
-#: on the mixes of ``scripts/bench_sampler.py`` with the same tokens, 1.09x slower only on a flat row at batch 1
-#: (``hot-p95``, run 98); Qwen3-0.6B decode 0.942x / 0.936x at batch 1 / 4 (run 95).
+#: on the peaked mixes of ``scripts/bench_sampler.py``, on a flat row (``hot-p95``) 1.18x faster at batch 4 and 1.09x
+#: slower at batch 1, the same tokens (run 98); Qwen3-0.6B decode 0.942x / 0.936x at batch 1 / 4 (run 95).
 SORT_FREE = True
 
 
