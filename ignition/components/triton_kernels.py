@@ -1992,12 +1992,12 @@ def _row_cut_setup(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 #    ``min(floor((m - y) * INV_W), NBINS - 1)`` (``tl.histogram``: exact counts; bin 0 holds the largest values);
 # 3. grid (B,): the plan -- the histograms summed over chunks.  Top-k rows: the bin ``j`` that holds the k-th largest
 #    value; the window is bins ``0 .. j`` (the row's largest values, ties included).  Top-p rows without top-k: each
-#    bin's mass lies between count * exp(-(j + 2) / INV_W) and count * exp(-(j - 1) / INV_W) (relative to the row max
-#    m; a bin of margin each way for rounding), so bounds of the mass through each bin and below it, against
-#    ``top_p * Z`` and ``(1 - top_p) * Z`` (``Z = sum z_c exp(m_c - m)``), give the first and the last bin that can
-#    hold the cut -- the window, whose values are a run of the row sorted (about ``2 / INV_W`` nats of mass
-#    uncertainty: a few percent of a flat row's values, not the whole nucleus); and, when at most BUFFER values lie in
-#    the window, each chunk's offset among them;
+#    bin's mass lies between count * exp(-(j + 1 + MARGIN) / INV_W) and count * exp(-(j - MARGIN) / INV_W)
+#    (relative to the row max m; MARGIN of a bin each way for rounding), so bounds of the mass through each bin and
+#    below it, against ``top_p * Z`` and ``(1 - top_p) * Z`` (``Z = sum z_c exp(m_c - m)``), give the first and the
+#    last bin that can hold the cut -- the window, whose values are a run of the row sorted (the bounds differ by
+#    ``(1 + 2 MARGIN) / INV_W`` nats: a few percent of a flat row's values, not its whole nucleus); and each chunk's
+#    offset among the window's values;
 # 4. grid (B, C): each chunk copies its window values in order to the row's buffer and stores the mass of its values
 #    above the window;
 # 5. grid (B,): up to CAP window values sorted (``tl.sort``), the k-th value read at k - 1, and the top-p threshold the
@@ -2142,10 +2142,10 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, st
                 w = tl.where((i < n) & (s >= kth), tl.exp(s - m), 0.0)
                 z = tl.where(need_k, tl.sum(w, axis=0), z_row)
                 first = tl.min(tl.where(above + tl.cumsum(w, axis=0) >= p * z, i, CAP), axis=0)
-                # else the window holds the cut not (rounding): the whole row decides
+                # else the cut lies outside the window (rounding): the whole row decides
                 done = (first < n) & (above < p * z)
                 cut = tl.maximum(kth, tl.max(tl.where(i == first, s, float("-inf")), axis=0))
-        elif done:  # more: the searches over the survivors (the values above any survivor are survivors or above)
+        elif done:  # more: the searches over the window (the values above it count in ``above``)
             lo = tl.full((), 0, tl.uint32)
             if need_k:
                 lo = _cut_search(src, WS + b * V, n, lo, 0.0, k, False, BLOCK, PIPELINE)
@@ -2181,10 +2181,10 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
                                 plan: torch.Tensor | None = None) -> torch.Tensor:
     """``flare::sampling_cut`` over many programs per row (see above): the cut of :func:`sampling_cut_triton`.
     ``chunk`` / ``cap`` / ``buffer`` (powers of two): values per chunk (default: at least 4096, at most
-    :data:`SAMPLING_CUT_CHUNKS` chunks), the survivors sorted at most and compacted at most; ``plan``: an optional ``[B, 4]`` int32 that receives
-    each row's last bin, survivor count, first bin and count of values above the first bin (tests: which rows took
-    the buffer, and what it held); ``block``: the searches' block (rows
-    whose survivors exceed ``cap``).  Shapes are checked by the op."""
+    :data:`SAMPLING_CUT_CHUNKS` chunks), the window values sorted at most and compacted at most; ``plan``: an
+    optional ``[B, 4]`` int32 that receives each row's last bin, window count, first bin and count of values above
+    the window (tests: which rows took the buffer, and what it held); ``block``: the searches' block (rows whose
+    window exceeds ``cap``).  Shapes are checked by the op."""
     y, cut, loop = _row_cut_setup(y, block)
     b, v = y.shape
     chunk = chunk or max(4096, triton.next_power_of_2(triton.cdiv(v, SAMPLING_CUT_CHUNKS)))
