@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The general sampler (``sample``, no ``max_top_k``) alone on this GPU: the full sort of every row against the
 top-``n`` route with ``flare::sampling_cut`` for the rows the prefix does not decide (``FLARE_SAMPLER_PREFIX``),
-against the full sort cut by ``flare::sorted_cut`` (``FLARE_SORTED_CUT_KERNEL``, the default) and against no sort
-(``flare::sampling_cut_compact`` for every row, ``FLARE_SAMPLER_SORT_FREE``), side by side in one process.
+against the full sort cut by ``flare::sorted_cut`` (``FLARE_SORTED_CUT_KERNEL``: what ``FLARE_SAMPLER_SORT_FREE=0``
+runs) and against no sort (``flare::sampling_cut_compact`` for every row, the default), side by side in one process.
 
 One compiled, captured graph per (batch, route) -- the parameters are tensors the graph reads, so each row mix below
 is written into them between timing blocks, not compiled again:
@@ -51,11 +51,11 @@ MIXES = {
     "k0-p1": lambda r: {**SAMPLED, "top_k": 0, "top_p": 1.0},
     "hot-p95": lambda r: {**SAMPLED, "temperature": 3.0, "top_k": 0},
 }
-#: Each route's environment (read at trace time): the full sort with the traced cut, the top-n prefix route, the
-#: full sort with ``flare::sorted_cut``'s one-launch cut (``FLARE_SORTED_CUT_KERNEL``, the default), and no sort at
-#: all: every row by ``flare::sampling_cut_compact`` (``FLARE_SAMPLER_SORT_FREE``).
+#: Each route's environment (read at trace time): the full sort with the traced cut, the top-n prefix route (it takes
+#: precedence over the sort-free cut), the full sort with ``flare::sorted_cut``'s one-launch cut
+#: (``FLARE_SORTED_CUT_KERNEL``), and no sort at all: every row by ``flare::sampling_cut_compact`` (the default).
 ROUTES = {"sort": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SORTED_CUT_KERNEL": "0", "FLARE_SAMPLER_SORT_FREE": "0"},
-          "prefix": {"FLARE_SAMPLER_PREFIX": str(MEASURED_PREFIX), "FLARE_SAMPLER_SORT_FREE": "0"},
+          "prefix": {"FLARE_SAMPLER_PREFIX": str(MEASURED_PREFIX)},
           "sortcut": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SORTED_CUT_KERNEL": "1", "FLARE_SAMPLER_SORT_FREE": "0"},
           "sortfree": {"FLARE_SAMPLER_PREFIX": "0", "FLARE_SAMPLER_SORT_FREE": "1"}}
 

@@ -143,11 +143,18 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
     """``y [B, V]`` float32, ``top_k [B]`` int32, ``top_p [B]`` float32, ``skip [B]`` bool -> a new ``[B]``
     float32: each row keeps the values ``>= cut`` (module docstring); skipped rows ``-inf``.  CUDA: the sort-free
     Triton kernel; elsewhere the sorting reference."""
+    return _cut_on_device("sampling_cut_triton", y, top_k, top_p, skip)
+
+
+def _cut_on_device(kernel: str, y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   skip: torch.Tensor) -> torch.Tensor:
+    """The cut ops' body: on CUDA the arguments checked and ``triton_kernels.<kernel>``; elsewhere the sorting
+    reference (which checks them itself)."""
     if y.is_cuda:
-        from ignition.components.triton_kernels import sampling_cut_triton  # imports triton: CUDA only
+        from ignition.components import triton_kernels  # imports triton: CUDA only
 
         _check(y, top_k, top_p, skip)
-        return sampling_cut_triton(y, top_k, top_p, skip)
+        return getattr(triton_kernels, kernel)(y, top_k, top_p, skip)
     return sampling_cut_reference(y, top_k, top_p, skip)
 
 
@@ -166,16 +173,11 @@ def sort_free() -> bool:
 @opaque_op("sampling_cut_compact", mutates_args=(), fake=_fake)
 def sampling_cut_compact(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                          skip: torch.Tensor) -> torch.Tensor:
-    """:func:`sampling_cut` over many programs per row: chunk statistics, bin counts below the row max, the row's
-    largest values compacted and sorted (``triton_kernels.sampling_cut_compact_triton``, five launches; the
-    one-program searches for rows with too many survivors).  The same cut as :func:`sampling_cut` (counts exact, masses
-    in its own fixed order); elsewhere the sorting reference."""
-    if y.is_cuda:
-        from ignition.components.triton_kernels import sampling_cut_compact_triton  # imports triton: CUDA only
-
-        _check(y, top_k, top_p, skip)
-        return sampling_cut_compact_triton(y, top_k, top_p, skip)
-    return sampling_cut_reference(y, top_k, top_p, skip)
+    """:func:`sampling_cut` over many programs per row: chunk statistics, bin counts below the row max, the window
+    of values that can hold the cut compacted and sorted (``triton_kernels.sampling_cut_compact_triton``, five
+    launches; the one-program searches for a row whose window exceeds the buffer).  The same cut as
+    :func:`sampling_cut` (counts exact, masses in its own fixed order); elsewhere the sorting reference."""
+    return _cut_on_device("sampling_cut_compact_triton", y, top_k, top_p, skip)
 
 
 def _check_sorted(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> None:

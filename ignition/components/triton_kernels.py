@@ -631,7 +631,7 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
     blocks over 16 splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop
     alone 0.9998x (within noise)."""
     return (batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2
-            and switch("FLARE_DECODE_WIDE", DECODE_WIDE))
+            and switch("FLARE_DECODE_WIDE", DECODE_WIDE) and number("FLARE_DECODE_BLOCK_N") is None)
 
 
 def decode_block_n(page: int, block_n: int | None = None) -> int:
@@ -672,7 +672,7 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     if k_pool.stride(-1) != 1 or v_pool.stride(-1) != 1:
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
-    wide = fused and block_n is None and number("FLARE_DECODE_BLOCK_N") is None and fused_decode_wide(b, g)
+    wide = fused and block_n is None and fused_decode_wide(b, g)
     block_n = decode_block_n(page, max(FUSED_DECODE_WIDE_BLOCK_N, page) if wide else block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
@@ -2089,7 +2089,7 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
         first = tl.where(need_k, 0, tl.minimum(first_p, last_p))
         last = tl.where(need_k, bin_k, last_p)
         window = (j[None, :] >= first) & (j[None, :] <= last)
-        per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] survivors per chunk
+        per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] window values per chunk
         tl.store(PLAN + b * 4, last)
         tl.store(PLAN + b * 4 + 1, tl.sum(per_chunk, axis=0))
         tl.store(PLAN + b * 4 + 2, first)
@@ -2133,7 +2133,7 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, st
         # the mass above the window (0 for top-k rows: their window starts at the row max), summed in chunk order
         offs_c = tl.arange(0, CP)
         above = tl.where(done, tl.sum(tl.load(MA + b * C + offs_c, mask=(offs_c < C) & done, other=0.0), axis=0), 0.0)
-        if n <= CAP:  # few survivors: sorted in registers
+        if n <= CAP:  # a small window: sorted in registers
             i = tl.arange(0, CAP)
             s = tl.sort(tl.load(src + i, mask=i < n, other=float("-inf")), descending=True)
             kth = tl.max(tl.where(need_k & (i == k - 1), s, float("-inf")), axis=0)
@@ -2179,7 +2179,8 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
                                 *, chunk: int | None = None, cap: int = SAMPLING_CUT_CAP,
                                 buffer: int = SAMPLING_CUT_BUFFER, block: int = SAMPLING_CUT_BLOCK,
                                 plan: torch.Tensor | None = None) -> torch.Tensor:
-    """``flare::sampling_cut`` over many programs per row (see above): the cut of :func:`sampling_cut_triton`.
+    """``flare::sampling_cut_compact`` on the GPU (or the interpreter): the cut of :func:`sampling_cut_triton` over
+    many programs per row (see above).
     ``chunk`` / ``cap`` / ``buffer`` (powers of two): values per chunk (default: at least 4096, at most
     :data:`SAMPLING_CUT_CHUNKS` chunks), the window values sorted at most and compacted at most; ``plan``: an
     optional ``[B, 4]`` int32 that receives each row's last bin, window count, first bin and count of values above
