@@ -86,6 +86,9 @@ def cases(tk):
         if heads == 32:  # the next weight's L2 prefetch (decode_next_prefetch_lines), at Qwen3-8B's one row
             out.append((f"decode reduce {heads}x8 splits {splits} next prefetch 8", "_paged_decode_reduce_kernel",
                         rsig, {**r, "NEXT_LINES": 8, "NEXT_LINE": 64, "PROBE": None}, dict(num_warps=4)))
+            out.append((f"decode reduce {heads}x8 splits {splits} next prefetch 8 evict-last",
+                        "_paged_decode_reduce_kernel", rsig,
+                        {**r, "NEXT_LINES": 8, "NEXT_LINE": 64, "NEXT_LAST": True, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))

@@ -115,10 +115,15 @@ def _pdl_wait(USE_PDL: tl.constexpr, EARLY: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptrs, EVICT_LAST: tl.constexpr = False):
+    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program); ``EVICT_LAST``:
+    with the evict-last priority (kept over evict-normal and evict-first lines)."""
+    if EVICT_LAST:
+        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 #: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half
@@ -469,13 +474,14 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 
 
 @triton.jit
-def _prefetch_row_heads(W, first, last, stride_w, LINES: tl.constexpr, LINE: tl.constexpr, CHUNK: tl.constexpr):
+def _prefetch_row_heads(W, first, last, stride_w, LINES: tl.constexpr, LINE: tl.constexpr, CHUNK: tl.constexpr,
+                        EVICT_LAST: tl.constexpr):
     """L2 prefetch of the first ``LINES`` lines (``LINE`` elements each: 128 bytes) of rows ``first .. last - 1`` of
     ``W`` (rows ``stride_w`` elements apart), ``CHUNK`` rows per round (the last round's rows clamped)."""
     lines = tl.arange(0, LINES) * LINE
     for r0 in range(first, last, CHUNK):
         rows = tl.minimum(r0 + tl.arange(0, CHUNK), last - 1).to(tl.int64)
-        _prefetch_l2(W + rows[:, None] * stride_w + lines[None, :])
+        _prefetch_l2(W + rows[:, None] * stride_w + lines[None, :], EVICT_LAST)
 
 
 @triton.jit
@@ -483,7 +489,8 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out, NEXT, next_rows, stride
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
                                 USE_PDL: tl.constexpr, EARLY: tl.constexpr, NEXT_LINES: tl.constexpr = 0,
-                                NEXT_LINE: tl.constexpr = 64, PROBE=None, HAS_PROBE: tl.constexpr = False):
+                                NEXT_LINE: tl.constexpr = 64, NEXT_LAST: tl.constexpr = False, PROBE=None,
+                                HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -494,7 +501,7 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out, NEXT, next_rows, stride
     if USE_PDL and NEXT_LINES > 0:
         per = tl.cdiv(next_rows, tl.num_programs(0) * H)
         _prefetch_row_heads(NEXT, prog * per, tl.minimum(prog * per + per, next_rows), stride_next, NEXT_LINES,
-                            NEXT_LINE, 64)
+                            NEXT_LINE, 64, NEXT_LAST)
     _pdl_wait(USE_PDL, EARLY)
     h = tl.program_id(1)
     _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
@@ -834,6 +841,7 @@ FUSED_DECODE_MAX_SPLITS = 64
 #: decode reduce kernel prefetches into L2 before its wait, at one row (``FLARE_DECODE_NEXT_PREFETCH=N`` sets it; 0:
 #: none).  The attention before it is latency-bound: HBM streams only the output projection's early preload then,
 #: and the gate/up GEMV after it (cuBLAS at Qwen3-8B, 201 MB) reads its rows from their first columns on.
+#: ``FLARE_DECODE_NEXT_PREFETCH_LAST=1``: the lines prefetched with the evict-last priority (side-by-side runs).
 DECODE_NEXT_PREFETCH_LINES = 0
 
 
@@ -938,7 +946,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, nxt, nxt.shape[0] if lines else 0, nxt.stride(0) if lines else 0,
             H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits, SP=geo["SP"], NEXT_LINES=lines,
-            NEXT_LINE=128 // nxt.element_size(), num_warps=4, **_pdl(q.device, early_rows=b),
+            NEXT_LINE=128 // nxt.element_size(), NEXT_LAST=switch("FLARE_DECODE_NEXT_PREFETCH_LAST", False),
+            num_warps=4, **_pdl(q.device, early_rows=b),
             **_probe_args(probe, 1, b * h))
     return out
 
