@@ -74,8 +74,7 @@ def cases(tk):
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
-        rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P, "NEXT": P, "next_rows": "i32",
-                "stride_next": "i32"}
+        rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         wide = " wide" if bn == 32 else ""
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
@@ -83,12 +82,6 @@ def cases(tk):
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
-        if heads == 32:  # the next weight's L2 prefetch (decode_next_prefetch_lines), at Qwen3-8B's one row
-            out.append((f"decode reduce {heads}x8 splits {splits} next prefetch 8", "_paged_decode_reduce_kernel",
-                        rsig, {**r, "NEXT_LINES": 8, "NEXT_LINE": 64, "PROBE": None}, dict(num_warps=4)))
-            out.append((f"decode reduce {heads}x8 splits {splits} next prefetch 8 evict-last",
-                        "_paged_decode_reduce_kernel", rsig,
-                        {**r, "NEXT_LINES": 8, "NEXT_LINE": 64, "NEXT_LAST": True, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))

@@ -62,22 +62,18 @@ def rope_decode_attention_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
                            k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
                            k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float,
-                           overlap_bytes: Optional[int] = None,
-                           next_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           overlap_bytes: Optional[int] = None) -> torch.Tensor:
     """``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV output are fine), per-head norm weights
     ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools ``[pages + 1, page, KV, D]``, sanitized ``slots [B]``,
     ``block_tables [B, P]``, ``seq_lens [B]`` -> a new contiguous ``[B, 1, H * D]``; writes the rotated key and the
     value of each row into the pools (see the module docstring).  ``overlap_bytes``: the bytes the kernel before it
     streams (the QKV projection's weight; None: unknown) -- a scheduling hint for the CUDA kernel's K/V prefetch
-    (``triton_kernels.decode_kv_prefetch_keys``), no effect on the values; ``next_weight``: a weight the step streams
-    after the output projection (the MLP's gate/up), only read ahead into L2 by the CUDA kernel
-    (``triton_kernels.decode_next_prefetch_lines``) -- another scheduling hint, no effect on the values."""
+    (``triton_kernels.decode_kv_prefetch_keys``), no effect on the values."""
     if q.is_cuda:
         from ignition.components.triton_kernels import rope_decode_attention_triton  # imports triton: CUDA only
 
         _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
         return rope_decode_attention_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
-                                            block_tables, seq_lens, scaling, overlap_bytes=overlap_bytes,
-                                            next_weight=next_weight)
+                                            block_tables, seq_lens, scaling, overlap_bytes=overlap_bytes)
     return rope_decode_attention_reference(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
                                            block_tables, seq_lens, scaling)

@@ -92,38 +92,19 @@ def pdl_early_enabled(rows: int = 1) -> bool:
 def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
     """Wait for the previous kernel (its writes visible after this) and let the next kernel launch -- after the wait,
     or with ``EARLY`` before it (see the rules above)."""
-    _pdl_trigger_early(USE_PDL, EARLY)
-    _pdl_wait(USE_PDL, EARLY)
-
-
-@triton.jit
-def _pdl_trigger_early(USE_PDL: tl.constexpr, EARLY: tl.constexpr):
-    """The first half of :func:`_pdl_enter`: an ``EARLY`` kernel lets the next kernel launch now."""
     if USE_PDL:
         if EARLY:
             gdc_launch_dependents()
-
-
-@triton.jit
-def _pdl_wait(USE_PDL: tl.constexpr, EARLY: tl.constexpr):
-    """The second half of :func:`_pdl_enter`: wait for the previous kernel, then (unless ``EARLY``) let the next one
-    launch."""
-    if USE_PDL:
         gdc_wait()
         if not EARLY:
             gdc_launch_dependents()
 
 
 @triton.jit
-def _prefetch_l2(ptrs, EVICT_LAST: tl.constexpr = False):
-    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program); ``EVICT_LAST``:
-    with the evict-last priority (kept over evict-normal and evict-first lines)."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptrs):
+    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 #: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half
@@ -474,35 +455,20 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 
 
 @triton.jit
-def _prefetch_row_heads(W, first, last, stride_w, LINES: tl.constexpr, LINE: tl.constexpr, CHUNK: tl.constexpr,
-                        EVICT_LAST: tl.constexpr):
-    """L2 prefetch of the first ``LINES`` lines (``LINE`` elements each: 128 bytes) of rows ``first .. last - 1`` of
-    ``W`` (rows ``stride_w`` elements apart), ``CHUNK`` rows per round (the last round's rows clamped)."""
-    lines = tl.arange(0, LINES) * LINE
-    for r0 in range(first, last, CHUNK):
-        rows = tl.minimum(r0 + tl.arange(0, CHUNK), last - 1).to(tl.int64)
-        _prefetch_l2(W + rows[:, None] * stride_w + lines[None, :], EVICT_LAST)
-
-
-@triton.jit
-def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out, NEXT, next_rows, stride_next,
+def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
-                                USE_PDL: tl.constexpr, EARLY: tl.constexpr, NEXT_LINES: tl.constexpr = 0,
-                                NEXT_LINE: tl.constexpr = 64, NEXT_LAST: tl.constexpr = False, PROBE=None,
+                                USE_PDL: tl.constexpr, EARLY: tl.constexpr, PROBE=None,
                                 HAS_PROBE: tl.constexpr = False):
     prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
-    _pdl_trigger_early(USE_PDL, EARLY)  # EARLY: the output projection after it starts streaming its weight meanwhile
-    # NEXT_LINES (``decode_next_prefetch_lines``): while the attention before it runs, an L2 prefetch of the head of
-    # every row of ``NEXT`` -- a weight the step streams after the output projection (the MLP's gate/up), whose first
-    # columns its kernel reads first -- spread over this launch's programs; weights only, so legal before the wait.
-    if USE_PDL and NEXT_LINES > 0:
-        per = tl.cdiv(next_rows, tl.num_programs(0) * H)
-        _prefetch_row_heads(NEXT, prog * per, tl.minimum(prog * per + per, next_rows), stride_next, NEXT_LINES,
-                            NEXT_LINE, 64, NEXT_LAST)
-    _pdl_wait(USE_PDL, EARLY)
+    # EARLY: the output projection after it starts streaming its weight meanwhile.  Tried and removed: these programs
+    # (after the trigger, before the wait, while the attention runs) prefetching the head of every row of the layer's
+    # gate/up weight into L2 for the cuBLAS GEMV after the output projection -- Qwen3-8B side by side in one process
+    # (``results/20261202T020400Z-sm90-run101``): 8 lines (24 MiB) 1.0053x at batch 1 (within noise), 16 lines 1.033x
+    # slower, 8 lines with the evict-last priority 1.0055x; batch 4 (no prefetch there) within noise.
+    _pdl_enter(USE_PDL, EARLY)
     h = tl.program_id(1)
     _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
     offs_d = tl.arange(0, DP)
@@ -768,8 +734,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
         num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
-        m_ws, l_ws, acc_ws, out, out, 0, 0, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp,
-        SPLITS=geo["SPLITS"], SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
+        m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
+        SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
     return out
 
 
@@ -837,30 +803,6 @@ def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int
 FUSED_DECODE_MAX_SPLITS = 64
 
 
-#: 128-byte lines at the head of each row of the next weight (the MLP's gate/up after the output projection) that the
-#: decode reduce kernel prefetches into L2 before its wait, at one row (``FLARE_DECODE_NEXT_PREFETCH=N`` sets it; 0:
-#: none).  The attention before it is latency-bound: HBM streams only the output projection's early preload then,
-#: and the gate/up GEMV after it (cuBLAS at Qwen3-8B, 201 MB) reads its rows from their first columns on.
-#: ``FLARE_DECODE_NEXT_PREFETCH_LAST=1``: the lines prefetched with the evict-last priority (side-by-side runs).
-DECODE_NEXT_PREFETCH_LINES = 0
-
-
-def decode_next_prefetch_lines(batch: int, weight: torch.Tensor | None) -> int:
-    """Lines per row of ``weight`` the decode reduce kernel prefetches (0: none): :data:`DECODE_NEXT_PREFETCH_LINES`
-    (``FLARE_DECODE_NEXT_PREFETCH``, a power of two; read at each launch, for side-by-side runs) when ``weight`` is
-    given, 2-D with contiguous rows, and ``batch`` is one whose reduce kernel is ``EARLY`` (:func:`pdl_early_enabled`:
-    its wait is then long) -- never more lines than a row holds."""
-    lines = whole("FLARE_DECODE_NEXT_PREFETCH", DECODE_NEXT_PREFETCH_LINES, low=0)
-    if lines & (lines - 1):
-        raise ValueError(f"FLARE_DECODE_NEXT_PREFETCH={lines}: expected a power of two (or 0: none)")
-    if not lines or weight is None or weight.dim() != 2 or weight.stride(-1) != 1 or not pdl_early_enabled(batch):
-        return 0
-    row_lines = weight.shape[1] * weight.element_size() // 128
-    while lines > max(1, row_lines):
-        lines //= 2
-    return lines
-
-
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
     """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most
     :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two
@@ -903,7 +845,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                  num_splits: int | None = None, block_n: int | None = None,
-                                 overlap_bytes: int | None = None, next_weight: torch.Tensor | None = None,
+                                 overlap_bytes: int | None = None,
                                  probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
@@ -911,9 +853,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
-    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`); ``next_weight``: a
-    weight ``[N, K]`` the step streams after the output projection (the MLP's gate/up), whose rows' heads the reduce
-    kernel may prefetch into L2 while the attention runs (:func:`decode_next_prefetch_lines`).  ``probe``:
+    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
     diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
     and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps
     (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
@@ -941,14 +881,9 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
-        lines = decode_next_prefetch_lines(b, next_weight)
-        nxt = next_weight if lines else out
         _paged_decode_reduce_kernel[(b, h)](
-            m_ws, l_ws, acc_ws, out, nxt, nxt.shape[0] if lines else 0, nxt.stride(0) if lines else 0,
-            H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits, SP=geo["SP"], NEXT_LINES=lines,
-            NEXT_LINE=128 // nxt.element_size(), NEXT_LAST=switch("FLARE_DECODE_NEXT_PREFETCH_LAST", False),
-            num_warps=4, **_pdl(q.device, early_rows=b),
-            **_probe_args(probe, 1, b * h))
+            m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
+            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
     return out
 
 

@@ -176,9 +176,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
                                                      (16, 8, (1000,))])
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
-    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), one row with the reduce
-      kernel's prefetch of a next weight (``FLARE_DECODE_NEXT_PREFETCH``), a register cap, the plain key loop
-      (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
+      key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
     - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
       of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
@@ -219,16 +218,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         kp3, vp3 = kp.clone(), vp.clone()
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
-    if len(seq_lens) == 1:  # the reduce kernel's L2 prefetch of a next weight's row heads: reads ahead only
-        monkeypatch.setenv("FLARE_DECODE_NEXT_PREFETCH", "8")
-        nxt = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
-        assert tk.decode_next_prefetch_lines(1, nxt) == 8
-        kp9, vp9 = kp.clone(), vp.clone()
-        got9 = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp9, vp9, slots, bt, lens, scaling,
-                                               next_weight=nxt)
-        assert bits(got9, out) and bits(kp9, kp1) and bits(vp9, vp1), "the next weight's prefetch changed a bit"
-        monkeypatch.delenv("FLARE_DECODE_NEXT_PREFETCH")
-        del nxt
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
     kp4, vp4 = kp.clone(), vp.clone()

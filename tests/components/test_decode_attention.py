@@ -262,28 +262,6 @@ def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
             tk.decode_kv_prefetch_keys(1, 8 * mib)
 
 
-def test_next_weight_prefetch_switch(monkeypatch):
-    """The reduce kernel's L2 prefetch of the next weight's row heads: off by default
-    (``DECODE_NEXT_PREFETCH_LINES``), ``FLARE_DECODE_NEXT_PREFETCH=N`` lines per row at the rows whose reduce is
-    ``EARLY`` only, never without a weight or past a row's own lines; a bad value names the switch."""
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    w = torch.empty(64, 4096, dtype=torch.bfloat16)  # 64 lines of 128 bytes per row
-    assert tk.decode_next_prefetch_lines(1, w) == tk.DECODE_NEXT_PREFETCH_LINES == 0
-    monkeypatch.setenv("FLARE_DECODE_NEXT_PREFETCH", "8")
-    assert [tk.decode_next_prefetch_lines(b, w) for b in (1, 2, 4)] == [8, 0, 0]
-    assert tk.decode_next_prefetch_lines(1, None) == 0 and tk.decode_next_prefetch_lines(1, w.t()) == 0
-    assert tk.decode_next_prefetch_lines(1, torch.empty(64, 128, dtype=torch.bfloat16)) == 2  # 2 lines per row
-    monkeypatch.setenv("FLARE_PDL_EARLY", "0")  # no EARLY reduce: no long wait to fill
-    assert tk.decode_next_prefetch_lines(1, w) == 0
-    monkeypatch.delenv("FLARE_PDL_EARLY")
-    for bad in ("3", "-8", "eight"):
-        monkeypatch.setenv("FLARE_DECODE_NEXT_PREFETCH", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_NEXT_PREFETCH"):
-            tk.decode_next_prefetch_lines(1, w)
-
-
 def test_early_reduce_rows_switch(monkeypatch):
     """The reduce kernel lets the output projection launch before its own wait at one row by default, up to
     ``FLARE_PDL_EARLY_ROWS`` rows when set, never with ``FLARE_PDL_EARLY=0``; a bad row count names the switch."""

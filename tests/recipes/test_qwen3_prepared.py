@@ -276,17 +276,15 @@ def test_catalog_stages_and_capacities(ckpt):
 def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
     """Each layer's attention gets its QKV projection's weight bytes (``overlap_bytes``: the decode kernel's K/V
     prefetch is scheduled by it) -- checked against the size the checkpoint's config gives: (heads + 2 KV heads) x
-    head_dim rows of hidden_size bf16 values -- and, as ``next_weight`` (the reduce kernel's L2 prefetch), the packed
-    gate/up weight of its own layer: 2 x intermediate_size rows of hidden_size."""
+    head_dim rows of hidden_size bf16 values."""
     from ignition.components import attention
 
-    seen, nexts = [], []
+    seen = []
     real = attention.PyTorchPagedAttention.rope_attend
 
-    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=None, next_weight=None):
+    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=None):
         seen.append((q.shape[1], overlap_bytes))
-        nexts.append((layer, next_weight))
-        return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes, next_weight)
+        return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
 
     monkeypatch.setattr(attention.PyTorchPagedAttention, "rope_attend", recording)
     model, graphs = prepare(ckpt, decode=(1,), prefill=(8,))
@@ -298,9 +296,6 @@ def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], graphs.steps[0].max_pages))
     layers = cfg.num_hidden_layers
     assert sorted(set(seen)) == [(1, qkv), (8, qkv)] and len(seen) == 2 * layers
-    gate_up = [layer.mlp.gate_up_proj.plain_weight() for layer in model.hf.model.layers]
-    assert all(w is not None and tuple(w.shape) == (2 * cfg.intermediate_size, cfg.hidden_size)
-               and w is gate_up[i] for i, w in nexts)
 
 
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):

@@ -100,14 +100,13 @@ class PagedQwen3Attention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None,
                 kv_layer: int | None = None, input_norm: nn.Module | None = None,
-                residual: torch.Tensor | None = None, next_weight: torch.Tensor | None = None, **_):
+                residual: torch.Tensor | None = None, **_):
         """``kv_layer``: the layer of ``paged_batch.cache`` holding this layer's K/V (default ``layer_idx``);
         regional compilation passes a one-layer view of the pool and ``kv_layer=0`` so that no
         layer-specific integer is traced (one compiled layer graph then serves every layer).
         ``input_norm`` (applied to ``hidden_states`` first) and ``residual`` (added to the output) are the
         decoder layer's, handed in so that the QKV and output projections may fuse them
-        (:func:`ignition.components.fused_linear.linear_block`).  ``next_weight``: the weight the layer streams after
-        the output projection (the MLP's gate/up), a prefetch hint for the attention backend."""
+        (:func:`ignition.components.fused_linear.linear_block`)."""
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
@@ -120,7 +119,7 @@ class PagedQwen3Attention(nn.Module):
         # overlap_bytes: the QKV projection's weight, which its kernel streams while the attention's launches --
         # a scheduling hint (the decode kernel prefetches K/V only behind a long enough stream)
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
-                                       cos, sin, paged_batch, overlap_bytes=self.qkv_bytes, next_weight=next_weight)
+                                       cos, sin, paged_batch, overlap_bytes=self.qkv_bytes)
         # early: the post-attention norm / MLP after it reads only weights before its wait
         return linear_block(out, self.o_proj, residual=residual, early=True), None
 
@@ -165,8 +164,7 @@ class PreparedQwen3DecoderLayer(nn.Module):
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                 paged_batch: AttentionBatch | None = None, kv_layer: int | None = None, **_) -> torch.Tensor:
         h, _ = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
-                              input_norm=self.input_layernorm, residual=hidden_states,
-                              next_weight=self.mlp.gate_up_proj.plain_weight())
+                              input_norm=self.input_layernorm, residual=hidden_states)
         return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h)
 
 
