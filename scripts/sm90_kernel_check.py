@@ -78,10 +78,6 @@ def cases(tk):
         wide = " wide" if bn == 32 else ""
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
-        if heads == 32:  # the preloaded key blocks (decode_preload_blocks), at Qwen3-8B's one row
-            for pre in (1, 2):
-                out.append((f"fused decode {heads}x8 splits {splits} preload {pre}", "_rope_decode_kernel",
-                            DECODE_SIG, {**c, "PRE_BLOCKS": pre, "PROBE": None}, dict(num_warps=4)))
         if wide:
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -205,16 +205,12 @@ def _rope_cos_sin(COS, SIN, offs, HALF: tl.constexpr):
 def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
                    K_NORM: tl.constexpr):
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
-    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot); returns the halves it stored ``(k1, k2, v1, v2)``,
-    ``[R, HALF]`` each (stored as the pool's dtype: the caller converts where they differ)."""
+    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
-    v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
-    tl.store(VP + offs[None, :], v1, mask=kmask)
-    v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
-    tl.store(VP + HALF + offs[None, :], v2, mask=kmask)
-    return k1, k2, v1, v2
+    tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+    tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
 
 
 @triton.jit
@@ -307,36 +303,25 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt, stride_kh,
-                 stride_vp, stride_vt, stride_vh, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                 CG: tl.constexpr = False, PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
-    """Key block ``blk`` (keys blk * BLOCK_N ..) gathered through the block table: ``(K^T [DP, BLOCK_N], V [BLOCK_N,
-    DP], keys mask [BLOCK_N], pool slots [BLOCK_N])``, zeros past ``seq_len``.  ``CG``: every load through L2 (the
-    reads before a PDL wait, see the rules at the top of this file)."""
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                  HAS_PROBE: tl.constexpr = False):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
-    cache: tl.constexpr = ".cg" if CG else ""
     _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
-    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0,
-                   cache_modifier=cache).to(tl.int64)  # one id per key
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
     kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-                 mask=n_mask[None, :] & d_mask[:, None], other=0.0, cache_modifier=cache)
+                 mask=n_mask[None, :] & d_mask[:, None], other=0.0)
     v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=cache)
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
     _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
                                    + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
                  HAS_PROBE)
-    return kt, v, n_mask, page * PAGE + in_page
-
-
-@triton.jit
-def _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False):
-    """The online-softmax step of one key block: its tiles ``kt [DP, BLOCK_N]``, ``v [BLOCK_N, DP]`` and keys mask
-    (:func:`_decode_load`) -> ``(m, l, acc)``."""
     if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
@@ -357,18 +342,6 @@ def _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.c
 
 
 @triton.jit
-def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
-    kt, v, n_mask, _ = _decode_load(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp, stride_kt,
-                                    stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE, BLOCK_N, False,
-                                    PROBE, prog, HAS_PROBE)
-    return _decode_update(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog, HAS_PROBE)
-
-
-@triton.jit
 def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
@@ -385,25 +358,9 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
                    HAS_PROBE: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
-    m_i, l_i, acc = _decode_state(QR, DP)
-    return _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
-
-
-@triton.jit
-def _decode_state(QR: tl.constexpr, DP: tl.constexpr):
-    """The online softmax's state before any key block: ``(m = -inf, l = 0, acc = 0)``."""
-    return (tl.full([QR], float("-inf"), dtype=tl.float32), tl.zeros([QR], dtype=tl.float32),
-            tl.zeros([QR, DP], dtype=tl.float32))
-
-
-@triton.jit
-def _decode_blocks_from(m_i, l_i, acc, q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False):
-    """:func:`_decode_blocks` from the state ``(m_i, l_i, acc)`` of the blocks before ``start``."""
+    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([QR], dtype=tl.float32)
+    acc = tl.zeros([QR, DP], dtype=tl.float32)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -467,14 +424,6 @@ def _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask,
     num = tl.sum(w[:, None] * acc, axis=0)  # [DP]
     out = tl.where(denom > 0.0, num / tl.where(denom > 0.0, denom, 1.0), 0.0)
     tl.store(Out + b64 * (H * D) + (kvh * G + g) * D + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
-
-
-@triton.jit
-def _patch_slot(kt, v, n_mask, slots, slot, knew, vnew):
-    """Preloaded tiles (:func:`_decode_load`) with the key at pool slot ``slot`` replaced by ``knew [D, 1]`` and its
-    value by ``vnew [1, D]``."""
-    hit = (slots == slot) & n_mask  # [BLOCK_N]
-    return tl.where(hit[None, :], knew, kt), tl.where(hit[:, None], vnew, v)
 
 
 @triton.jit
@@ -551,8 +500,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
-                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PRE_BLOCKS: tl.constexpr = 0,
-                        PROBE=None, HAS_PROBE: tl.constexpr = False):
+                        KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
+                        HAS_PROBE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -563,21 +512,9 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
     # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
-    # PRE_BLOCKS (``decode_preload_blocks``): the split's first key blocks loaded into registers here (the old keys:
-    # this launch writes only the new token's slot, patched into them after its write below), so that after the wait
-    # the attention waits for its query rows only; the L2 prefetch then covers the blocks after them.
-    if PRE_BLOCKS >= 1:
-        pre_d = tl.arange(0, D)
-        kt0, v0, nm0, sl0 = _decode_load(start, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
-                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
-    if PRE_BLOCKS >= 2:
-        kt1, v1, nm1, sl1 = _decode_load(start + 1, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), pre_d,
-                                         pre_d < D, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                         stride_vph, stride_bt, PAGE, BLOCK_N, True)
     if USE_PDL and KV_PREFETCH > 0:
-        _decode_prefetch_kv(start + PRE_BLOCKS, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph,
-                            stride_vp, stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
+        _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
+                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
     # after the wait: tried and removed, the reduce (and through it o_proj and the MLP) launched before it -- within
     # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``).
@@ -605,34 +542,16 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     if split == writer:
         slot = tl.load(SLOTS + b).to(tl.int64)
         one = tl.arange(0, 1)[:, None]
-        k1, k2, nv1, nv2 = _rope_write_kv(
-            K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-            KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-            KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-        if PRE_BLOCKS >= 1:  # the preloaded tiles hold the slot's old values: what a load now would return instead
-            dt = KP.dtype.element_ty
-            knew = tl.reshape(tl.permute(tl.join(k1.to(dt), k2.to(dt)), (0, 2, 1)), (D, 1))  # the halves, in order
-            vnew = tl.reshape(tl.permute(tl.join(nv1.to(dt), nv2.to(dt)), (0, 2, 1)), (1, D))
-            kt0, v0 = _patch_slot(kt0, v0, nm0, sl0, slot, knew, vnew)
-            if PRE_BLOCKS >= 2:
-                kt1, v1 = _patch_slot(kt1, v1, nm1, sl1, slot, knew, vnew)
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
-    m_i, l_i, acc = _decode_state(QR, D)
-    if PRE_BLOCKS >= 1:
-        if start < end:
-            m_i, l_i, acc = _decode_update(kt0, v0, nm0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
-                                           HAS_PROBE)
-    if PRE_BLOCKS >= 2:
-        if start + 1 < end:
-            m_i, l_i, acc = _decode_update(kt1, v1, nm1, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
-                                           HAS_PROBE)
-    m_i, l_i, acc = _decode_blocks_from(m_i, l_i, acc, q, start + PRE_BLOCKS, end, KP, VP, BT, b64, kvh, seq_len,
-                                        tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph,
-                                        stride_vp, stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N,
-                                        DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
+                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -828,7 +747,11 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: Qwen3-0.6B batch 1 (``results/20261201T045516Z-sm90-run15``): 1.1106 -> 1.1217 ms alone, 1.1090 with the EARLY
 #: reduce and the whole-weight GEMV prefetch.  Tried and removed: loading the first key blocks into registers before
 #: the wait instead (new slot patched in after it) -- bitwise in the interpreter but not compiled for sm90, and
-#: Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower (``results/20261201T114209Z-sm90-run27``).
+#: Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower (``results/20261201T114209Z-sm90-run27``); again on this
+#: kernel, in addition to the prefetch where it may read ahead, only the writer patching its tiles
+#: (``results/20261202T021700Z-sm90-run102``): Qwen3-8B batch 1 1.011x (2 blocks) and 1.007x (1 block) slower, within
+#: noise, and on sm90 the new keys' bits moved (the patch's join changed the layout the k_norm statistics are summed
+#: in).
 #: Per model it differs (``results/20261201T163000Z-sm90-attnprobe-runs48-53``, one-row layer graphs side by side):
 #: off, Qwen3-8B 1.015x slower, Qwen3-0.6B 0.950x (its 8 MiB qkv projection ends ~3.6 us after the attention
 #: starts prefetching 4 MiB of K/V, which competes with it); in Qwen3-0.6B's real decode step
@@ -857,43 +780,21 @@ DECODE_KV_PREFETCH_ROWS = 1
 DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 
-def _decode_reads_ahead(batch: int, overlap_bytes: int | None) -> bool:
-    """Whether the fused decode kernel may read its old K/V before its wait: up to :data:`DECODE_KV_PREFETCH_ROWS`
-    rows, and only after a stream of at least :data:`DECODE_KV_PREFETCH_MIN_BYTES` (``overlap_bytes``: the bytes the
-    kernel before it streams; None: unknown, the rows decide -- standalone launches)."""
-    if batch > switch_rows("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS):
-        return False
+def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
+    """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
+    :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
+    :data:`DECODE_KV_PREFETCH_MIN_BYTES` (``overlap_bytes``: the bytes the kernel before it streams; None: unknown,
+    the rows decide -- standalone launches).  ``FLARE_DECODE_KV_PREFETCH=0`` turns it off; all read at each launch,
+    for side-by-side runs."""
+    if (batch > switch_rows("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
+            or not switch("FLARE_DECODE_KV_PREFETCH", True)):
+        return 0
     least = number("FLARE_DECODE_KV_PREFETCH_MIN_MB", DECODE_KV_PREFETCH_MIN_BYTES / (1 << 20))
     if least < 0:
         raise ValueError(f"FLARE_DECODE_KV_PREFETCH_MIN_MB={least}: expected a size in MiB >= 0")
-    return overlap_bytes is None or overlap_bytes >= least * (1 << 20)
-
-
-def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
-    """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows, where
-    :func:`_decode_reads_ahead` says so.  ``FLARE_DECODE_KV_PREFETCH=0`` turns it off; all read at each launch, for
-    side-by-side runs."""
-    if not switch("FLARE_DECODE_KV_PREFETCH", True) or not _decode_reads_ahead(batch, overlap_bytes):
+    if overlap_bytes is not None and overlap_bytes < least * (1 << 20):
         return 0
     return DECODE_KV_PREFETCH_KEYS
-
-
-#: Key blocks of its share the fused decode kernel loads into registers before its PDL wait (0..2), where it may read
-#: ahead (:func:`_decode_reads_ahead`: Qwen3-8B's one-row steps), the new token's slot patched into them after its
-#: write (``FLARE_DECODE_PRELOAD=N`` sets it).  0: not yet measured in the step of this kernel (an earlier version,
-#: before the pre-wait prefetch and the wide launches, ran only at Qwen3-0.6B: within noise at batch 1,
-#: ``results/20261201T114209Z-sm90-run27``).
-DECODE_PRELOAD_BLOCKS = 0
-
-
-def decode_preload_blocks(batch: int, overlap_bytes: int | None, blocks_per_split: int) -> int:
-    """Key blocks the fused decode kernel preloads (:data:`DECODE_PRELOAD_BLOCKS`; ``FLARE_DECODE_PRELOAD``, 0..2,
-    read at each launch): none where it may not read ahead, never more than ``blocks_per_split`` (the most blocks a
-    split of the launch takes)."""
-    n = whole("FLARE_DECODE_PRELOAD", DECODE_PRELOAD_BLOCKS, low=0)
-    if n > 2:
-        raise ValueError(f"FLARE_DECODE_PRELOAD={n}: expected 0, 1 or 2 key blocks")
-    return min(n, max(0, blocks_per_split)) if n and _decode_reads_ahead(batch, overlap_bytes) else 0
 
 
 #: The fused decode kernel's split cap (``FLARE_DECODE_MAX_SPLITS`` overrides it).  It matters only for Qwen3-0.6B at
@@ -956,8 +857,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
-    weight; None: unknown), which decide its K/V prefetch and preload (:func:`decode_kv_prefetch_keys`,
-    :func:`decode_preload_blocks`).  ``probe``: diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
+    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
+    diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
     and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps
     (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
@@ -981,8 +882,6 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        PRE_BLOCKS=decode_preload_blocks(b, overlap_bytes,
-                                         triton.cdiv(triton.cdiv(block_tables.shape[1] * page, geo["BLOCK_N"]), splits)),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:

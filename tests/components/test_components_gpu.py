@@ -293,50 +293,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     assert (diff <= bound).all(), (diff - bound).max()
 
 
-@pytest.mark.parametrize("pre", [1, 2])
-@pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (32, 8, (17,))])
-def test_fused_decode_kernel_preloaded_blocks_on_this_gpu(monkeypatch, pre, heads, kv_heads, seq_lens):
-    """``FLARE_DECODE_PRELOAD``: the split's first key blocks loaded into registers before the PDL wait, the new
-    token's slot patched in -- compiled, at Qwen3-8B's head shape (one row of 1000 keys: 2 blocks per split; ragged
-    rows with an inactive one, every row allowed to read ahead; one row of 17 keys: the new key in a preloaded
-    block): the same output and pools as without, eager and over CUDA-graph replays, and on pools that already hold
-    the new K/V (no stale slot)."""
-    from test_decode_attention import EPS, make_decode_case
-
-    from ignition.components import triton_kernels as tk
-
-    cpu_case = make_decode_case(heads, kv_heads, 128, seq_lens, width=80, seed=pre + len(seq_lens))
-    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = [x.cuda() if isinstance(x, torch.Tensor) else x
-                                                            for x in cpu_case]
-    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", str(len(seq_lens)))
-
-    def run(k_pool, v_pool):
-        return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, k_pool, v_pool, slots, bt, lens,
-                                               128 ** -0.5)
-
-    def bits(a, b):
-        return torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-    kp0, vp0 = kp.clone(), vp.clone()
-    want = run(kp0, vp0)
-    monkeypatch.setenv("FLARE_DECODE_PRELOAD", str(pre))
-    assert tk.decode_preload_blocks(len(seq_lens), None, 2) == pre
-    kp1, vp1 = kp.clone(), vp.clone()
-    got = run(kp1, vp1)
-    assert bits(kp1, kp0) and bits(vp1, vp0), "the preload changed the pools"
-    assert bits(got, want), f"{pre} preloaded blocks changed the output's bits"
-    assert bits(run(kp1.clone(), vp1.clone()), want), "a preloaded tile kept the new slot's old value"
-    kp_g, vp_g = kp.clone(), vp.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_g = run(kp_g, vp_g)
-    for _ in range(3):
-        kp_g.copy_(kp), vp_g.copy_(vp)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert bits(out_g, want) and bits(kp_g, kp0) and bits(vp_g, vp0)
-
-
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
 # measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
 # tiles preloaded before the PDL wait (the default) and without, their inputs loaded together (the default) and one

@@ -177,45 +177,6 @@ def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n,
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
-@interpreter
-@pytest.mark.parametrize("pre", [1, 2])
-@pytest.mark.parametrize("num_splits,block_n", [(None, None), (1, None), (3, None), (6, None), (2, 32)])
-def test_preloaded_key_blocks_change_no_bit(monkeypatch, pre, num_splits, block_n):
-    """``FLARE_DECODE_PRELOAD``: each split's first key blocks loaded before the wait, the new token's slot patched
-    in after the writer's write -- whether the preloaded blocks are the whole share (3 or 6 splits of 6 blocks), part
-    of it (1 split: the loop reads the rest after the write) or more than it (6 splits: 1 block each), with ragged and
-    inactive rows (rows of 1 and 17 keys: the new key is in the writer's first, preloaded block): the output and the
-    pools equal the two-kernel path bit for bit (a stale slot would differ: the pools hold other values there)."""
-    from ignition.components import triton_kernels as tk
-
-    monkeypatch.setenv("FLARE_DECODE_PRELOAD", str(pre))
-    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", str(len(SEQ_LENS)))  # five rows may read ahead here
-    assert tk.decode_preload_blocks(len(SEQ_LENS), None, 6) == pre
-    case = make_decode_case(8, 2, 32, seed=pre * 7 + (num_splits or 0) + (block_n or 0))
-    fused, two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
-    assert_same_bits(fused, two)
-
-
-def test_decode_preload_blocks_rule(monkeypatch):
-    """Off by default (``DECODE_PRELOAD_BLOCKS``); ``FLARE_DECODE_PRELOAD=N`` (0..2) where the kernel may read ahead
-    (one row behind a long enough projection: the K/V prefetch's rule, whatever ``FLARE_DECODE_KV_PREFETCH``), never
-    more blocks than a split takes; a bad value names the switch."""
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    mib = 1 << 20
-    assert tk.decode_preload_blocks(1, 48 * mib, 2) == tk.DECODE_PRELOAD_BLOCKS == 0
-    monkeypatch.setenv("FLARE_DECODE_PRELOAD", "2")
-    assert [tk.decode_preload_blocks(1, 48 * mib, n) for n in (1, 2, 3)] == [1, 2, 2]
-    assert tk.decode_preload_blocks(1, 8 * mib, 2) == 0 and tk.decode_preload_blocks(4, 48 * mib, 2) == 0
-    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH", "0")  # the prefetch's own switch does not decide the preload
-    assert tk.decode_preload_blocks(1, 48 * mib, 2) == 2
-    for bad in ("3", "-1", "1.5"):
-        monkeypatch.setenv("FLARE_DECODE_PRELOAD", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_PRELOAD"):
-            tk.decode_preload_blocks(1, 48 * mib, 2)
-
-
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
