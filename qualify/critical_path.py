@@ -21,17 +21,35 @@ launch early, or a kernel launched without PDL).  ``compare`` sets two such resu
 
 ``gap_to_floor`` sets each region against its share of the floor (its bytes over the measured bandwidth,
 ``qualify.replay_floor.region_bytes``): where the step's time above the floor goes -- per region, and per layer.
+``position_gaps`` does it per layer position: the layer's projection kernels (by name: GEMV / GEMM / cuBLAS kernels,
+:data:`PROJECTION_KERNEL`) take the layer's projection bytes in order (``replay_floor``'s
+``layer_projection_bytes``), its attention kernel the layer's KV cache, every other kernel (norms, the attention's
+reduce, an activation) nothing -- so each kernel's time above its own floor, and the bandwidth it reached.
+
+CLI (an archived run, re-read): ``python -m qualify.critical_path RUN_DIR [--config CONFIG_JSON]`` prints, per decode
+timeline the run archived, the critical path, the time above the floor per region and per layer position; the
+projection bytes come from the run's samples, or for runs archived before they carried them from ``--config`` (a
+Hugging Face ``config.json``: ``replay_floor``'s geometry estimate).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 from qualify.timeline import LAYERS, REPLAYS, _kernels, _trace, kernel_ranges
 
-__all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines"]
+__all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines",
+           "position_gaps", "position_gap_lines"]
+
+#: Kernels that stream a projection's weight: Triton GEMV / GEMM kernels, cuBLAS (``nvjet``, ``xmma``, ``gemv``,
+#: ``gemm``), CUTLASS, Inductor's matmul templates.
+PROJECTION_KERNEL = re.compile(r"gemv|gemm|nvjet|xmma|cutlass|cublas|matmul|triton_tem_", re.IGNORECASE)
+#: The attention kernel of a layer (not its reduce/combine pass): it takes the layer's KV-cache bytes.
+ATTENTION_KERNEL = re.compile(r"^(?!.*(reduce|combine)).*(attention|attn|flash|decode)", re.IGNORECASE)
 
 
 def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
@@ -252,3 +270,128 @@ def gap_lines(gaps: dict[str, dict]) -> list[str]:
         f"{gaps[k]['layers'] * (gaps[k]['per_layer_us'] - gaps[k]['per_layer_floor_us']):.0f} us over "
         f"{gaps[k]['layers']} layers)" for k in labels) + "."]
     return lines
+
+
+def position_gaps(r: dict, projection_bytes: list[int], kv_bytes_per_layer: int, bandwidth: float) -> dict:
+    """Each layer position of :func:`increments`' result ``r`` against its own floor (module doc): ``{"rows":
+    [{position, name, us, bytes, floor_us, over_us, tb_per_s}], "per_layer_us", "per_layer_floor_us"}``, or
+    ``{"error": reason}`` when the layer's projection kernels are not one per projection (another layer structure:
+    then no kernel can be given its bytes) or no single attention kernel holds the KV cache."""
+    if not bandwidth or bandwidth <= 0:
+        raise ValueError(f"position gaps: bandwidth must be positive bytes/s, got {bandwidth!r}")
+    names = [p["name"] for p in r["positions"]]
+    proj = [j for j, n in enumerate(names) if PROJECTION_KERNEL.search(n)]
+    attn = [j for j, n in enumerate(names) if j not in proj and ATTENTION_KERNEL.search(n)]
+    if len(proj) != len(projection_bytes):
+        return {"error": f"{len(proj)} projection kernels in a layer ({', '.join(short_name(names[j]) for j in proj)})"
+                         f" for {len(projection_bytes)} projections"}
+    if kv_bytes_per_layer and len(attn) != 1:
+        return {"error": f"{len(attn)} attention kernels in a layer for its KV cache"}
+    nbytes = [0] * len(names)
+    for j, n in zip(proj, projection_bytes):
+        nbytes[j] = int(n)
+    if attn:
+        nbytes[attn[0]] += int(kv_bytes_per_layer)
+    rows = []
+    for p, n in zip(r["positions"], nbytes):
+        floor = n / bandwidth * 1e6
+        rows.append({"position": p["position"], "name": p["name"], "us": p["median_us"], "bytes": n,
+                     "floor_us": floor, "over_us": p["median_us"] - floor,
+                     "tb_per_s": n / (p["median_us"] * 1e-6) / 1e12 if n and p["median_us"] > 0 else None})
+    return {"rows": rows, "per_layer_us": sum(x["us"] for x in rows),
+            "per_layer_floor_us": sum(x["floor_us"] for x in rows), "bandwidth_tb_per_s": bandwidth / 1e12}
+
+
+def position_gaps_from_samples(r: dict, samples: list[dict], rows: int) -> dict | None:
+    """:func:`position_gaps` of the decode timeline ``r`` of ``rows`` rows from the first ``decode`` case of that many
+    rows (the A side) whose archived traffic carries ``layer_projection_bytes`` and the floor's bandwidth; None when
+    none does (runs archived before it)."""
+    for s in samples:
+        case = s.get("case") or {}
+        t = s.get("traffic") or {}
+        if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
+                and case.get("ab") in (None, "A") and t.get("layer_projection_bytes")
+                and s.get("floor_bandwidth_bytes_per_s") and t.get("num_layers")):
+            return position_gaps(r, t["layer_projection_bytes"], t["kv_bytes"] // t["num_layers"],
+                                 s["floor_bandwidth_bytes_per_s"])
+    return None
+
+
+def position_gap_lines(gaps: dict[str, dict]) -> list[str]:
+    """Markdown lines of :func:`position_gaps` results by label: per layer position, each run's time, its floor (its
+    bytes over that run's measured bandwidth), the time above it and the bandwidth the kernel reached."""
+    labels = [k for k, v in gaps.items() if v]
+    if not labels:
+        return []
+    lines = []
+    for k in labels:
+        g = gaps[k]
+        if "error" in g:
+            lines += [f"{k}: no per-kernel floor -- {g['error']}.", ""]
+            continue
+        lines += [f"{k} (floor bandwidth {g['bandwidth_tb_per_s']:.2f} TB/s):", "",
+                  "| position | kernel | critical path us | MB read | floor us | above floor us | TB/s reached |",
+                  "|---|---|---|---|---|---|---|"]
+        for x in g["rows"]:
+            tb = "-" if x["tb_per_s"] is None else f"{x['tb_per_s']:.2f}"
+            lines.append(f"| {x['position']} | `{short_name(x['name'])[:48]}` | {x['us']:.2f} | "
+                         f"{x['bytes'] / 1e6:.1f} | {x['floor_us']:.2f} | {x['over_us']:+.2f} | {tb} |")
+        lines += [f"| | **layer** | {g['per_layer_us']:.2f} | | {g['per_layer_floor_us']:.2f} | "
+                  f"{g['per_layer_us'] - g['per_layer_floor_us']:+.2f} | |", ""]
+    return lines
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+
+    from qualify.replay_floor import weight_traffic
+
+    ap = argparse.ArgumentParser(prog="python -m qualify.critical_path", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="an archived gpu_replay run folder (traces and samples.jsonl)")
+    ap.add_argument("--config", type=Path, help="config.json of the model, for runs archived without "
+                                                "layer_projection_bytes")
+    args = ap.parse_args(argv)
+    samples_path = args.run / "samples.jsonl"
+    if not samples_path.is_file():
+        print(f"critical_path: {samples_path} not found", file=sys.stderr)
+        return 2
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    config = json.loads(args.config.read_text()) if args.config else None
+    found = False
+    for tag in ("b1", "b4"):
+        r = from_run(args.run, tag)
+        if r is None:
+            continue
+        found, rows = True, int(tag[1:])
+        print(format_table(r, f"B={rows}"))
+        gap = gap_from_samples(r, samples, rows)
+        if gap is not None:
+            print("\n".join(["time above the floor per region:"] + gap_lines({"this run": gap})))
+        pos = position_gaps_from_samples(r, samples, rows)
+        if pos is None and config is not None:
+            pos = _position_gaps_from_config(r, samples, rows, config, weight_traffic)
+        if pos is not None:
+            print("\n".join(["per layer position against its own floor:"] + position_gap_lines({"this run": pos})))
+        else:
+            print("per layer position: no projection bytes in the samples (pass --config)")
+    if not found:
+        print(f"critical_path: {args.run} holds no replay-b1/b4 and attributed-b1/b4 traces", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _position_gaps_from_config(r: dict, samples: list[dict], rows: int, config: dict, weight_traffic) -> dict | None:
+    """:func:`position_gaps` with the projection bytes of ``config`` (a geometry) and the KV bytes and bandwidth of
+    the run's decode sample of ``rows`` rows; None without such a sample."""
+    for s in samples:
+        case, t = s.get("case") or {}, s.get("traffic") or {}
+        if (case.get("capacity") == rows and case.get("variant") == "decode" and case.get("ab") in (None, "A")
+                and t.get("num_layers") and s.get("floor_bandwidth_bytes_per_s")):
+            proj = weight_traffic(config, rows, int(case.get("context", 0)))["layer_projection_bytes"]
+            return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"])
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,7 +71,7 @@ NULL_LABEL = "A2: A rebuilt after B (null)"
 #: The weight-traffic fields each sample archives: the report splits the floor by timeline region from them
 #: (``qualify.replay_floor.region_bytes``) to say where the step's time above the floor goes.
 TRAFFIC_FIELDS = ("num_layers", "weight_bytes_read", "lm_head_bytes", "embedding_bytes_gathered", "kv_bytes",
-                  "total_bytes")
+                  "total_bytes", "layer_projection_bytes")
 
 
 def parse_ab(text: str) -> dict[str, str]:
@@ -396,7 +396,7 @@ def run(args) -> dict:
                         "compiled": bench.compiled, "graph": "captured" if cuda else "eager-launch",
                         **({"ab": ab} if ab else {})}
                 rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"],
-                       "traffic": {k: traffic[k] for k in TRAFFIC_FIELDS}}
+                       "traffic": {k: traffic[k] for k in TRAFFIC_FIELDS if k in traffic}}
                 if floor is not None:
                     rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
                                floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
@@ -464,6 +464,12 @@ def _add_gap_to_floor(t: dict, cases: list[dict]) -> None:
         t["table"] += "\n" + "\n".join([f"time above the floor B={t['capacity']} (critical path per region against "
                                          "its bytes over the floor's measured bandwidth):"]
                                         + critical_path.gap_lines({"this run": gap}))
+    pos = critical_path.position_gaps_from_samples(cp, cases, t["capacity"]) if cp and "error" not in cp else None
+    if pos is not None:
+        t["position_gaps"] = pos
+        t["table"] += "\n" + "\n".join([f"per layer position B={t['capacity']} against its own floor (its "
+                                         "projection's bytes, the attention its KV cache):"]
+                                        + critical_path.position_gap_lines({"this run": pos})).rstrip()
 
 
 def _print(out: dict) -> None:

@@ -190,6 +190,10 @@ def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] 
                     for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
             if any(gaps.values()):
                 out[tag]["gap_to_floor"] = gaps
+            pos = {k: critical_path.position_gaps_from_samples(r, samples, rows)
+                   for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
+            if any(pos.values()):
+                out[tag]["position_gaps"] = pos
     return out
 
 
@@ -236,6 +240,13 @@ def markdown(rep: dict, png_note: str) -> str:
                       "projection, the gathered embedding rows) over the floor's measured bandwidth; regions that "
                       "read nothing the floor counts (sampler, metadata) have a floor of 0.", ""]
             lines += critical_path.gap_lines(cp["gap_to_floor"]) + [""]
+        if cp.get("position_gaps"):
+            lines += [f"### Per kernel against its own floor, timeline {tag}", "",
+                      "Each layer position's critical-path time against the bytes it must read over the floor's "
+                      "measured bandwidth: the projection kernels the layer's projections in order "
+                      "(`replay_floor`'s `layer_projection_bytes`), the attention kernel the layer's KV cache, "
+                      "every other kernel nothing (`critical_path.position_gaps`).", ""]
+            lines += critical_path.position_gap_lines(cp["position_gaps"])
     return "\n".join(lines)
 
 

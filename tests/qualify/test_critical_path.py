@@ -112,6 +112,13 @@ def test_compare_and_report_section(tmp_path):
     assert gaps["baseline"] is None and gaps["candidate"]["over_us"] == pytest.approx(16.0)  # span 56 - floor 40
     md = report.markdown(rep, "none")
     assert "### Time above the floor, timeline b1" in md and "| layers (all) | 20.0 | 34.0 | +14.0 |" in md
+    assert "Per kernel against its own floor" not in md  # neither run archived layer_projection_bytes
+    # with them: the synthetic layer's kernels (qkv / attn / o) are no projection kernels by name -- said, per run
+    rec["traffic"] = {**traffic, "layer_projection_bytes": [4, 6]}
+    (tmp_path / "cand" / "samples.jsonl").write_text(json.dumps(rec) + "\n")
+    md = report.markdown(report.compare(tmp_path / "base", tmp_path / "cand"), "none")
+    assert "### Per kernel against its own floor, timeline b1" in md
+    assert "candidate: no per-kernel floor -- 0 projection kernels in a layer () for 2 projections." in md
 
 
 def test_short_kernel_names():
@@ -158,6 +165,88 @@ def test_gap_from_a_runs_own_decode_case_in_the_printed_timeline():
     failed = {"capacity": 1, "critical_path": {"error": "no trace"}, "table": "timeline B=1"}
     gpu_replay._add_gap_to_floor(failed, cases)
     assert "gap_to_floor" not in failed and failed["table"] == "timeline B=1"
+
+
+#: one layer's positions as the Qwen3-8B one-row step runs them, with made-up critical-path times (us)
+LAYER_KERNELS = [("_fused_gemv_kernel", 50.0), ("_rope_decode_kernel", 12.0), ("_paged_decode_reduce_kernel", 2.0),
+                 ("_fused_gemv_kernel", 25.0), ("_rms_norm_kernel", 1.0), ("nvjet_sm90_tst_192x8", 110.0),
+                 ("_fused_gemv_kernel", 70.0)]
+
+
+def _positions(kernels=LAYER_KERNELS) -> dict:
+    return {"positions": [{"position": j, "name": n, "median_us": us, "min_us": us, "max_us": us, "lead_us": 0.0}
+                          for j, (n, us) in enumerate(kernels)]}
+
+
+def test_position_gaps_give_each_projection_kernel_its_bytes_and_the_attention_its_kv():
+    # 1 byte per us: the projections' floors are their bytes (qkv 40, o 20, gate/up 100, down 60), the attention's
+    # the layer's KV (5); the reduce and the norm read nothing the floor counts
+    g = cp.position_gaps(_positions(), [40, 20, 100, 60], 5, 1e6)
+    assert [(x["bytes"], x["floor_us"], x["over_us"]) for x in g["rows"]] == [
+        (40, 40, 10), (5, 5, 7), (0, 0, 2), (20, 20, 5), (0, 0, 1), (100, 100, 10), (60, 60, 10)]
+    assert g["per_layer_us"] == 270 and g["per_layer_floor_us"] == 225
+    assert g["rows"][0]["tb_per_s"] == pytest.approx(40 / 50e-6 / 1e12) and g["rows"][2]["tb_per_s"] is None
+    md = "\n".join(cp.position_gap_lines({"candidate": g}))
+    assert "| 5 | `nvjet_sm90_tst_192x8` | 110.00 | 0.0 | 100.00 | +10.00 |" in md
+    assert "| | **layer** | 270.00 | | 225.00 | +45.00 | |" in md
+    # another layer structure: the bytes cannot be given out -- said, not guessed
+    assert "3 projection kernels" in cp.position_gaps(_positions(LAYER_KERNELS[:6]), [40, 20, 100, 60], 5, 1e6)["error"]
+    two = LAYER_KERNELS + [("flash_attn_fwd", 3.0)]
+    assert "2 attention kernels" in cp.position_gaps(_positions(two), [40, 20, 100, 60], 5, 1e6)["error"]
+    assert "no per-kernel floor" in "\n".join(cp.position_gap_lines(
+        {"baseline": cp.position_gaps(_positions(two), [40, 20, 100, 60], 5, 1e6)}))
+    with pytest.raises(ValueError, match="bandwidth"):
+        cp.position_gaps(_positions(), [40, 20, 100, 60], 5, 0)
+
+
+def test_position_gaps_from_a_runs_own_decode_case_in_the_printed_timeline():
+    from qualify import gpu_replay
+
+    r = {**cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1), **_positions()}  # the positions replaced
+    before = {"num_layers": 2, "weight_bytes_read": 40, "lm_head_bytes": 18, "embedding_bytes_gathered": 2,
+              "kv_bytes": 10, "total_bytes": 50}
+    old = {"case": {"capacity": 1, "variant": "decode"}, "traffic": before,
+           "floor_bandwidth_bytes_per_s": 1e6}  # archived before layer_projection_bytes
+    new = {**old, "traffic": {**before, "layer_projection_bytes": [40, 20, 100, 60]}}
+    assert cp.position_gaps_from_samples(r, [old], 1) is None
+    assert cp.position_gaps_from_samples(r, [old, new], 1)["rows"][1]["bytes"] == 5  # 10 bytes of KV over 2 layers
+    t = {"capacity": 1, "critical_path": r, "table": "timeline B=1"}
+    gpu_replay._add_gap_to_floor(t, [new])
+    assert t["position_gaps"]["per_layer_floor_us"] == 225
+    assert "per layer position B=1 against its own floor" in t["table"]
+
+
+def test_cli_rereads_an_archived_run_with_the_projection_bytes_of_a_config(tmp_path, capsys):
+    """``python -m qualify.critical_path RUN --config CONFIG``: a run archived without ``layer_projection_bytes``
+    gets its per-kernel floors from the model's config (the geometry's packed qkv, o, packed gate/up, down)."""
+    names = [n for n, _ in LAYER_KERNELS]
+    layout = [(None, ["embed"]), ("layer.0", names), ("layer.1", names), ("head", ["lm_head"])]
+    step, t = [("embed", 0.0, 1.0)], 1.0
+    for _ in range(2):
+        for n, us in LAYER_KERNELS:  # back to back: each kernel's increment is its duration
+            step.append((n, t, us))
+            t += us
+    step.append(("lm_head", t, 5.0))
+    (tmp_path / "replay-b1.trace.json.gz").write_bytes(gzip.compress(json.dumps(
+        {"traceEvents": _replay([step] * 20)}).encode()))
+    (tmp_path / "attributed-b1.trace.json").write_text(json.dumps({"traceEvents": _attributed(layout)}))
+    traffic = {"num_layers": 2, "weight_bytes_read": 1, "lm_head_bytes": 0, "embedding_bytes_gathered": 0,
+               "kv_bytes": 10, "total_bytes": 11}
+    (tmp_path / "samples.jsonl").write_text(json.dumps(
+        {"case": {"tool": "gpu_replay", "capacity": 1, "variant": "decode", "context": 4}, "traffic": traffic,
+         "floor_bandwidth_bytes_per_s": 1e6}) + "\n")
+    # hidden 2, 2 heads of 1, 1 KV head, intermediate 5: qkv 2 x 4 x 2 bytes = 16, o 8, gate/up 40, down 20
+    config = {"vocab_size": 3, "hidden_size": 2, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 1, "intermediate_size": 5}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert cp.main([str(tmp_path)]) == 0
+    assert "no projection bytes in the samples (pass --config)" in capsys.readouterr().out
+    assert cp.main([str(tmp_path), "--config", str(tmp_path / "config.json")]) == 0
+    out = capsys.readouterr().out
+    assert "critical path B=1: span 546.0 us" in out and "per layer 270.0 us (2 layers)" in out
+    assert "| 5 | `nvjet_sm90_tst_192x8` | 110.00 | 0.0 | 40.00 | +70.00 |" in out  # 40 bytes at 1 byte/us
+    assert "| 1 | `_rope_decode_kernel` | 12.00 | 0.0 | 5.00 | +7.00 |" in out  # 10 bytes of KV over 2 layers
+    assert cp.main([str(tmp_path / "nothing")]) == 2
 
 
 def short(name: str) -> str:

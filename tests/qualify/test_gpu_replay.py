@@ -34,6 +34,12 @@ def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_pa
 
     # the traffic the report splits the floor with (per timeline region): the same bytes as the case's total
     assert all(sum(region_bytes(s["traffic"]).values()) == s["traffic_bytes"] for s in timed)
+    # and one layer's four projections (packed qkv, o, packed gate/up, down) for the per-kernel floors: the layers'
+    # projection bytes are their weights less the norms (hidden 2 x, head_dim 2 x per layer, the final norm)
+    proj = timed[0]["traffic"]["layer_projection_bytes"]
+    layers = timed[0]["traffic"]["num_layers"]
+    assert len(proj) == 4 and proj[2] == 2 * proj[3]  # gate/up: two [inter, hidden]; down: one
+    assert layers * sum(proj) < timed[0]["traffic"]["weight_bytes_read"] - timed[0]["traffic"]["lm_head_bytes"]
     rounds = [s for s in samples if s["case"]["tool"] == "gpu_replay.round"]
     assert sorted((s["case"]["width"], s["seed"]) for s in rounds) == [(1, 0), (1, 1), (2, 0), (2, 1)]
     assert all(len(s["replay_s"]) == 4 and s["vs_decode"] > 0 for s in rounds)

@@ -88,6 +88,22 @@ def test_region_bytes_split_the_floor_by_timeline_region(tied):
         region_bytes({k: v for k, v in got.items() if k != "lm_head_bytes"})
 
 
+def test_layer_projection_bytes_in_the_order_the_step_runs_them():
+    """One layer's projections in manifest order, every tensor under a ``*_proj`` module (an FP8 scale too), norms
+    left out; the geometry's packed q/k/v, o, packed gate/up, down; none when the layers differ."""
+    assert weight_traffic(_tiny_manifest(False), 1, 16)["layer_projection_bytes"] == [16 * 8 * 2, 8 * 8 * 2,
+                                                                                        32 * 8 * 2, 8 * 16 * 2]
+    assert weight_traffic(TINY, 1, 16)["layer_projection_bytes"] == [(2 + 2) * 4 * 8 * 2, 2 * 4 * 8 * 2,
+                                                                     2 * 8 * 16 * 2, 16 * 8 * 2]
+    core = _tiny_manifest(False)
+    for i in range(2):  # split parts of a packed module (``<fused>.parts.<shard>``) count as one projection
+        core.weights.tensors.add(name=f"model.layers.{i}.mlp.gate_up_proj.weight_scale_inv", dtype=pb.DTYPE_F32,
+                                 shape=[1, 1])
+    assert weight_traffic(core, 1, 16)["layer_projection_bytes"][2] == 32 * 8 * 2 + 4
+    core.weights.tensors.add(name="model.layers.1.mlp.extra_proj.weight", dtype=pb.DTYPE_BF16, shape=[2, 2])
+    assert "layer_projection_bytes" not in weight_traffic(core, 1, 16)
+
+
 def test_fp8_scales_counted_and_kv_dtype_from_layout():
     core = _tiny_manifest(False)
     core.weights.tensors.add(name="model.layers.0.mlp.gate_up_proj.weight_scale_inv", dtype=pb.DTYPE_F32, shape=[1, 1])
