@@ -233,21 +233,25 @@ def markdown(rep: dict, png_note: str) -> str:
         lines += ["Each kernel's end minus the previous kernel's end in the graph replay (`qualify/critical_path.py`):",
                   "what it adds to the step, overlap included; medians over replays (and layers).", ""]
         lines += critical_path.compare(cp["baseline"], cp["candidate"]) + [""]
-        if cp.get("gap_to_floor"):
-            lines += [f"### Time above the floor, timeline {tag}", "",
-                      "Each region's critical-path time against its share of the floor: the bytes it must read "
-                      "(`qualify.replay_floor.region_bytes`: the layers' weights and KV cache, the vocabulary "
-                      "projection, the gathered embedding rows) over the floor's measured bandwidth; regions that "
-                      "read nothing the floor counts (sampler, metadata) have a floor of 0.", ""]
-            lines += critical_path.gap_lines(cp["gap_to_floor"]) + [""]
-        if cp.get("position_gaps"):
-            lines += [f"### Per kernel against its own floor, timeline {tag}", "",
-                      "Each layer position's critical-path time against the bytes it must read over the floor's "
-                      "measured bandwidth: the projection kernels the layer's projections in order "
-                      "(`replay_floor`'s `layer_projection_bytes`), the attention kernel the layer's KV cache, "
-                      "every other kernel nothing (`critical_path.position_gaps`).", ""]
-            lines += critical_path.position_gap_lines(cp["position_gaps"])
+        for key, title, text, table in _FLOOR_SECTIONS:
+            if cp.get(key):
+                lines += [f"### {title}, timeline {tag}", "", text, ""] + table(cp[key]) + [""]
     return "\n".join(lines)
+
+
+#: The report's sections of a timeline against the floor: (key in its critical-path entry, title, text, table).
+_FLOOR_SECTIONS = (
+    ("gap_to_floor", "Time above the floor",
+     "Each region's critical-path time against its share of the floor: the bytes it must read "
+     "(`qualify.replay_floor.region_bytes`: the layers' weights and KV cache, the vocabulary projection, the gathered "
+     "embedding rows) over the floor's measured bandwidth; regions that read nothing the floor counts (sampler, "
+     "metadata) have a floor of 0.", critical_path.gap_lines),
+    ("position_gaps", "Per kernel against its own floor",
+     "Each layer position's critical-path time against the bytes it must read over the floor's measured bandwidth: "
+     "the projection kernels the layer's projections in order (`replay_floor`'s `layer_projection_bytes`), the "
+     "attention kernel the layer's KV cache, every other kernel nothing (`critical_path.position_gaps`).",
+     critical_path.position_gap_lines),
+)
 
 
 def short_labels(cases: list[str]) -> list[str]:
