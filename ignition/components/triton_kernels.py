@@ -750,8 +750,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: Qwen3-0.6B batch 1 within noise, batch 4 1.028x slower (``results/20261201T114209Z-sm90-run27``); again on this
 #: kernel, in addition to the prefetch where it may read ahead, only the writer patching its tiles
 #: (``results/20261202T021700Z-sm90-run102``): Qwen3-8B batch 1 1.011x (2 blocks) and 1.007x (1 block) slower, within
-#: noise, and on sm90 the new keys' bits moved (the patch's join changed the layout the k_norm statistics are summed
-#: in).
+#: noise, and on sm90 the new keys' bits moved (not diagnosed; a likely cause: the patch's join giving the key halves
+#: another layout, so the k_norm statistics sum in another order).
 #: Per model it differs (``results/20261201T163000Z-sm90-attnprobe-runs48-53``, one-row layer graphs side by side):
 #: off, Qwen3-8B 1.015x slower, Qwen3-0.6B 0.950x (its 8 MiB qkv projection ends ~3.6 us after the attention
 #: starts prefetching 4 MiB of K/V, which competes with it); in Qwen3-0.6B's real decode step
