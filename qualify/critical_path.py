@@ -302,18 +302,24 @@ def position_gaps(r: dict, projection_bytes: list[int], kv_bytes_per_layer: int,
             "per_layer_floor_us": sum(x["floor_us"] for x in rows), "bandwidth_tb_per_s": bandwidth / 1e12}
 
 
-def position_gaps_from_samples(r: dict, samples: list[dict], rows: int) -> dict | None:
+def position_gaps_from_samples(r: dict, samples: list[dict], rows: int, config: dict | None = None) -> dict | None:
     """:func:`position_gaps` of the decode timeline ``r`` of ``rows`` rows from the first ``decode`` case of that many
-    rows (the A side) whose archived traffic carries ``layer_projection_bytes`` and the floor's bandwidth; None when
-    none does (runs archived before it)."""
+    rows (the A side) with the floor's bandwidth: its archived ``layer_projection_bytes``, or for a run archived
+    before them, those of ``config`` (a model config / geometry dict: ``replay_floor``'s geometry estimate); None
+    when neither is there."""
+    from qualify.replay_floor import weight_traffic
+
     for s in samples:
         case = s.get("case") or {}
         t = s.get("traffic") or {}
-        if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
-                and case.get("ab") in (None, "A") and t.get("layer_projection_bytes")
-                and s.get("floor_bandwidth_bytes_per_s") and t.get("num_layers")):
-            return position_gaps(r, t["layer_projection_bytes"], t["kv_bytes"] // t["num_layers"],
-                                 s["floor_bandwidth_bytes_per_s"])
+        if not (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
+                and case.get("ab") in (None, "A") and s.get("floor_bandwidth_bytes_per_s") and t.get("num_layers")):
+            continue
+        proj = t.get("layer_projection_bytes")
+        if not proj and config is not None:
+            proj = weight_traffic(config, rows, int(case.get("context", 0)))["layer_projection_bytes"]
+        if proj:
+            return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"])
     return None
 
 
@@ -345,8 +351,6 @@ def main(argv=None) -> int:
     import argparse
     import json
 
-    from qualify.replay_floor import weight_traffic
-
     ap = argparse.ArgumentParser(prog="python -m qualify.critical_path", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="an archived gpu_replay run folder (traces and samples.jsonl)")
     ap.add_argument("--config", type=Path, help="config.json of the model, for runs archived without "
@@ -368,9 +372,7 @@ def main(argv=None) -> int:
         gap = gap_from_samples(r, samples, rows)
         if gap is not None:
             print("\n".join(["time above the floor per region:"] + gap_lines({"this run": gap})))
-        pos = position_gaps_from_samples(r, samples, rows)
-        if pos is None and config is not None:
-            pos = _position_gaps_from_config(r, samples, rows, config, weight_traffic)
+        pos = position_gaps_from_samples(r, samples, rows, config)
         if pos is not None:
             print("\n".join(["per layer position against its own floor:"] + position_gap_lines({"this run": pos})))
         else:
@@ -379,18 +381,6 @@ def main(argv=None) -> int:
         print(f"critical_path: {args.run} holds no replay-b1/b4 and attributed-b1/b4 traces", file=sys.stderr)
         return 2
     return 0
-
-
-def _position_gaps_from_config(r: dict, samples: list[dict], rows: int, config: dict, weight_traffic) -> dict | None:
-    """:func:`position_gaps` with the projection bytes of ``config`` (a geometry) and the KV bytes and bandwidth of
-    the run's decode sample of ``rows`` rows; None without such a sample."""
-    for s in samples:
-        case, t = s.get("case") or {}, s.get("traffic") or {}
-        if (case.get("capacity") == rows and case.get("variant") == "decode" and case.get("ab") in (None, "A")
-                and t.get("num_layers") and s.get("floor_bandwidth_bytes_per_s")):
-            proj = weight_traffic(config, rows, int(case.get("context", 0)))["layer_projection_bytes"]
-            return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"])
-    return None
 
 
 if __name__ == "__main__":

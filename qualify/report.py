@@ -132,7 +132,9 @@ def verdict(base: list[float], cand: list[float]) -> str:
 
 
 def compare(baseline: str | Path, candidate: str | Path, metric: str | None = None,
-            results: Path | None = None, ignore: frozenset[str] = frozenset()) -> dict:
+            results: Path | None = None, ignore: frozenset[str] = frozenset(), config: dict | None = None) -> dict:
+    """The report of ``candidate`` against ``baseline`` (module doc); ``config``: the model's config, for the
+    per-kernel floors of runs archived before their samples carried the projection bytes."""
     bdir, cdir = resolve_run(baseline, results), resolve_run(candidate, results)
     benv, bs = load_run(bdir)
     cenv, cs = load_run(cdir)
@@ -165,17 +167,19 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
         rows.append(row)
     return {"baseline": str(bdir), "candidate": str(cdir), "gpu_class": bcls, "metric": metric, "rule": RULE,
             "ignored_fields": sorted(ignore), "cases": rows, "common_cases": common,
-            "critical_path": _critical_paths(bdir, cdir, bs, cs)}
+            "critical_path": _critical_paths(bdir, cdir, bs, cs, config)}
 
 
 #: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
 TIMELINE_TAGS = ("b1", "b4")
 
 
-def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] = ()) -> dict:
+def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] = (),
+                    config: dict | None = None) -> dict:
     """Per timeline tag both runs archived: the two critical paths (``qualify.critical_path``) and, for each run
     whose samples carry the per-region traffic (``critical_path.gap_from_samples``), its time above the floor per
-    region; or the reason they could not be read."""
+    region, and per layer position where the projection bytes are known (its samples', or ``config``'s); or the
+    reason they could not be read."""
     out = {}
     for tag in TIMELINE_TAGS:
         try:
@@ -190,7 +194,7 @@ def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] 
                     for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
             if any(gaps.values()):
                 out[tag]["gap_to_floor"] = gaps
-            pos = {k: critical_path.position_gaps_from_samples(r, samples, rows)
+            pos = {k: critical_path.position_gaps_from_samples(r, samples, rows, config)
                    for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
             if any(pos.values()):
                 out[tag]["position_gaps"] = pos
@@ -320,10 +324,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: <candidate run>/report-vs-<baseline>)")
     p.add_argument("--ignore", default="", metavar="FIELD[,FIELD]",
                    help="case fields left out of the matching (side-by-side variants, e.g. attention)")
+    p.add_argument("--config", default=None, metavar="CONFIG_JSON",
+                   help="the model's config.json: per-kernel floors for runs archived without their projection bytes")
     args = p.parse_args(argv)
     try:
+        config = json.loads(Path(args.config).read_text()) if args.config else None
+    except (OSError, ValueError) as exc:
+        print(f"qualify.report: error: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    try:
         rep = compare(args.baseline, args.candidate, args.metric, args.results,
-                      frozenset(f for f in args.ignore.split(",") if f))
+                      frozenset(f for f in args.ignore.split(",") if f), config)
     except ReportError as exc:
         print(f"qualify.report: error: {exc}", file=sys.stderr)
         return 2

@@ -119,6 +119,18 @@ def test_compare_and_report_section(tmp_path):
     md = report.markdown(report.compare(tmp_path / "base", tmp_path / "cand"), "none")
     assert "### Per kernel against its own floor, timeline b1" in md
     assert "candidate: no per-kernel floor -- 0 projection kernels in a layer () for 2 projections." in md
+    # a config stands in for the baseline's missing bytes (its samples carry no traffic at all here: still none)
+    config = {"vocab_size": 3, "hidden_size": 2, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 1, "intermediate_size": 5}
+    rep = report.compare(tmp_path / "base", tmp_path / "cand", config=config)
+    assert rep["critical_path"]["b1"]["position_gaps"]["baseline"] is None
+    base_rec = {**rec, "traffic": traffic}  # the baseline's traffic without the projection bytes: the config's
+    (tmp_path / "base" / "samples.jsonl").write_text(json.dumps(base_rec) + "\n")
+    rep = report.compare(tmp_path / "base", tmp_path / "cand", config=config)
+    assert "4 projections" in rep["critical_path"]["b1"]["position_gaps"]["baseline"]["error"]
+    (tmp_path / "config.json").write_text("{not json")
+    assert report.main([str(tmp_path / "base"), str(tmp_path / "cand"), "--config", str(tmp_path / "config.json"),
+                        "--out", str(tmp_path / "rep")]) == 2
 
 
 def test_short_kernel_names():
