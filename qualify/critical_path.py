@@ -43,7 +43,10 @@ from pathlib import Path
 from qualify.timeline import LAYERS, REPLAYS, _kernels, _trace, kernel_ranges
 
 __all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines",
-           "position_gaps", "position_gap_lines"]
+           "position_gaps", "position_gaps_from_samples", "position_gap_lines", "main", "TIMELINE_TAGS"]
+
+#: The decode timelines ``gpu_replay --timeline`` archives (``b<rows>``) that reports and the CLI read.
+TIMELINE_TAGS = ("b1", "b4")
 
 #: Kernels that stream a projection's weight: Triton GEMV / GEMM kernels, cuBLAS (``nvjet``, ``xmma``, ``gemv``,
 #: ``gemm``), CUTLASS, Inductor's matmul templates.
@@ -361,10 +364,19 @@ def main(argv=None) -> int:
         print(f"critical_path: {samples_path} not found", file=sys.stderr)
         return 2
     samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
-    config = json.loads(args.config.read_text()) if args.config else None
+    try:
+        config = json.loads(args.config.read_text()) if args.config else None
+    except (OSError, ValueError) as exc:
+        print(f"critical_path: --config {args.config}: {exc}", file=sys.stderr)
+        return 2
     found = False
-    for tag in ("b1", "b4"):
-        r = from_run(args.run, tag)
+    for tag in TIMELINE_TAGS:
+        try:
+            r = from_run(args.run, tag)
+        except ValueError as exc:
+            print(f"critical_path: timeline {tag}: {exc}", file=sys.stderr)
+            found = True
+            continue
         if r is None:
             continue
         found, rows = True, int(tag[1:])

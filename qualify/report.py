@@ -171,7 +171,7 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
 
 
 #: Timeline tags whose critical paths a report sets side by side when both runs archived their traces.
-TIMELINE_TAGS = ("b1", "b4")
+TIMELINE_TAGS = critical_path.TIMELINE_TAGS
 
 
 def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] = (),
