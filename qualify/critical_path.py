@@ -239,12 +239,18 @@ def gap_from_samples(r: dict, samples: list[dict], rows: int) -> dict | None:
     archived weight traffic (``gpu_replay`` since run 32) and the floor's measured bandwidth; None when none does."""
     from qualify.replay_floor import region_bytes
 
+    s = next(_decode_samples(samples, rows), None)
+    return None if s is None else gap_to_floor(r, region_bytes(s["traffic"]), s["floor_bandwidth_bytes_per_s"])
+
+
+def _decode_samples(samples: list[dict], rows: int):
+    """The samples of a run's own ``decode`` case of ``rows`` rows (the A side of a side by side) that carry the
+    archived weight traffic and the floor's measured bandwidth, in order."""
     for s in samples:
         case = s.get("case") or {}
         if (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
-                and case.get("ab") in (None, "A") and "traffic" in s and s.get("floor_bandwidth_bytes_per_s")):
-            return gap_to_floor(r, region_bytes(s["traffic"]), s["floor_bandwidth_bytes_per_s"])
-    return None
+                and case.get("ab") in (None, "A") and s.get("traffic") and s.get("floor_bandwidth_bytes_per_s")):
+            yield s
 
 
 def gap_lines(gaps: dict[str, dict]) -> list[str]:
@@ -312,16 +318,12 @@ def position_gaps_from_samples(r: dict, samples: list[dict], rows: int, config: 
     when neither is there."""
     from qualify.replay_floor import weight_traffic
 
-    for s in samples:
-        case = s.get("case") or {}
-        t = s.get("traffic") or {}
-        if not (isinstance(case, dict) and case.get("capacity") == rows and case.get("variant") == "decode"
-                and case.get("ab") in (None, "A") and s.get("floor_bandwidth_bytes_per_s") and t.get("num_layers")):
-            continue
+    for s in _decode_samples(samples, rows):
+        t = s["traffic"]
         proj = t.get("layer_projection_bytes")
         if not proj and config is not None:
-            proj = weight_traffic(config, rows, int(case.get("context", 0)))["layer_projection_bytes"]
-        if proj:
+            proj = weight_traffic(config, rows, int(s["case"].get("context", 0)))["layer_projection_bytes"]
+        if proj and t.get("num_layers"):
             return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"])
     return None
 

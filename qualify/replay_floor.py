@@ -115,8 +115,8 @@ def _layer_projection_bytes(named: list[tuple[str, int]], layers: int) -> list[i
         parts = m.group(2).split(".")
         cut = next((j for j, part in enumerate(parts) if part.endswith("_proj")), None)
         if cut is not None:
-            key = ".".join(parts[:cut + 1])
-            per_layer[int(m.group(1))][key] = per_layer[int(m.group(1))].get(key, 0) + n
+            layer, key = per_layer[int(m.group(1))], ".".join(parts[:cut + 1])
+            layer[key] = layer.get(key, 0) + n
     first = per_layer[0] if per_layer else {}
     if not first or any(list(d.items()) != list(first.items()) for d in per_layer):
         return None

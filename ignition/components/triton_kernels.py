@@ -632,9 +632,10 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
     whose split count reaches the 64 cap (:func:`fused_decode_num_splits`); their splits are then capped at one wave
     (:func:`fused_decode_wide_splits`).  An explicit ``FLARE_DECODE_BLOCK_N`` replaces it (both read at each launch,
     for side-by-side runs).  Other shapes measured on the H200, side by side in one process
-    (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop alone 1.027x, 32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key
-    blocks over 16 splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop
-    alone 0.9998x (within noise)."""
+    (``results/20261201T213500Z-sm90-run85``, ``...T213800Z-sm90-run86``): Qwen3-0.6B the plain loop alone 1.027x,
+    32-key blocks over 32 splits 1.036x (1025 keys: 17 programs per head holding 2 blocks), 64-key blocks over 16
+    splits 1.085x, batch 4 1.065x slower; Qwen3-8B (G=4, 32 splits) batch 1 1.0025x, the plain loop alone 0.9998x
+    (within noise)."""
     return (batch == 1 and triton.next_power_of_2(max(1, groups)) <= 2
             and switch("FLARE_DECODE_WIDE", DECODE_WIDE) and number("FLARE_DECODE_BLOCK_N") is None)
 
