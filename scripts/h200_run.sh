@@ -82,13 +82,13 @@ for s in ${STAGES:?set STAGES}; do
          tail -n 5 "$OUT/pdl.log" ;;
     replayab-*) vs="$AB"; [ "${AB_BRACKET:-1}" = 1 ] && [ "${AB%% *}" != "$AB" ] && vs="$AB ${AB%% *}"; i=0
         for v in $vs; do  # ATTENTION[:separate][:nopdl][:NAME=VALUE...]: backend, projections unfused, PDL off, env
-          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; i=$((i + 1)); n=$i-${v//:/-}
+          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; i=$((i + 1)); n=$i-$(printf %s "$v" | tr ":/;=" "----")
           pdl=${FLARE_PDL:-1}; [[ "$v" == *:nopdl* ]] && pdl=0
           envs=(); IFS=: read -ra parts <<< "$v"; for p in "${parts[@]:1}"; do [[ "$p" == *=* ]] && envs+=("$p"); done
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-${v//:/-}
+    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-$(printf %s "$v" | tr ":/;=" "----")
           timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
             --out $R/replayin-$g-$n 2>&1 | log \
