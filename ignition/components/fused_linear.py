@@ -60,7 +60,11 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: against 4.774; the packed launch took 54-57 us per layer where the norm kernel and cuBLAS took 52, and down after
 #: it was no faster) although alone it nearly matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the
 #: early output/MLP launches, side by side in one process: 1.037x slower at batch 1, batch 4 within noise
-#: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).
+#: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).  With the launch config that preloads its whole K before
+#: the wait (4x1024 w4, ``triton_kernels.GEMV_MEASURED``): **0.9798x, faster** by the min-max rule (4.4352 against 4.5265
+#: ms at batch 1, batch 4 unchanged; ``results/20261202T035300Z-sm90-run107``).  Still off by default: the GPU checks
+#: of the project (``--check-compiled``, ``test_decode_gemv_on_this_gpu`` at this shape) have not run with it yet --
+#: the device time of that session was spent; they are the step before turning it on.
 PACKED_GATE_UP_FUSED = False
 
 

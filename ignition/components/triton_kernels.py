@@ -1315,19 +1315,21 @@ GEMV_PREFETCH_FULL_BYTES = 16 << 20
 #: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
 #: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
-    (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: its whole K preloaded before the wait (4 tiles, 136
-    #   registers, 3 programs per SM; ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
+    (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: its whole K preloaded before the wait (4 tiles, 127
+    #   registers, 4 programs per SM; ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
     #   side in one process against run 6's 8x512 w4 (13.78 us alone, no preload): batch 1 0.9848x
     #   (``results/20261202T033000Z-sm90-run104``), 0.9865x with the null A2/A 1.0023 (run 105, B's median below both
-    #   A's minima); 8x1024 w4 (244 registers, 2 per SM) 1.0002x, 2x1024 w4 0.9948x, 4x1024 w8 0.9949x
+    #   A's minima); 8x1024 w4 (208 registers, 2 per SM) 1.0002x, 2x1024 w4 0.9948x, 4x1024 w8 0.9949x
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
     (1, 4096, 4096, False): (8, 1024, 4, 2),  # Qwen3-8B o_proj: 8.44 us (run 1's entry 8x256 w8 not in the top 3) [6]
     #                                           in the layer graph 8x512, 4x1024 (preload 4 or 2), 16x256 1.007-1.051x
     #                                           slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``)
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
-    (1, 24576, 4096, False): (16, 256, 4, 2),  # Qwen3-8B gate_up packed, norm prologue: 50.11 us, cuBLAS 49.22
-    #                                             (heuristic 32x512 w8 69.48) [13]
+    (1, 24576, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B gate_up packed, norm prologue (``FLARE_PACKED_GATE_UP``):
+    #   its whole K preloaded like the qkv's; in the step side by side against cuBLAS + the norm kernel 0.9798x, B
+    #   faster by the min-max rule (``results/20261202T035300Z-sm90-run107``; 2x1024 w4 1.029x slower).  Before: 16x256
+    #   w4, 50.11 us alone against cuBLAS 49.22 (heuristic 32x512 w8 69.48) [13], slower in the step (runs 14, 75)
     (1, 4096, 1024, False): (8, 1024, 4, 2),  # Qwen3-0.6B qkv: 3.61 us (heuristic 8x1024 w8 4.93) [14]
     (1, 1024, 2048, False): (8, 1024, 4, 2),  # Qwen3-0.6B o_proj: 2.69 us (heuristic 4x1024 w8 2.99) [14]
     (1, 6144, 1024, True): (8, 512, 4, 2),  # Qwen3-0.6B gate_up: 5.18 us (heuristic 8x1024 w8 6.22) [14]

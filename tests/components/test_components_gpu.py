@@ -300,7 +300,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 
 @pytest.mark.parametrize("n,k,norm,residual,gated", [
     (4096, 4096, False, True, False), (1024, 2048, False, True, False), (1024, 3072, False, True, False),
-    (6144, 4096, True, False, False), (4096, 1024, True, False, False), (6144, 1024, True, False, True)])
+    (6144, 4096, True, False, False), (4096, 1024, True, False, False), (6144, 1024, True, False, True),
+    (24576, 4096, True, False, False)])  # the last: Qwen3-8B's packed gate/up with the norm (FLARE_PACKED_GATE_UP)
 def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
@@ -320,7 +321,7 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-    if norm:  # the normed one-row shapes (both qkv, Qwen3-0.6B's gate/up) preload their whole K: inputs loaded together
+    if norm:  # the normed one-row shapes (both qkv, the gate/ups) preload their whole K: inputs loaded together
         bk = gemv_config(1, n, k, gated)["BK"]
         assert gemv_preload_tiles(1, k, bk, False) * bk == k
         with monkeypatch.context() as env:
