@@ -62,6 +62,12 @@ def new_run_dir(root: str | Path | None = None, label: str | None = None) -> Pat
     return Path(root or (REPO_ROOT / "results")) / name
 
 
+def read_samples(run_dir: str | Path) -> list[dict]:
+    """The records of an archived run's ``samples.jsonl``, in order (blank lines skipped); ``FileNotFoundError``
+    naming the file when the run has none."""
+    return [json.loads(line) for line in (Path(run_dir) / "samples.jsonl").read_text().splitlines() if line.strip()]
+
+
 def write_run(run_dir: Path, samples: list[dict], command_line: list[str], extra: dict | None = None) -> Path:
     """Write ``environment.json`` (plus ``extra``) and ``samples.jsonl``; returns the folder."""
     run_dir.mkdir(parents=True, exist_ok=True)

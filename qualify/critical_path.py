@@ -34,6 +34,7 @@ Hugging Face ``config.json``: ``replay_floor``'s geometry estimate).
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import sys
@@ -43,7 +44,7 @@ from pathlib import Path
 from qualify.timeline import LAYERS, REPLAYS, _kernels, _trace, kernel_ranges
 
 __all__ = ["increments", "from_run", "compare", "format_table", "gap_to_floor", "gap_from_samples", "gap_lines",
-           "position_gaps", "position_gaps_from_samples", "position_gap_lines", "main", "TIMELINE_TAGS"]
+           "position_gaps", "position_gaps_from_samples", "position_gap_lines", "read_config", "main", "TIMELINE_TAGS"]
 
 #: The decode timelines ``gpu_replay --timeline`` archives (``b<rows>``) that reports and the CLI read.
 TIMELINE_TAGS = ("b1", "b4")
@@ -352,24 +353,36 @@ def position_gap_lines(gaps: dict[str, dict]) -> list[str]:
     return lines
 
 
+def read_config(path: str | Path | None) -> dict | None:
+    """The model's ``config.json`` that ``--config`` names (this CLI's and ``qualify.report``'s), None without one;
+    ``ValueError`` naming the file when it cannot be read as JSON."""
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from exc
+
+
 def main(argv=None) -> int:
     import argparse
-    import json
 
     ap = argparse.ArgumentParser(prog="python -m qualify.critical_path", description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="an archived gpu_replay run folder (traces and samples.jsonl)")
     ap.add_argument("--config", type=Path, help="config.json of the model, for runs archived without "
                                                 "layer_projection_bytes")
     args = ap.parse_args(argv)
-    samples_path = args.run / "samples.jsonl"
-    if not samples_path.is_file():
-        print(f"critical_path: {samples_path} not found", file=sys.stderr)
-        return 2
-    samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    from qualify.archive import read_samples
+
     try:
-        config = json.loads(args.config.read_text()) if args.config else None
-    except (OSError, ValueError) as exc:
-        print(f"critical_path: --config {args.config}: {exc}", file=sys.stderr)
+        samples = read_samples(args.run)
+    except OSError as exc:
+        print(f"critical_path: {exc}", file=sys.stderr)
+        return 2
+    try:
+        config = read_config(args.config)
+    except ValueError as exc:
+        print(f"critical_path: {exc}", file=sys.stderr)
         return 2
     found = False
     for tag in TIMELINE_TAGS:

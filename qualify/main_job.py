@@ -18,6 +18,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from qualify.archive import read_samples
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -87,7 +89,7 @@ def gpu_stages(root: Path) -> int:
 def replay_core(run: Path) -> str:
     """The core a ``gpu_replay`` run measured (its timed cases' ``core`` field); raises naming the run when its
     samples name none or several."""
-    records = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+    records = read_samples(run)
     cores = {r["case"].get("core") for r in records if r.get("case", {}).get("tool") == "gpu_replay"}
     if len(cores) != 1 or None in cores:
         raise ValueError(f"{run.name}: expected the timed cases of one core, found {sorted(map(str, cores))}")
@@ -112,8 +114,7 @@ def print_summary(run_dir: Path, elapsed: float) -> None:
         c = by_case[key]
         print(f"{key[:52]:52} {c['passed']:7d} {c['failed'] + c['error']:7d} {c['skipped']:8d}")
     rates = []
-    for line in (run_dir / "samples.jsonl").read_text().splitlines():
-        s = json.loads(line)
+    for s in read_samples(run_dir):
         if s.get("case", {}).get("metric") == "reusable_prefix_rate":
             rates.append(s)
     if rates:

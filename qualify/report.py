@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from qualify import critical_path
+from qualify.archive import read_samples
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "results"
@@ -64,8 +65,7 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     if not env_path.is_file():
         raise ReportError(f"run {run_dir}: no environment.json (cannot tell its GPU class)")
     env = json.loads(env_path.read_text())
-    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
-    return env, samples
+    return env, read_samples(run_dir)
 
 
 def gpu_class(env: dict) -> str:
@@ -328,9 +328,9 @@ def main(argv=None) -> int:
                    help="the model's config.json: per-kernel floors for runs archived without their projection bytes")
     args = p.parse_args(argv)
     try:
-        config = json.loads(Path(args.config).read_text()) if args.config else None
-    except (OSError, ValueError) as exc:
-        print(f"qualify.report: error: --config {args.config}: {exc}", file=sys.stderr)
+        config = critical_path.read_config(args.config)
+    except ValueError as exc:
+        print(f"qualify.report: error: {exc}", file=sys.stderr)
         return 2
     try:
         rep = compare(args.baseline, args.candidate, args.metric, args.results,

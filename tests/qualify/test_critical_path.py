@@ -259,7 +259,9 @@ def test_cli_rereads_an_archived_run_with_the_projection_bytes_of_a_config(tmp_p
     assert "| 5 | `nvjet_sm90_tst_192x8` | 110.00 | 0.0 | 40.00 | +70.00 |" in out  # 40 bytes at 1 byte/us
     assert "| 1 | `_rope_decode_kernel` | 12.00 | 0.0 | 5.00 | +7.00 |" in out  # 10 bytes of KV over 2 layers
     assert cp.main([str(tmp_path / "nothing")]) == 2
+    assert "samples.jsonl" in capsys.readouterr().err  # the error names the file it did not find
     assert cp.main([str(tmp_path), "--config", str(tmp_path / "missing.json")]) == 2
+    assert "--config" in (err := capsys.readouterr().err) and "missing.json" in err
 
 
 def short(name: str) -> str:
