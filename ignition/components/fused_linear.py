@@ -46,26 +46,28 @@ import torch.nn.functional as F
 
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
-from ignition.components.switches import switch
+from ignition.components.switches import number, switch
 
 __all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "linear_block", "prefers_fused",
            "reorder_bound"]
 
-#: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused).
+#: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
+#: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).
 GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
 #: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed
 #: output either way.  ``FLARE_PACKED_GATE_UP=0/1`` overrides it (side-by-side runs; read when a step is traced).
-#: Off: slower in the captured step on the H200 (``results/20261201T044844Z-sm90-run14``, Qwen3-8B batch 1: 4.907 ms
-#: against 4.774; the packed launch took 54-57 us per layer where the norm kernel and cuBLAS took 52, and down after
-#: it was no faster) although alone it nearly matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the
+#: With its old launch config (16x256 w4) slower in the captured step on the H200
+#: (``results/20261201T044844Z-sm90-run14``, Qwen3-8B batch 1: 4.907 ms against 4.774; the packed launch took 54-57
+#: us per layer where the norm kernel and cuBLAS took 52, and down after it was no faster) although alone it nearly matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the
 #: early output/MLP launches, side by side in one process: 1.037x slower at batch 1, batch 4 within noise
-#: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).  With the launch config that preloads its whole K before
-#: the wait (4x1024 w4, ``triton_kernels.GEMV_MEASURED``): **0.9798x, faster** by the min-max rule (4.4352 against 4.5265
-#: ms at batch 1, batch 4 unchanged; ``results/20261202T035300Z-sm90-run107``).  Still off by default: the GPU checks
-#: of the project (``--check-compiled``, ``test_decode_gemv_on_this_gpu`` at this shape) have not run with it yet --
-#: the device time of that session was spent; they are the step before turning it on.
-PACKED_GATE_UP_FUSED = False
+#: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).  **On** since its launch config preloads its whole K
+#: before the wait (4x1024 w4, ``triton_kernels.GEMV_MEASURED``): 0.9798x, faster by the min-max rule (4.4352 against
+#: 4.5265 ms at batch 1, batch 4 unchanged; ``results/20261202T035300Z-sm90-run107``); with it on, turning it off is
+#: 1.0214x slower (run 108, ``results/20261202T043500Z-sm90-run108``: the packed launch 46.75 us per layer, 4.31 TB/s,
+#: where cuBLAS took 48.48 behind a 1.44 us norm kernel), ``--check-compiled`` bytewise at batch 1 and 4 and the GPU
+#: GEMV test at this shape passing there.
+PACKED_GATE_UP_FUSED = True
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -174,7 +176,8 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
         return False
     n_out = weight.shape[0] // (2 if gated else 1)
     if rows == 1:
-        return not (gated and weight.numel() > GATED_FUSED_MAX_ELEMENTS)
+        limit = number("FLARE_GATED_FUSED_MAX_ELEMENTS", GATED_FUSED_MAX_ELEMENTS)
+        return not (gated and weight.numel() > limit)
     if rows <= 4 and not gated and n_out <= 1024:
         return True
     return uses_dot_kernel(rows, gated=gated, prologue=prologue)

@@ -1326,9 +1326,10 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     #                                           slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``)
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
-    (1, 24576, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B gate_up packed, norm prologue (``FLARE_PACKED_GATE_UP``):
+    (1, 24576, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B gate_up packed, norm prologue (``PACKED_GATE_UP_FUSED``):
     #   its whole K preloaded like the qkv's; in the step side by side against cuBLAS + the norm kernel 0.9798x, B
-    #   faster by the min-max rule (``results/20261202T035300Z-sm90-run107``; 2x1024 w4 1.029x slower).  Before: 16x256
+    #   faster by the min-max rule (``results/20261202T035300Z-sm90-run107``; 2x1024 w4 1.029x slower; run 108: 46.75
+    #   us per layer, 4.31 TB/s).  Before: 16x256
     #   w4, 50.11 us alone against cuBLAS 49.22 (heuristic 32x512 w8 69.48) [13], slower in the step (runs 14, 75)
     (1, 4096, 1024, False): (8, 1024, 4, 2),  # Qwen3-0.6B qkv: 3.61 us (heuristic 8x1024 w8 4.93) [14]
     (1, 1024, 2048, False): (8, 1024, 4, 2),  # Qwen3-0.6B o_proj: 2.69 us (heuristic 4x1024 w8 2.99) [14]

@@ -300,13 +300,16 @@ def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
 
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):
     """One-row decode runs each layer's four projections as flare::fused_linear (norm + QKV, o_proj + residual,
-    norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (o_proj and down:
-    64 columns here), down then taking gate/up's packed output with the SiLU gate in its prologue; an 8-token prefill
+    norm + gate/up + SiLU, down + residual); a 4-row decode fuses only the narrow ungated ones (QKV, o_proj, down
+    and -- ``PACKED_GATE_UP_FUSED`` -- gate/up's packed product with the norm prologue: at most 1024 columns here),
+    down then taking gate/up's packed output with the SiLU gate in its prologue; an 8-token prefill
     chunk, within the tensor-core variant's 2..16 rows (on unless ``FLARE_GEMV_DOT=0``), takes it for its
     plain-input projections (longer chunks fuse nothing).  The greedy-vs-canonical tests above check the results."""
     from ignition.components import fused_linear as fl
 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    monkeypatch.delenv("FLARE_PACKED_GATE_UP", raising=False)
+    assert fl.PACKED_GATE_UP_FUSED
 
     calls = []
     real = fl.fused_linear
@@ -335,7 +338,8 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     assert len(calls) == 4 * layers
     calls.clear()
     graphs.step("decode", 4).run(**row.inputs([PROMPT[9]], width))  # one row loaded, four in the step
-    # every ungated output here is narrow (<= 1024 columns): QKV, o_proj and down fuse; gate/up does not
-    assert len(calls) == 3 * layers
+    # every ungated output here is narrow (<= 1024 columns): QKV, o_proj, down and the packed gate/up product
+    # (ungated, the norm in its prologue) fuse; gate/up with its SiLU gate does not
+    assert len(calls) == 4 * layers
     assert set(calls) == {(4, True, False, False, False, False), (4, False, True, False, False, True),
-                          (4, False, True, False, True, True)}
+                          (4, True, False, False, False, True), (4, False, True, False, True, True)}
