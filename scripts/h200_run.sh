@@ -99,7 +99,7 @@ for s in ${STAGES:?set STAGES}; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 --attention $ATTN \
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done
           tar czf "$OUT/bench-$g.tgz" -C $R/bench-$g . 2>/dev/null; cat "$OUT/prefill-$g.log" ;;
-    tests) timeout ${TESTS_S:-300} python3 -m pytest ${TESTS:-conformance tests/recipes/test_qwen3_captured.py \
+    tests) timeout ${TESTS_S:-420} python3 -m pytest ${TESTS:-conformance tests/recipes/test_qwen3_captured.py \
           tests/components/test_components_gpu.py} ${TESTS_K:+-k "$TESTS_K"} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
           --durations=15 2>&1 | log > "$OUT/gpu_tests.log"
           tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15
