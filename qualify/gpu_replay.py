@@ -43,7 +43,9 @@ Dynamo's caches are reset around it), and every decode case is timed on both, in
 (A B B A ...), so that the machine, its clocks and the order of runs weigh on both alike (separate processes run one
 after the other showed ~15 us order effects on the H200, ``results/20261201T104724Z-sm90-run26``).  The cases carry
 ``ab``: ``A`` (the environment as started) or ``B: NAME=VALUE...``; ``qualify.report`` compares runs, the printed
-table compares A with B.  Rounds, timelines and ``--check-compiled`` use A only.  Without a GPU it needs
+table compares A with B.  Rounds and ``--check-compiled`` use A only; with ``--timeline`` B's decode graphs at B = 1
+and 4 get a timeline too (traces ``*-ab-b<rows>``) and its critical path is set against A's per region and per layer
+position (``qualify.critical_path.compare``): where B's time goes differently.  Without a GPU it needs
 ``--eager`` (an uncompiled step reads the switches at every call).  ``--ab-null`` builds A once more after B (``ab``
 ``A2: ...``) and times the three interleaved: the bench built second ran 0.35-0.6% slower than the first where
 both were the same kernels (Qwen3-8B batch 1, ``results/20261201T114716Z-sm90-run28``), so A2 / A states that bias
@@ -441,6 +443,14 @@ def run(args) -> dict:
             pair = [t for t in out["timeline"] if t["capacity"] == cap and "error" not in t]
             if len(pair) == 2:
                 out["timeline"].append(difference(pair[0], pair[1]))
+        if bench_b is not None:
+            a_side = list(out["timeline"])
+            for cap in (c for c in bench.capacities if c in (1, 4)):
+                def make_b(cap=cap):
+                    with switched_env(env_b, reset=False):
+                        return timeline(bench_b, cap, args.timeline_dir, prefix="ab-")
+
+                out["timeline"].append(ab_timeline(a_side, cap, label_b, make_b))
     if args.check_compiled:
         out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
         for c in out["check_compiled"]:
@@ -449,6 +459,32 @@ def run(args) -> dict:
                             "result": c})
     out["samples"] = samples
     return out
+
+
+def ab_timeline(a_timelines: list[dict], capacity: int, label_b: str, make_b) -> dict:
+    """B's decode timeline of ``capacity`` rows (``make_b()``, an ``--ab`` run with ``--timeline``) with its critical
+    path set against A's decode one of the same rows from ``a_timelines`` (``critical_path.compare``: per region and
+    per layer position, A the baseline) appended to its table; a failure is reported in the entry, never raised (the
+    timings before it stay)."""
+    from qualify.critical_path import compare
+
+    head = f"timeline of the B side ({label_b}), B={capacity}:"
+    try:
+        t = make_b()
+    except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
+        return {"capacity": capacity, "width": None, "ab": label_b, "error": repr(exc), "table": f"{head} {exc!r}"}
+    t["ab"] = label_b
+    a = next((x for x in a_timelines if x.get("capacity") == capacity and x.get("width") is None
+              and "error" not in x and "critical_path" in x), None)
+    a_cp, b_cp = (a or {}).get("critical_path"), t.get("critical_path")
+    if a_cp and b_cp and "error" not in a_cp and "error" not in b_cp:
+        lines = [f"critical path B={capacity}: A (baseline) against the B side (candidate):", *compare(a_cp, b_cp)]
+    else:
+        lines = [f"critical path B={capacity}: no A / B comparison (A: "
+                 f"{'missing' if a_cp is None else a_cp.get('error', 'ok')}; B: "
+                 f"{'missing' if b_cp is None else b_cp.get('error', 'ok')})"]
+    t["table"] = "\n".join([head, t.get("table", ""), *lines])
+    return t
 
 
 def _add_gap_to_floor(t: dict, cases: list[dict]) -> None:

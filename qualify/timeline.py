@@ -135,17 +135,18 @@ def _attribute(events) -> dict:
     return {"per_range": dict(per_range), "per_operator": dict(per_op)}
 
 
-def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None) -> dict:
+def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None, prefix: str = "") -> dict:
     """Kernel timeline of the decode graph of ``capacity`` rows or, with ``width``, of the verification round
     ``(capacity, width)`` loaded as ``bench.time_round`` loads it (its acceptance, commit and sampling-state
-    advance are traced code outside the layer/head/sampler regions: they land in the unranged bucket)."""
+    advance are traced code outside the layer/head/sampler regions: they land in the unranged bucket).  ``prefix``
+    starts the traces' tag (``replay-<prefix>b<rows>...``: another bench's traces beside these)."""
     if width is None:
         step = bench.graphs.step("decode", capacity)
         bench.fill_context(0)
         step.load(**bench.inputs(capacity, bench.seed_tokens(capacity, 0), bench.context))
     else:
         step = bench.load_round(capacity, width, 0)
-    tag = f"b{capacity}" + ("" if width is None else f"-w{width}")
+    tag = f"{prefix}b{capacity}" + ("" if width is None else f"-w{width}")
     result = profile_step(step, tag, trace_dir, round_model=step.model if width is not None else None)
     result.update(capacity=capacity, width=width)
     result["table"] = format_table(result)

@@ -28,8 +28,9 @@
 #                   B=1; run 26 with the order swapped found the "gains" within noise)
 #   replayin-G      qualify.gpu_replay --ab on core G: side by side inside one process, interleaved, once per entry of
 #                   $AB_IN (each NAME=VALUE[:NAME=VALUE...], the B side; A is the environment as started; AB_ARGS more
-#                   gpu_replay arguments; AB_NULL=1: --ab-null, A built again after B) -- the order and machine effects
-#                   of separate processes cancel
+#                   gpu_replay arguments -- AB_ARGS=--timeline: A's and B's decode timelines at B=1/4 and B's critical
+#                   path against A's per layer position, give it REPLAYIN_S=300; AB_NULL=1: --ab-null, A built again
+#                   after B) -- the order and machine effects of separate processes cancel
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)

@@ -179,6 +179,37 @@ def test_gap_from_a_runs_own_decode_case_in_the_printed_timeline():
     assert "gap_to_floor" not in failed and failed["table"] == "timeline B=1"
 
 
+def test_the_b_side_timeline_of_a_side_by_side_is_set_against_as():
+    """``gpu_replay --ab ... --timeline``: B's decode timeline carries A's and B's critical paths side by side (A the
+    baseline), matched to A's decode timeline of the same rows (not the round's, not another batch's); a B profile
+    that fails, or an A side without a critical path, is said in the entry, never raised."""
+    from qualify import gpu_replay
+
+    base = cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1)
+    # B: layer.0's o_proj 1 us shorter, everything after it 1 us earlier
+    cand = cp.increments(_replay([[(n, ts - (i > 3), dur - (i == 3)) for i, (n, ts, dur) in enumerate(STEP)]]),
+                         _attributed(LAYOUT), replays=1)
+    other = cp.increments(_replay([[(n, ts, 2 * dur) for n, ts, dur in STEP]]), _attributed(LAYOUT), replays=1)
+    a_side = [{"capacity": 4, "width": None, "critical_path": other, "table": "A B=4"},
+              {"capacity": 1, "width": 1, "critical_path": other, "table": "A B=1 W=1"},
+              {"capacity": 1, "width": None, "critical_path": base, "table": "A B=1"},
+              {"capacity": 1, "difference": ["B=1 W=1", "B=1"], "table": "difference"}]
+    t = gpu_replay.ab_timeline(a_side, 1, "B: X=1", lambda: {"capacity": 1, "width": None, "critical_path": cand,
+                                                              "table": "timeline B=1"})
+    assert t["ab"] == "B: X=1" and t["table"].startswith("timeline of the B side (B: X=1), B=1:\ntimeline B=1\n")
+    assert "| step span | 57.0 | 56.0 | -1.0 |" in t["table"]  # against A's decode B=1 (57 us), not the others
+    assert "| 2 | `o` | 4.00 (4.00-4.00) | 3.50 (3.00-4.00) | -0.50 | 0.00 / 0.00 |" in t["table"]
+
+    def broken():
+        raise RuntimeError("profiler gone")
+
+    failed = gpu_replay.ab_timeline(a_side, 1, "B: X=1", broken)
+    assert "profiler gone" in failed["error"] and "profiler gone" in failed["table"] and failed["capacity"] == 1
+    alone = gpu_replay.ab_timeline(a_side[:2], 1, "B: X=1", lambda: {"capacity": 1, "critical_path": cand,
+                                                                     "table": "timeline B=1"})
+    assert "no A / B comparison (A: missing; B: ok)" in alone["table"] and "step span" not in alone["table"]
+
+
 #: one layer's positions as the Qwen3-8B one-row step runs them, with made-up critical-path times (us)
 LAYER_KERNELS = [("_fused_gemv_kernel", 50.0), ("_rope_decode_kernel", 12.0), ("_paged_decode_reduce_kernel", 2.0),
                  ("_fused_gemv_kernel", 25.0), ("_rms_norm_kernel", 1.0), ("nvjet_sm90_tst_192x8", 110.0),
