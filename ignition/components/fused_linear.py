@@ -59,8 +59,9 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: output either way.  ``FLARE_PACKED_GATE_UP=0/1`` overrides it (side-by-side runs; read when a step is traced).
 #: With its old launch config (16x256 w4) slower in the captured step on the H200
 #: (``results/20261201T044844Z-sm90-run14``, Qwen3-8B batch 1: 4.907 ms against 4.774; the packed launch took 54-57
-#: us per layer where the norm kernel and cuBLAS took 52, and down after it was no faster) although alone it nearly matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the
-#: early output/MLP launches, side by side in one process: 1.037x slower at batch 1, batch 4 within noise
+#: us per layer where the norm kernel and cuBLAS took 52, and down after it was no faster) although alone it nearly
+#: matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the early output/MLP launches, side by side
+#: in one process: 1.037x slower at batch 1, batch 4 within noise
 #: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).  **On** since its launch config preloads its whole K
 #: before the wait (4x1024 w4, ``triton_kernels.GEMV_MEASURED``): 0.9798x, faster by the min-max rule (4.4352 against
 #: 4.5265 ms at batch 1, batch 4 unchanged; ``results/20261202T035300Z-sm90-run107``); with it on, turning it off is
