@@ -47,7 +47,7 @@ PREFILL_SIG = {"Q": P, "K": P, "V": P, "BT": "*i32", "POS": "*i64", "SL": "*i64"
 ONE_ROW = [
     ("8B qkv", 6144, 4096, True, False, False, False), ("8B o_proj", 4096, 4096, False, False, True, False),
     ("8B down (gated input)", 4096, 12288, False, False, True, True),
-    ("8B gate_up packed (FLARE_PACKED_GATE_UP)", 24576, 4096, True, False, False, False),
+    ("8B gate_up packed", 24576, 4096, True, False, False, False),
     ("8B gate_up gated", 24576, 4096, True, True, False, False), ("8B down", 4096, 12288, False, False, True, False),
     ("0.6B qkv", 4096, 1024, True, False, False, False), ("0.6B o_proj", 1024, 2048, False, False, True, False),
     ("0.6B gate_up", 6144, 1024, True, True, False, False), ("0.6B down", 1024, 3072, False, False, True, False),
