@@ -375,13 +375,8 @@ def main(argv=None) -> int:
     from qualify.archive import read_samples
 
     try:
-        samples = read_samples(args.run)
-    except OSError as exc:
-        print(f"critical_path: {exc}", file=sys.stderr)
-        return 2
-    try:
-        config = read_config(args.config)
-    except ValueError as exc:
+        samples, config = read_samples(args.run), read_config(args.config)
+    except (OSError, ValueError) as exc:  # a missing or unreadable samples.jsonl / --config, named
         print(f"critical_path: {exc}", file=sys.stderr)
         return 2
     found = False

@@ -55,6 +55,7 @@ CAPS=${CAPS-1,4,8}; CHUNKS=${CHUNKS-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${A
 log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
 pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run.tmp" && mv "$DEST/.run.tmp" "$DEST/h200-run.tgz"; }
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
+slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null
 for s in ${STAGES:?set STAGES}; do
@@ -83,13 +84,13 @@ for s in ${STAGES:?set STAGES}; do
          tail -n 5 "$OUT/pdl.log" ;;
     replayab-*) vs="$AB"; [ "${AB_BRACKET:-1}" = 1 ] && [ "${AB%% *}" != "$AB" ] && vs="$AB ${AB%% *}"; i=0
         for v in $vs; do  # ATTENTION[:separate][:nopdl][:NAME=VALUE...]: backend, projections unfused, PDL off, env
-          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; i=$((i + 1)); n=$i-$(printf %s "$v" | tr ":/;=" "----")
+          a=${v%%:*}; extra=""; [[ "$v" == *:separate* ]] && extra=--no-fused-projections; i=$((i + 1)); n=$i-$(slug "$v")
           pdl=${FLARE_PDL:-1}; [[ "$v" == *:nopdl* ]] && pdl=0
           envs=(); IFS=: read -ra parts <<< "$v"; for p in "${parts[@]:1}"; do [[ "$p" == *=* ]] && envs+=("$p"); done
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-$(printf %s "$v" | tr ":/;=" "----")
+    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-$(slug "$v")
           timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
             --out $R/replayin-$g-$n 2>&1 | log \
