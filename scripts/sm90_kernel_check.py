@@ -51,6 +51,7 @@ ONE_ROW = [
     ("8B gate_up gated", 24576, 4096, True, True, False, False), ("8B down", 4096, 12288, False, False, True, False),
     ("0.6B qkv", 4096, 1024, True, False, False, False), ("0.6B o_proj", 1024, 2048, False, False, True, False),
     ("0.6B gate_up", 6144, 1024, True, True, False, False), ("0.6B down", 1024, 3072, False, False, True, False),
+    ("8B head", 151936, 4096, True, False, False, False), ("0.6B head", 151936, 1024, True, False, False, False),
 ]
 
 

@@ -48,8 +48,8 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 from ignition.components.switches import number, switch
 
-__all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "linear_block", "prefers_fused",
-           "reorder_bound"]
+__all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "head_block", "linear_block",
+           "prefers_fused", "reorder_bound"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
 #: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).
@@ -69,6 +69,13 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: where cuBLAS took 48.48 behind a 1.44 us norm kernel), ``--check-compiled`` bytewise at batch 1 and 4 and the GPU
 #: GEMV test at this shape passing there.
 PACKED_GATE_UP_FUSED = True
+#: The step's vocabulary projection of one row behind the final norm (:func:`head_block`) as one
+#: ``flare::fused_linear`` launch with the norm prologue, instead of the norm kernel and cuBLAS.  In Qwen3-8B's
+#: captured step at batch 1 (run 108's trace, ``results/20261202T043500Z-sm90-run108``) 11.5 us pass between the
+#: last down's end and the cuBLAS kernel's start: an Inductor gather, the norm kernel (2.2 us) and a memset node
+#: before cuBLAS, then a 6.3 us launch gap.  ``FLARE_HEAD_FUSED=0/1`` overrides it (side-by-side runs; read when a
+#: step is traced).
+HEAD_FUSED = False
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:
@@ -246,6 +253,16 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
         return fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
     act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True)
     return linear_block(act, down, residual=residual, early=early)
+
+
+def head_block(x: torch.Tensor, projection, norm) -> torch.Tensor:
+    """The step's head: ``projection(norm(x))`` on the rows kept for sampling, ``x [..., K]`` -> ``[..., V]`` in
+    x's dtype.  One row (a batch-1 decode step or prefill chunk) with :data:`HEAD_FUSED` on: :func:`linear_block`
+    (one fused launch with the norm prologue when :func:`prefers_fused` says so); otherwise the canonical modules.
+    The same rounding points either way (the module docstring): only the order of the fp32 sums differs."""
+    if x.numel() == x.shape[-1] and switch("FLARE_HEAD_FUSED", HEAD_FUSED):
+        return linear_block(x, projection, norm=norm)
+    return projection(norm(x))
 
 
 def reorder_bound(xn: torch.Tensor, weight: torch.Tensor, *, norm: bool, gated: bool) -> torch.Tensor:

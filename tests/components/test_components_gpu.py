@@ -301,7 +301,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 @pytest.mark.parametrize("n,k,norm,residual,gated", [
     (4096, 4096, False, True, False), (1024, 2048, False, True, False), (1024, 3072, False, True, False),
     (6144, 4096, True, False, False), (4096, 1024, True, False, False), (6144, 1024, True, False, True),
-    (24576, 4096, True, False, False)])  # the last: Qwen3-8B's packed gate/up with the norm (its default path)
+    (24576, 4096, True, False, False),  # Qwen3-8B's packed gate/up with the norm (its default path)
+    (VOCAB, 4096, True, False, False), (VOCAB, 1024, True, False, False)])  # the heads with the final norm
 def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 

@@ -105,6 +105,42 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
 
+@pytest.mark.parametrize("head_fused", [False, True], ids=["head-canonical", "head-fused"])
+def test_one_row_head_is_one_fused_launch_with_the_final_norm(ckpt, reference, monkeypatch, head_fused):
+    """The step's head at one row (``HEAD_FUSED``, ``FLARE_HEAD_FUSED``): the final norm and the vocabulary
+    projection in one flare::fused_linear launch (norm weight given, vocabulary-wide weight) -- once per one-row
+    step, prefill chunks included -- or none; a 4-row step keeps the canonical modules.  Greedy tokens and logits
+    match the canonical forward either way."""
+    from ignition.components import fused_linear as fl
+
+    calls = []  # rows of every fused launch through the vocabulary-wide weight, with the norm weight given
+    real = fl.fused_linear
+    vocab = AutoConfig.from_pretrained(ckpt).vocab_size
+
+    def recording(*args):
+        if args[1].shape[0] == vocab:
+            assert args[2] is not None  # the final norm in its prologue
+            calls.append(args[0].numel() // args[0].shape[-1])
+        return real(*args)
+
+    monkeypatch.setattr(fl, "HEAD_FUSED", head_fused)
+    monkeypatch.delenv("FLARE_HEAD_FUSED", raising=False)
+    monkeypatch.setattr(fl, "fused_linear", recording)
+    graphs = prepare(ckpt)[1]
+    ref_tokens, ref_logits = reference
+    tokens, logits = prepared_greedy(graphs, Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+    # one 32-token prefill chunk (20 prompt tokens), then STEPS one-row decode steps
+    assert calls == ([1] * (1 + STEPS) if head_fused else [])
+    calls.clear()
+    row = Row(list(PAGES), PAGE)
+    prefill(graphs, row, PROMPT[:8], chunk=8)
+    calls.clear()
+    graphs.step("decode", 4).run(**row.inputs([PROMPT[8]], graphs.steps[0].max_pages))
+    assert calls == []  # four rows: the canonical norm and projection
+
+
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
     """The "triton" attention backend through the whole model (eager, CPU: decode runs the CPU implementation
     of flare::paged_decode_attention -- fp32 softmax and P @ V, keys < seq_lens only -- prefill the reference

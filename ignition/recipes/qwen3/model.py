@@ -44,7 +44,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
-from ignition.components.fused_linear import gated_mlp_block, linear_block
+from ignition.components.fused_linear import gated_mlp_block, head_block, linear_block
 from ignition.components.norms import RMSNorm
 from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
@@ -365,5 +365,5 @@ class PreparedQwen3(nn.Module):
         m = self.hf.model
         last = (batch.valid.sum(dim=1) - 1).clamp(min=0)
         hidden = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
-        hidden = m.norm(hidden)  # per-token norm: on the kept positions only, like logits_to_keep
-        return self.hf.lm_head(hidden).float().masked_fill(~batch.active[:, None], 0.0)
+        # per-token norm: on the kept positions only, like logits_to_keep
+        return head_block(hidden, self.hf.lm_head, m.norm).float().masked_fill(~batch.active[:, None], 0.0)
