@@ -446,10 +446,7 @@ def run(args) -> dict:
         if bench_b is not None:
             a_side = list(out["timeline"])
             for cap in (c for c in bench.capacities if c in (1, 4)):
-                def make_b(cap=cap):
-                    with switched_env(env_b, reset=False):
-                        return timeline(bench_b, cap, args.timeline_dir, prefix="ab-")
-
+                make_b = b_timeline_maker(bench_b, env_b, cap, args.timeline_dir, compiled=not args.eager)
                 out["timeline"].append(ab_timeline(a_side, cap, label_b, make_b))
     if args.check_compiled:
         out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
@@ -459,6 +456,22 @@ def run(args) -> dict:
                             "result": c})
     out["samples"] = samples
     return out
+
+
+def b_timeline_maker(bench_b, env_b: dict[str, str], capacity: int, trace_dir, compiled: bool):
+    """The B side's decode timeline of ``capacity`` rows as a thunk for :func:`ab_timeline`.  Its attributed run
+    calls the step's compiled regions uncaptured, and Dynamo's caches do not guard on the environment: whatever they
+    hold then (A's regions, compiled by A's attributed run) would run in B's place -- the kernel list no longer
+    matches B's captured replay (run 113: "only 221 of the attributed run's 241 kernels found in order").  So the
+    caches are reset on entry (B's regions recompile under B's switches) and on exit (A's after it recompile under
+    A's)."""
+    from qualify.timeline import timeline
+
+    def make_b():
+        with switched_env(env_b, reset=compiled):
+            return timeline(bench_b, capacity, trace_dir, prefix="ab-")
+
+    return make_b
 
 
 def ab_timeline(a_timelines: list[dict], capacity: int, label_b: str, make_b) -> dict:

@@ -73,9 +73,13 @@ PACKED_GATE_UP_FUSED = True
 #: ``flare::fused_linear`` launch with the norm prologue, instead of the norm kernel and cuBLAS.  In Qwen3-8B's
 #: captured step at batch 1 (run 108's trace, ``results/20261202T043500Z-sm90-run108``) 11.5 us pass between the
 #: last down's end and the cuBLAS kernel's start: an Inductor gather, the norm kernel (2.2 us) and a memset node
-#: before cuBLAS, then a 6.3 us launch gap.  ``FLARE_HEAD_FUSED=0/1`` overrides it (side-by-side runs; read when a
-#: step is traced).
-HEAD_FUSED = False
+#: before cuBLAS, then a 6.3 us launch gap.  Side by side in one process (``results/20261202T054700Z-sm90-run113``,
+#: Qwen3-8B, 1024-token context, its table config 4x1024 w4 with the whole K preloaded): batch 1 4.4165 ms against
+#: 4.4361 (0.9956x, within noise by the min-max rule); in the two sides' replay traces the head -- last down's end to
+#: the vocabulary projection's end -- 278.7 us against 305.9 (median of 20 replays), the step's span 4442.5 against
+#: 4466.1; 8x1024 w8 288.7 us.  On.  ``FLARE_HEAD_FUSED=0/1`` overrides it (side-by-side runs; read when a step is
+#: traced).
+HEAD_FUSED = True
 
 
 def _out_features(weight: torch.Tensor, gated: bool) -> int:

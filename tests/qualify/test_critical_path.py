@@ -210,6 +210,34 @@ def test_the_b_side_timeline_of_a_side_by_side_is_set_against_as():
     assert "no A / B comparison (A: missing; B: ok)" in alone["table"] and "step span" not in alone["table"]
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_b_side_timeline_profiles_b_under_its_switches_with_fresh_dynamo_caches(monkeypatch, compiled):
+    """The B side's timeline runs under B's switches and, for compiled steps, with Dynamo's caches reset before and
+    after: its attributed run calls the compiled regions uncaptured, and caches filled by A's attributed run would
+    otherwise run A's kernels in B's place (run 113).  A's environment is back afterwards."""
+    import os
+
+    import torch
+
+    from qualify import gpu_replay, timeline
+
+    events = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+
+    def profile(bench, cap, trace_dir, prefix=""):
+        events.append(("timeline", bench, cap, prefix, os.environ.get("FLARE_X_SWITCH")))
+        return {"capacity": cap}
+
+    monkeypatch.setattr(timeline, "timeline", profile)
+    monkeypatch.delenv("FLARE_X_SWITCH", raising=False)
+    make_b = gpu_replay.b_timeline_maker("bench-b", {"FLARE_X_SWITCH": "1"}, 4, "traces", compiled=compiled)
+    assert events == []  # nothing runs until ab_timeline calls it
+    assert make_b() == {"capacity": 4}
+    inside = ("timeline", "bench-b", 4, "ab-", "1")
+    assert events == (["reset", inside, "reset"] if compiled else [inside])
+    assert "FLARE_X_SWITCH" not in os.environ
+
+
 #: one layer's positions as the Qwen3-8B one-row step runs them, with made-up critical-path times (us)
 LAYER_KERNELS = [("_fused_gemv_kernel", 50.0), ("_rope_decode_kernel", 12.0), ("_paged_decode_reduce_kernel", 2.0),
                  ("_fused_gemv_kernel", 25.0), ("_rms_norm_kernel", 1.0), ("nvjet_sm90_tst_192x8", 110.0),

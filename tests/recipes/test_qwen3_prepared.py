@@ -345,7 +345,8 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
     monkeypatch.delenv("FLARE_PACKED_GATE_UP", raising=False)
-    assert fl.PACKED_GATE_UP_FUSED
+    monkeypatch.delenv("FLARE_HEAD_FUSED", raising=False)
+    assert fl.PACKED_GATE_UP_FUSED and fl.HEAD_FUSED
 
     calls = []
     real = fl.fused_linear
@@ -364,14 +365,15 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     # its norm, o_proj + residual, down + residual after the SiLU gate); gate/up stays cuBLAS
     # (the last field: ``early`` -- the qkv projection, whose successor is the attention, never; o_proj and the MLP's
     # launches always: their successors read only weights before their wait)
-    assert len(calls) == 3 * layers
-    assert set(calls) == {(8, False, False, False, False, False), (8, False, True, False, False, True)}
+    # and the head: one row (the chunk's last token), the final norm in its prologue (``HEAD_FUSED``)
+    assert len(calls) == 3 * layers + 1 and calls[-1] == (1, True, False, False, False, False)
+    assert set(calls[:-1]) == {(8, False, False, False, False, False), (8, False, True, False, False, True)}
     calls.clear()
     width = graphs.steps[0].max_pages
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
     assert sorted(set(calls)) == sorted({(1, True, False, False, False, False), (1, False, True, False, False, True),
                                          (1, True, False, True, False, True)})
-    assert len(calls) == 4 * layers
+    assert len(calls) == 4 * layers + 1 and calls[-1] == (1, True, False, False, False, False)  # + the head
     calls.clear()
     graphs.step("decode", 4).run(**row.inputs([PROMPT[9]], width))  # one row loaded, four in the step
     # every ungated output here is narrow (<= 1024 columns): QKV, o_proj, down and the packed gate/up product
