@@ -77,8 +77,10 @@ PACKED_GATE_UP_FUSED = True
 #: Qwen3-8B, 1024-token context, its table config 4x1024 w4 with the whole K preloaded): batch 1 4.4165 ms against
 #: 4.4361 (0.9956x, within noise by the min-max rule); in the two sides' replay traces the head -- last down's end to
 #: the vocabulary projection's end -- 278.7 us against 305.9 (median of 20 replays), the step's span 4442.5 against
-#: 4466.1; 8x1024 w8 288.7 us.  On.  ``FLARE_HEAD_FUSED=0/1`` overrides it (side-by-side runs; read when a step is
-#: traced).
+#: 4466.1; 8x1024 w8 288.7 us.  On.  With it on (run 114, ``results/20261202T055900Z-sm90-run114``): off is 1.0064x
+#: (within noise; null 1.0018), B's critical path head +27.7 us, span +36.8.  Qwen3-0.6B (run 115,
+#: ``results/20261202T060800Z-sm90-run115``): off 1.0003x, null 1.0004 -- neutral there.  ``FLARE_HEAD_FUSED=0/1``
+#: overrides it (side-by-side runs; read when a step is traced).
 HEAD_FUSED = True
 
 

@@ -1336,7 +1336,8 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
     #   the qkv's config at the same K, its whole K preloaded and the row statistics from those tiles (the heuristic
     #   32x512 w8 preloads nothing and reads x twice); in the step 278.7 us from the last down's end, 8x1024 w8
     #   288.7, cuBLAS behind the norm kernel 305.9 (``results/20261202T054700Z-sm90-run113``)
-    (1, 151936, 1024, False): (8, 1024, 4, 2),  # Qwen3-0.6B head with the final norm: the 0.6B qkv's config
+    (1, 151936, 1024, False): (8, 1024, 4, 2),  # Qwen3-0.6B head with the final norm: the 0.6B qkv's config; 78.8 us
+    #   in the step's critical path (run 115, ``results/20261202T060800Z-sm90-run115``); 4x1024 w4 1.0166x side by side
     (1, 1024, 2048, False): (8, 1024, 4, 2),  # Qwen3-0.6B o_proj: 2.69 us (heuristic 4x1024 w8 2.99) [14]
     (1, 6144, 1024, True): (8, 512, 4, 2),  # Qwen3-0.6B gate_up: 5.18 us (heuristic 8x1024 w8 6.22) [14]
     (1, 1024, 3072, False): (4, 1024, 4, 2),  # Qwen3-0.6B down: 3.55 us (heuristic 4x1024 w8 4.13) [14]
