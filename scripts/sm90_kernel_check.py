@@ -91,6 +91,7 @@ def cases(tk):
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
                         {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))
     for name, n, k, norm, gated, res, gi in (("8B qkv (norm apart)", 6144, 4096, False, False, False, False),
+                                             ("8B qkv (norm in it)", 6144, 4096, True, False, False, False),
                                              ("8B o_proj", 4096, 4096, False, False, True, False),
                                              ("8B gate_up", 24576, 4096, True, True, False, False),
                                              ("8B down", 4096, 12288, False, False, True, True),
@@ -98,7 +99,7 @@ def cases(tk):
         cfg = tk.gemm_rows_config(4, n, k, gated)
         c = dict(K=k, MP=tk.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
                  EVEN_K=True, GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, cfg["BK"] // 64),
-                 DOT_F32=False)
+                 DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0)
         out.append((f"tensor-core {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk

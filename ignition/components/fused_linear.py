@@ -158,10 +158,22 @@ def set_fused_projections(enabled: bool) -> None:
 DOT_ROWS = range(2, 17)
 
 
-def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False) -> bool:
+#: Whether an ungated projection of 2..16 rows behind an RMSNorm takes the tensor-core variant with the norm in its
+#: prologue (one launch) instead of the norm kernel and then the plain-input variant or cuBLAS
+#: (``FLARE_GEMM_ROWS_NORM=1`` / ``0``; read at trace and at launch time).  Off: **not yet measured on a GPU** in this
+#: form.  Run 23's prologue was slow (below) because two of its loads were synchronous -- the row statistics' chunk
+#: loop waited out one L2 round trip per chunk, and the norm weights were one synchronous load per main-loop chunk
+#: (offline sm90 TTGIR); both are now asynchronous (``_gemv_rstd``'s ``STAGES``, the weights as a row-broadcast
+#: tile: no synchronous load left, 96 registers at Qwen3-8B's qkv, no spills).  At batch 4 it would remove the
+#: layer's qkv norm kernel (1.70 us per layer in Qwen3-8B's critical path, run 114) and, where the packed gate/up
+#: feeds down's gated input (Qwen3-0.6B), the gate/up's.
+GEMM_ROWS_NORM = False
+
+
+def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
-    ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input) and an
-    ungated output -- the only launches where it beat cuBLAS in isolation on the H200
+    ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm --
+    ``norm`` -- only with :data:`GEMM_ROWS_NORM`) and an ungated output -- the only launches where it beat cuBLAS in isolation on the H200
     (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the residual 12.1 us against
     cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0 against 28.6 + the same
     two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with the gated input 165.7
@@ -169,10 +181,12 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False) -
     (``results/20261201T114716Z-sm90-run28``, 1024-token context): Qwen3-8B batch 4 5.2483 ms against 5.4477
     (0.963x; decode_topk 5.1543 against 5.3491); Qwen3-0.6B batch 4 within noise (1.0078x,
     ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it.  Read at trace and at launch time alike."""
-    return rows in DOT_ROWS and not gated and not prologue and switch("FLARE_GEMV_DOT", True)
+    plain = not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
+    return rows in DOT_ROWS and not gated and plain and switch("FLARE_GEMV_DOT", True)
 
 
-def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False) -> bool:
+def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False,
+                  norm: bool = False) -> bool:
     """Whether ``rows`` rows through ``weight`` run as one ``flare::fused_linear`` launch.
 
     From the H200 sweep ``results/20261130T203339Z-sm90-run1`` (``scripts/bench_gemv.py``; the fused kernel
@@ -184,7 +198,8 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
       cuBLAS leaves most SMs idle; wider ones lose 1.6-3.6x (the kernel is CUDA-core bound from 4 rows on);
     - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
     - 2..16 rows (unless ``FLARE_GEMV_DOT=0``): also the plain-input (``prologue`` False: no norm, no gated input),
-      ungated projections, through the tensor-core variant (:func:`uses_dot_kernel`: where it won in isolation).
+      ungated projections, through the tensor-core variant (:func:`uses_dot_kernel`: where it won in isolation);
+      with :data:`GEMM_ROWS_NORM` those behind a norm too (``norm``: the prologue is an RMSNorm).
     """
     if not _ENABLED[0]:
         return False
@@ -194,7 +209,7 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
         return not (gated and weight.numel() > limit)
     if rows <= 4 and not gated and n_out <= 1024:
         return True
-    return uses_dot_kernel(rows, gated=gated, prologue=prologue)
+    return uses_dot_kernel(rows, gated=gated, prologue=prologue, norm=norm)
 
 
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
@@ -217,7 +232,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     rows = x.numel() // x.shape[-1]
     fusable_act = not gated or act_name == "silu"
     parts = getattr(projection, "part_sizes", None)
-    if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None):
+    if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None,
+                                                            norm=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
@@ -251,7 +267,7 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
             and not prefers_fused(rows, gu_w, True, prologue=norm is not None)
             and prefers_fused(rows, down_w, False, prologue=True)):
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
-        if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None):  # one launch, norm in it
+        if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False, False, True)
         else:

@@ -1030,16 +1030,25 @@ def _gemv_rstd_of(ss, eps, K: tl.constexpr):
 
 @triton.jit
 def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
-               HAS_NORM: tl.constexpr):
+               HAS_NORM: tl.constexpr, STAGES: tl.constexpr = 0):
     """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
-    (ones, unused, without the norm)."""
+    (ones, unused, without the norm).  ``STAGES`` > 0: the chunk loop software-pipelined over that many stages (its
+    loads asynchronous and in flight together -- the plain loop waits out one L2 round trip per chunk: offline sm90
+    TTGIR, ``scripts/sm90_kernel_check.py``); the same chunks in the same order, the same bits."""
     if HAS_NORM:
         ss = tl.zeros([MP, BK], dtype=tl.float32)
-        for k0 in range(0, K, BK):
-            kk = k0 + offs_k
-            xm = m_mask[:, None] & (kk < K)[None, :]
-            xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            ss += xs * xs
+        if STAGES > 0:
+            for k0 in tl.range(0, K, BK, num_stages=STAGES):
+                kk = k0 + offs_k
+                xm = m_mask[:, None] & (kk < K)[None, :]
+                xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+                ss += xs * xs
+        else:
+            for k0 in range(0, K, BK):
+                kk = k0 + offs_k
+                xm = m_mask[:, None] & (kk < K)[None, :]
+                xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+                ss += xs * xs
         rstd = _gemv_rstd_of(ss, eps, K)
     else:
         rstd = tl.full([MP], 1.0, dtype=tl.float32)
@@ -1251,7 +1260,8 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
                             K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
-                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr):
+                            PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
+                            NORM_STAGES: tl.constexpr = 0):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -1259,7 +1269,7 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
+    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
@@ -1267,7 +1277,15 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     for k0 in range(0, K, BK):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
+        if HAS_NORM and NORM_STAGES > 0:  # the norm weights as an [MP, BK] tile (every row the same addresses) --
+            #   the software pipeliner then copies them asynchronously with x; as a [BK] vector they were one
+            #   synchronous load per chunk (offline sm90 TTGIR).  The same values: bf16(nw * bf16(x * rstd)).
+            xr = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+            nw2 = tl.load(NW + (offs_m * 0)[:, None] + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+            xh = (xr.to(tl.float32) * rstd[:, None]).to(xr.dtype)
+            xv = (nw2.to(tl.float32) * xh.to(tl.float32)).to(xr.dtype)
+        else:
+            xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         if DOT_F32:  # interpreter: its bf16 dot is not exact; fp32 products of the bf16 values are
             acc += tl.dot(xv.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
@@ -1401,6 +1419,10 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 }
 
 
+#: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
+GEMM_ROWS_NORM_STAGES = 3
+
+
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The tensor-core kernel's launch config, a pure function of the shapes: the :data:`GEMM_ROWS_MEASURED` entry,
     else ``BN`` 32 (16 when that leaves fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller,
@@ -1528,7 +1550,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
     if dot is None:
-        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input)
+        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input,
+                              norm=norm_weight is not None and not gated_input)
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
@@ -1545,8 +1568,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
-            DOT_F32=_interpreting(), num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]),
-            **_pdl(x.device))
+            DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
+            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
         return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])

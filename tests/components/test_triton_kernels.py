@@ -223,6 +223,12 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
         tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
     err = (got.float() - ref.float()).abs()
     assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    if norm:  # the norm prologue's pipelined row statistics and tiled norm weights: the plain loops' bits
+        from ignition.components import triton_kernels as tk
+
+        monkeypatch.setattr(tk, "GEMM_ROWS_NORM_STAGES", 0)
+        plain = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, config=cfg, dot=True)
+        assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
 
 
 def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
@@ -240,6 +246,14 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     assert prefers_fused(4, wide, False) and prefers_fused(8, wide, False)  # o_proj, down after the activation
     assert not prefers_fused(4, wide, False, prologue=True) and not prefers_fused(8, gated_w, True)  # qkv, gate/up
     assert prefers_fused(4, narrow, False, prologue=True)  # the CUDA-core few-row rule, prologue or not
+    # behind a norm only with GEMM_ROWS_NORM (FLARE_GEMM_ROWS_NORM=1); never with the gated input
+    assert not uses_dot_kernel(4, prologue=True, norm=True) and not prefers_fused(4, wide, False, prologue=True,
+                                                                                    norm=True)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_NORM", "1")
+    assert uses_dot_kernel(4, prologue=True, norm=True) and prefers_fused(4, wide, False, prologue=True, norm=True)
+    assert not uses_dot_kernel(4, prologue=True) and not uses_dot_kernel(1, prologue=True, norm=True)
+    assert not uses_dot_kernel(4, gated=True, prologue=True, norm=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_NORM")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}
