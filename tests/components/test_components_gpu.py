@@ -482,10 +482,10 @@ def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
                                                          (4, 4096, 4096, False, False, True),
                                                          (8, 24576, 4096, True, True, False),
                                                          (16, 1024, 3072, False, False, True)])
-def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
+def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residual):
     """The tensor-core variant (forced; the step takes it for plain inputs unless ``FLARE_GEMV_DOT=0``) at Qwen3
     shapes of a few rows, against the reference within the interpreter tests' bound, and the same bits on a second
-    launch."""
+    launch; with the norm prologue the same bits as its plain (synchronous) loops."""
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
@@ -502,6 +502,11 @@ def test_tensor_core_gemv_on_this_gpu(m, n, k, norm, gated, residual):
     tol = _gemv_tolerance(x, w, nw, gated, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    if norm:
+        from ignition.components import triton_kernels as tk
+
+        monkeypatch.setattr(tk, "GEMM_ROWS_NORM_STAGES", 0)
+        assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
