@@ -49,7 +49,10 @@ position (``qualify.critical_path.compare``): where B's time goes differently.  
 ``--eager`` (an uncompiled step reads the switches at every call).  ``--ab-null`` builds A once more after B (``ab``
 ``A2: ...``) and times the three interleaved: the bench built second ran 0.35-0.6% slower than the first where
 both were the same kernels (Qwen3-8B batch 1, ``results/20261201T114716Z-sm90-run28``), so A2 / A states that bias
-in the run and B is called faster or slower only when its min-max range clears both A's and A2's.
+in the run and B is called faster or slower only when its min-max range clears both A's and A2's.  A second verdict
+pairs the blocks (:func:`paired_blocks`: each block's median ratio, the blocks where B was faster, the exact sign
+test) and calls B faster or slower only when that holds against A and A2 alike at p < 0.05; it is stated beside the
+min-max one, which stays the rule.
 
 On CPU (``--device cpu``) the same paths run without capture (perf_counter timing, no floor): it is how
 CI exercises the tool; the numbers mean nothing there.
@@ -66,6 +69,8 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from qualify.paired_blocks import block_sizes, paired_blocks, paired_verdict
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 #: ``ab`` of the samples of ``--ab-null``'s second A bench
@@ -111,8 +116,7 @@ def interleaved(timers, samples: int, warmup: int, blocks: int) -> list[list[flo
     """``timer(samples, warmup) -> samples_s`` of each bench in ``timers``, in ``blocks`` blocks each, the order
     reversed every other block (A B B A A B ...; with three, A B C C B A A B C ...); the first block of each warms up
     ``warmup`` replays, later ones a few.  Returns each timer's samples, in the order given."""
-    blocks = max(1, min(blocks, samples))
-    sizes = [samples // blocks + (i < samples % blocks) for i in range(blocks)]
+    sizes = block_sizes(samples, blocks)
     raw = [[] for _ in timers]
     order = list(range(len(timers)))
     for i, n in enumerate(sizes):
@@ -390,6 +394,9 @@ def run(args) -> dict:
                 timers = [time_on(bench), time_b] + ([time_on(bench_null)] if bench_null is not None else [])
                 raws = interleaved(timers, args.samples, args.warmup, args.ab_blocks)
                 timed = list(zip(["A", label_b, NULL_LABEL][:len(raws)], raws))
+                paired = {"A": paired_blocks(raws[0], raws[1], args.ab_blocks)}
+                if len(raws) > 2:
+                    paired["A2"] = paired_blocks(raws[2], raws[1], args.ab_blocks)
             for ab, raw in timed:
                 s = summarize(raw)
                 case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
@@ -399,6 +406,8 @@ def run(args) -> dict:
                         **({"ab": ab} if ab else {})}
                 rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"],
                        "traffic": {k: traffic[k] for k in TRAFFIC_FIELDS if k in traffic}}
+                if ab == label_b:  # B against each reference, block by block
+                    rec["paired_blocks"] = paired
                 if floor is not None:
                     rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
                                floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
@@ -543,6 +552,11 @@ def _print(out: dict) -> None:
             a = a_cases[key]
             refs = [a] + ([null[key]] if null else [])
             extra = f"  null A2/A {null[key]['median_ms'] / a['median_ms']:.4f}" if null else ""
+            pb = c.get("paired_blocks")
+            if pb:
+                extra += (f"  (paired blocks: {paired_verdict(list(pb.values()))}; faster in "
+                          + ", ".join(f"{d['faster_blocks']}/{d['blocks']} vs {r} (p {d['p']:.3g})"
+                                      for r, d in pb.items()) + ")")
             print(f"{key[0]:>8} {key[1]:>13} {key[2]:>4} {c['median_ms'] / a['median_ms']:10.4f}  "
                   f"({ab_verdict(c, refs)}: min-max ranges){extra}")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]

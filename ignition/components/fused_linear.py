@@ -78,9 +78,10 @@ PACKED_GATE_UP_FUSED = True
 #: 4.4361 (0.9956x, within noise by the min-max rule); in the two sides' replay traces the head -- last down's end to
 #: the vocabulary projection's end -- 278.7 us against 305.9 (median of 20 replays), the step's span 4442.5 against
 #: 4466.1; 8x1024 w8 288.7 us.  On.  With it on (run 114, ``results/20261202T055900Z-sm90-run114``): off is 1.0064x
-#: (within noise; null 1.0018), B's critical path head +27.7 us, span +36.8.  Qwen3-0.6B (run 115,
-#: ``results/20261202T060800Z-sm90-run115``): off 1.0003x, null 1.0004 -- neutral there.  ``FLARE_HEAD_FUSED=0/1``
-#: overrides it (side-by-side runs; read when a step is traced).
+#: (within noise by min-max; null 1.0018) -- slower by the paired blocks (``qualify.paired_blocks``: 0 of 10 blocks
+#: faster against A and against the null A2, p 0.002 each) -- B's critical path head +27.7 us, span +36.8.
+#: Qwen3-0.6B (run 115, ``results/20261202T060800Z-sm90-run115``): off 1.0003x, null 1.0004, no paired verdict --
+#: neutral there.  ``FLARE_HEAD_FUSED=0/1`` overrides it (side-by-side runs; read when a step is traced).
 HEAD_FUSED = True
 
 
@@ -172,15 +173,15 @@ GEMM_ROWS_NORM = False
 
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
-    ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm --
-    ``norm`` -- only with :data:`GEMM_ROWS_NORM`) and an ungated output -- the only launches where it beat cuBLAS in isolation on the H200
-    (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the residual 12.1 us against
-    cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0 against 28.6 + the same
-    two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with the gated input 165.7
-    against 28.7; gated gate/up 61.3 against 49.0).  In the step, side by side in one process
+    ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm
+    -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`) and an ungated output -- the only launches where it beat cuBLAS
+    in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
+    residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0
+    against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with
+    the gated input 165.7 against 28.7; gated gate/up 61.3 against 49.0). In the step, side by side in one process
     (``results/20261201T114716Z-sm90-run28``, 1024-token context): Qwen3-8B batch 4 5.2483 ms against 5.4477
     (0.963x; decode_topk 5.1543 against 5.3491); Qwen3-0.6B batch 4 within noise (1.0078x,
-    ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it.  Read at trace and at launch time alike."""
+    ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it. Read at trace and at launch time alike."""
     plain = not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
     return rows in DOT_ROWS and not gated and plain and switch("FLARE_GEMV_DOT", True)
 

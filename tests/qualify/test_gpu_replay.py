@@ -142,6 +142,11 @@ def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
     (run,) = (tmp_path / "null").iterdir()
     timed = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [s["case"].get("ab") for s in timed] == ["A", "B: FLARE_TRITON_TOPK=0", gpu_replay.NULL_LABEL]
-    assert "null A2/A" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "null A2/A" in printed and "paired blocks: " in printed
+    assert " vs A (p " in printed and " vs A2 (p " in printed
+    b_rec = next(s for s in timed if s["case"]["ab"].startswith("B"))
+    assert set(b_rec["paired_blocks"]) == {"A", "A2"} and b_rec["paired_blocks"]["A"]["blocks"] == 2
+    assert all("paired_blocks" not in s for s in timed if not s["case"]["ab"].startswith("B"))
     assert gpu_replay.main(["--core", core, "--device", "cpu", "--eager", "--ab-null", "--no-archive"]) == 2
     assert "--ab-null needs --ab" in capsys.readouterr().err
