@@ -70,7 +70,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from qualify.paired_blocks import block_sizes, paired_blocks, paired_verdict
+from qualify.paired_blocks import block_sizes, describe, paired_blocks, paired_verdict
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 #: ``ab`` of the samples of ``--ab-null``'s second A bench
@@ -554,9 +554,7 @@ def _print(out: dict) -> None:
             extra = f"  null A2/A {null[key]['median_ms'] / a['median_ms']:.4f}" if null else ""
             pb = c.get("paired_blocks")
             if pb:
-                extra += (f"  (paired blocks: {paired_verdict(list(pb.values()))}; faster in "
-                          + ", ".join(f"{d['faster_blocks']}/{d['blocks']} vs {r} (p {d['p']:.3g})"
-                                      for r, d in pb.items()) + ")")
+                extra += f"  (paired blocks: {paired_verdict(list(pb.values()))}; {describe(pb)})"
             print(f"{key[0]:>8} {key[1]:>13} {key[2]:>4} {c['median_ms'] / a['median_ms']:10.4f}  "
                   f"({ab_verdict(c, refs)}: min-max ranges){extra}")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]

@@ -14,13 +14,14 @@ CLI (archived ``--ab`` runs; their block count is the ``--ab-blocks`` they ran w
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
-__all__ = ["block_sizes", "paired_blocks", "paired_verdict", "from_samples", "PAIRED_BLOCKS_ALPHA"]
+from qualify.archive import read_samples
+
+__all__ = ["block_sizes", "paired_blocks", "paired_verdict", "from_samples", "describe", "PAIRED_BLOCKS_ALPHA"]
 
 
 def block_sizes(samples: int, blocks: int) -> list[int]:
@@ -83,12 +84,17 @@ def from_samples(samples: list[dict], blocks: int) -> list[dict]:
     return out
 
 
+def describe(vs: dict[str, dict]) -> str:
+    """``{reference: paired_blocks(...)}`` as printed (``gpu_replay --ab``'s table and this CLI)."""
+    return ", ".join(f"{d['faster_blocks']}/{d['blocks']} faster vs {r} (p {d['p']:.3g}, median ratio "
+                     f"{d['median_ratio']:.4f})" for r, d in vs.items())
+
+
 def line(entry: dict) -> str:
     """One printed line of :func:`from_samples`' entry."""
-    vs = ", ".join(f"{d['faster_blocks']}/{d['blocks']} faster vs {r} (median ratio {d['median_ratio']:.4f}, "
-                   f"p {d['p']:.3g})" for r, d in entry["vs"].items())
     c = entry["case"]
-    return f"B={c['capacity']} {c['variant']} seed {entry['seed']}: {entry['verdict']} by paired blocks -- {vs}"
+    return (f"B={c['capacity']} {c['variant']} seed {entry['seed']}: {entry['verdict']} by paired blocks -- "
+            f"{describe(entry['vs'])}")
 
 
 def main(argv=None) -> int:
@@ -101,7 +107,7 @@ def main(argv=None) -> int:
     for run in args.runs:
         path = run / "samples.jsonl"
         try:
-            samples = [json.loads(text) for text in path.read_text().splitlines() if text.strip()]
+            samples = read_samples(run)
         except (OSError, ValueError) as exc:
             print(f"paired_blocks: cannot read {path}: {exc}", file=sys.stderr)
             return 2

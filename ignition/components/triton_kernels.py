@@ -942,10 +942,16 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
 
 @triton.jit
 def _gemv_normed(xv, nw, rstd):
-    """Qwen3RMSNorm of an input tile ``xv [MP, BK]`` with its weights ``nw [BK]``: bf16(x * rstd), then
-    bf16(weight * that) with the product in fp32."""
+    """Qwen3RMSNorm of an input tile ``xv [MP, BK]`` with its weights ``nw [BK]`` (:func:`_gemv_normed_tile`)."""
+    return _gemv_normed_tile(xv, nw[None, :], rstd)
+
+
+@triton.jit
+def _gemv_normed_tile(xv, nw, rstd):
+    """Qwen3RMSNorm of an input tile ``xv [MP, BK]`` with its weights ``nw`` (``[1, BK]`` or ``[MP, BK]``, rows
+    alike): bf16(x * rstd), then bf16(weight * that) with the product in fp32."""
     xh = (xv.to(tl.float32) * rstd[:, None]).to(xv.dtype)
-    return (nw.to(tl.float32)[None, :] * xh.to(tl.float32)).to(xv.dtype)
+    return (nw.to(tl.float32) * xh.to(tl.float32)).to(xv.dtype)
 
 
 @triton.jit
@@ -1032,23 +1038,17 @@ def _gemv_rstd_of(ss, eps, K: tl.constexpr):
 def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, BK: tl.constexpr,
                HAS_NORM: tl.constexpr, STAGES: tl.constexpr = 0):
     """``rstd [MP]`` of the RMSNorm prologue: elementwise fp32 accumulation of x^2 over K chunks, one sum at the end
-    (ones, unused, without the norm).  ``STAGES`` > 0: the chunk loop software-pipelined over that many stages (its
-    loads asynchronous and in flight together -- the plain loop waits out one L2 round trip per chunk: offline sm90
-    TTGIR, ``scripts/sm90_kernel_check.py``); the same chunks in the same order, the same bits."""
+    (ones, unused, without the norm).  ``STAGES``: the chunk loop software-pipelined over that many stages (its loads
+    asynchronous and in flight together -- without, the loop waits out one L2 round trip per chunk: offline sm90
+    TTGIR, ``scripts/sm90_kernel_check.py``); 0: the plain loop (the same PTX as a ``range`` loop).  The same chunks
+    in the same order, the same bits."""
     if HAS_NORM:
         ss = tl.zeros([MP, BK], dtype=tl.float32)
-        if STAGES > 0:
-            for k0 in tl.range(0, K, BK, num_stages=STAGES):
-                kk = k0 + offs_k
-                xm = m_mask[:, None] & (kk < K)[None, :]
-                xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-                ss += xs * xs
-        else:
-            for k0 in range(0, K, BK):
-                kk = k0 + offs_k
-                xm = m_mask[:, None] & (kk < K)[None, :]
-                xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-                ss += xs * xs
+        for k0 in tl.range(0, K, BK, num_stages=STAGES):
+            kk = k0 + offs_k
+            xm = m_mask[:, None] & (kk < K)[None, :]
+            xs = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            ss += xs * xs
         rstd = _gemv_rstd_of(ss, eps, K)
     else:
         rstd = tl.full([MP], 1.0, dtype=tl.float32)
@@ -1282,8 +1282,7 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             #   synchronous load per chunk (offline sm90 TTGIR).  The same values: bf16(nw * bf16(x * rstd)).
             xr = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
             nw2 = tl.load(NW + (offs_m * 0)[:, None] + kk[None, :], mask=(kk < K)[None, :], other=0.0)
-            xh = (xr.to(tl.float32) * rstd[:, None]).to(xr.dtype)
-            xv = (nw2.to(tl.float32) * xh.to(tl.float32)).to(xr.dtype)
+            xv = _gemv_normed_tile(xr, nw2, rstd)
         else:
             xv = _gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K)  # [MP, BK]
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
