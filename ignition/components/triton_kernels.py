@@ -1086,19 +1086,50 @@ def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.co
 
 
 @triton.jit
-def _gemv_x_f32(xv):
+def _gemv_x_f32(xv, FLAT: tl.constexpr = False):
     """An input tile ``[MP, BK]`` (:func:`_gemv_x_tile`) as fp32 ``[MP, 1, BK]``, broadcast against a weight tile
-    (its layout change: a CTA barrier -- the streamed loop converts before issuing the tile's weight loads)."""
-    return xv.to(tl.float32)[:, None, :]
+    (its layout change: a CTA barrier -- the streamed loop converts before issuing the tile's weight loads); ``FLAT``
+    (one row): ``[1, BK]`` as it is (:func:`_gemv_acc`)."""
+    xf = xv.to(tl.float32)
+    if not FLAT:
+        xf = xf[:, None, :]
+    return xf
 
 
 @triton.jit
-def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr):
+def _gemv_acc(MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FLAT: tl.constexpr):
+    """The elementwise fp32 accumulator: ``[MP, BN, BK]``, or ``[BN, BK]`` when ``FLAT`` (one row: the weight tiles'
+    own shape, so the compiler keeps the weight loads' layout -- the 3-D one made every weight tile a layout change
+    through shared memory, four CTA barriers per tile, and the x tile another; offline sm90 TTGIR)."""
+    if FLAT:
+        acc = tl.zeros([BN, BK], dtype=tl.float32)
+    else:
+        acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemv_acc_sum(acc, FLAT: tl.constexpr):
+    """The accumulator's sums over K, ``[MP, BN]``."""
+    if FLAT:
+        y = tl.sum(acc, axis=1)[None, :]
+    else:
+        y = tl.sum(acc, axis=2)
+    return y
+
+
+@triton.jit
+def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr, FLAT: tl.constexpr = False):
     """``acc`` (and ``acc_u`` with the up half ``u`` when gated) plus a weight tile ``w [BN, BK]`` times its fp32
-    input tile ``xf [MP, 1, BK]`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
-    acc += xf * w.to(tl.float32)[None, :, :]
-    if GATED:
-        acc_u += xf * u.to(tl.float32)[None, :, :]
+    input tile ``xf`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
+    if FLAT:
+        acc += xf * w.to(tl.float32)
+        if GATED:
+            acc_u += xf * u.to(tl.float32)
+    else:
+        acc += xf * w.to(tl.float32)[None, :, :]
+        if GATED:
+            acc_u += xf * u.to(tl.float32)[None, :, :]
     return acc, acc_u
 
 
@@ -1127,7 +1158,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
-                       PROBE=None, HAS_PROBE: tl.constexpr = False):
+                       PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1192,27 +1223,27 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
-    acc = tl.zeros([MP, BN, BK], dtype=tl.float32)
+    acc = _gemv_acc(MP, BN, BK, FLAT)
     if GATED:
-        acc_u = tl.zeros([MP, BN, BK], dtype=tl.float32)
+        acc_u = _gemv_acc(MP, BN, BK, FLAT)
     else:
         acc_u = acc  # unused
     if PRELOAD >= 1:
         if not X_FIRST:
             x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0, FLAT), GATED, FLAT)
     if PRELOAD >= 2:
         if not X_FIRST:
             x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1, FLAT), GATED, FLAT)
     if PRELOAD >= 3:
         if not X_FIRST:
             x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2, FLAT), GATED, FLAT)
     if PRELOAD >= 4:
         if not X_FIRST:
             x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3), GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3, FLAT), GATED, FLAT)
     # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
     # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
     # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``; nor with
@@ -1223,22 +1254,23 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     for k0 in range(PRELOAD * BK, K, BK):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K))
+        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         u = w
         if GATED:
             u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, FLAT)
 
-    _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(tl.sum(acc, axis=2), axis=1), axis=0).to(tl.int32, bitcast=True),
+    _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(_gemv_acc_sum(acc, FLAT), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
     if not early:  # no preloaded tiles: the residual after the loop (held across it, it spilled in 8B down)
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
-        _gemv_epilogue(tl.sum(acc, axis=2), tl.sum(acc_u, axis=2), res, Y, offs_m, offs_n, m_mask, n_mask, stride_y,
-                       GATED, HAS_RES)
+        _gemv_epilogue(_gemv_acc_sum(acc, FLAT), _gemv_acc_sum(acc_u, FLAT), res, Y, offs_m, offs_n, m_mask, n_mask,
+                       stride_y, GATED, HAS_RES)
     else:
-        _gemv_epilogue(tl.sum(acc, axis=2), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
+        _gemv_epilogue(_gemv_acc_sum(acc, FLAT), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED,
+                       HAS_RES)
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)
 
 
@@ -1324,6 +1356,11 @@ GEMV_PREFETCH_TILES = 2
 #: o_proj, 1.34x with the MLP; Qwen3-0.6B 0.993-1.07x (the prefetching programs stall, ~3 us for 32 MiB, and the
 #: projections do not get faster; ``results/20261201T163000Z-sm90-attnprobe-runs48-53``, runs 50-52).
 GEMV_PREFETCH_FULL_BYTES = 16 << 20
+
+
+#: Whether the one-row GEMV accumulates in the weight tiles' own 2-D shape (:func:`_gemv_acc`;
+#: ``FLARE_GEMV_FLAT=1`` / ``0`` sets it, read at each launch for side-by-side runs).
+GEMV_FLAT = False
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -1582,6 +1619,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
+        FLAT=mp == 1 and switch("FLARE_GEMV_FLAT", GEMV_FLAT),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
