@@ -1158,7 +1158,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
-                       PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False):
+                       PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
+                       STREAM_STAGES: tl.constexpr = 0):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1251,7 +1252,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
-    for k0 in range(PRELOAD * BK, K, BK):
+    for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
@@ -1358,9 +1359,28 @@ GEMV_PREFETCH_TILES = 2
 GEMV_PREFETCH_FULL_BYTES = 16 << 20
 
 
-#: Whether the one-row GEMV accumulates in the weight tiles' own 2-D shape (:func:`_gemv_acc`;
-#: ``FLARE_GEMV_FLAT=1`` / ``0`` sets it, read at each launch for side-by-side runs).
+#: Whether the one-row GEMV whose whole K is preloaded (no streamed tiles) accumulates in the weight tiles' own 2-D
+#: shape (:func:`_gemv_acc`; ``FLARE_GEMV_FLAT=1`` / ``0`` sets it, read at each launch for side-by-side runs).
 GEMV_FLAT = False
+
+#: Pipeline stages of the one-row GEMV's streamed tiles (the tiles after the preloaded ones: Qwen3-8B's down), which
+#: then take the 2-D accumulator too and are copied asynchronously that many tiles ahead (``tl.range``'s software
+#: pipeliner; ``FLARE_GEMV_STREAM_STAGES=N`` sets it); 0: the plain loop over the 3-D accumulator.  The 2-D accumulator
+#: without the pipeliner lost: Qwen3-8B's down took 43.2 us per layer in the step's critical path against 29.7
+#: (``results/20261202T074600Z-sm90-run117``; the preloaded projections gained there).
+GEMV_STREAM_STAGES = 0
+
+
+def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
+    """``(FLAT, STREAM_STAGES)`` of a one-row GEMV launch (``mp`` padded rows, ``preload`` of K's ``bk``-column tiles
+    preloaded): the 2-D accumulator where the whole K is preloaded (:data:`GEMV_FLAT`) or the streamed tiles are
+    pipelined (:data:`GEMV_STREAM_STAGES`); never for more rows."""
+    if mp != 1:
+        return False, 0
+    if preload * bk >= k:
+        return switch("FLARE_GEMV_FLAT", GEMV_FLAT), 0
+    stages = whole("FLARE_GEMV_STREAM_STAGES", GEMV_STREAM_STAGES, low=0)
+    return stages > 0, stages
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -1612,6 +1632,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
     preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
+    flat, stream_stages = gemv_flat(mp, k, bk, preload)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
@@ -1619,7 +1640,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        FLAT=mp == 1 and switch("FLARE_GEMV_FLAT", GEMV_FLAT),
+        FLAT=flat, STREAM_STAGES=stream_stages,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
