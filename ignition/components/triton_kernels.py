@@ -1173,7 +1173,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
     # into registers before the wait -- weights are never written in a step, so this is legal whatever the
     # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
-    # tiles, the same elementwise accumulation order as without.
+    # tiles, the same elementwise accumulation order as without (the same bits with the 3-D accumulator; a whole-K
+    # preload takes the 2-D one by default, ``GEMV_FLAT``, whose final sum over K groups the lanes otherwise).
     if PRELOAD >= 1:
         w_p0, u_p0 = _gemv_weight_tile(w_rows, u_rows, 0, offs_k, n_mask, BK, GATED)
     if PRELOAD >= 2:
@@ -1361,13 +1362,22 @@ GEMV_PREFETCH_FULL_BYTES = 16 << 20
 
 #: Whether the one-row GEMV whose whole K is preloaded (no streamed tiles) accumulates in the weight tiles' own 2-D
 #: shape (:func:`_gemv_acc`; ``FLARE_GEMV_FLAT=1`` / ``0`` sets it, read at each launch for side-by-side runs).
-GEMV_FLAT = False
+#: Offline sm90 (``scripts/sm90_kernel_check.py``): Qwen3-8B's qkv 31 -> 7 CTA barriers, o_proj 44 -> 4 and 255 -> 168
+#: registers (3 programs per SM instead of 2), the head 31 -> 7.  The final sum over K then groups the lanes as the
+#: weight loads do, another fp32 order than the 3-D accumulator's (both within the reference's bound; each path
+#: deterministic).  Side by side in one process with the null on the H200, 1024-token context, batch 1
+#: (``results/20261202T075700Z-sm90-run118``, ``...074600Z-sm90-run117``): Qwen3-8B 0.9846x (10 of 10 blocks faster
+#: against A and A2; qkv 13.95 -> 12.51 us and o_proj 11.46 -> 7.97 per layer in the critical path, the attention
+#: before it 9.41 -> 10.75), Qwen3-0.6B (every projection preloaded whole) 0.9288x, faster by the min-max rule.
+GEMV_FLAT = True
 
 #: Pipeline stages of the one-row GEMV's streamed tiles (the tiles after the preloaded ones: Qwen3-8B's down), which
 #: then take the 2-D accumulator too and are copied asynchronously that many tiles ahead (``tl.range``'s software
 #: pipeliner; ``FLARE_GEMV_STREAM_STAGES=N`` sets it); 0: the plain loop over the 3-D accumulator.  The 2-D accumulator
 #: without the pipeliner lost: Qwen3-8B's down took 43.2 us per layer in the step's critical path against 29.7
-#: (``results/20261202T074600Z-sm90-run117``; the preloaded projections gained there).
+#: (``results/20261202T074600Z-sm90-run117``; the preloaded projections gained there).  With it, 3 stages, the step
+#: 0.9953x against A but slower than :data:`GEMV_FLAT` alone (0.9846x in the same call; down 29.47 -> 28.51 us), and
+#: 3 stages at 8x512 1.0034x (``results/20261202T075700Z-sm90-run118``).
 GEMV_STREAM_STAGES = 0
 
 

@@ -294,9 +294,9 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 
 
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
-# measured configs), against the reference within the interpreter tests' bound; the plain ones with their weight
-# tiles preloaded before the PDL wait (the default) and without, their inputs loaded together (the default) and one
-# by one: the same bits
+# measured configs), against the reference within the interpreter tests' bound; the plain ones' inputs loaded
+# together (the default) and one by one: the same bits; with the 3-D accumulator (``FLARE_GEMV_FLAT=0``) within the
+# bound too, and there their weight tiles preloaded before the PDL wait or not: the same bits
 
 @pytest.mark.parametrize("n,k,norm,residual,gated", [
     (4096, 4096, False, True, False), (1024, 2048, False, True, False), (1024, 3072, False, True, False),
@@ -329,14 +329,20 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
             env.setenv("FLARE_GEMV_X_FIRST", "0")  # x loaded twice (the row statistics, then each tile): same bits
             assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
     if not norm:
-        assert gemv_preload_tiles(1, k, gemv_config(1, n, k)["BK"], True) > 0  # the default preloads these
-        monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
-        plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
-        assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
-        monkeypatch.delenv("FLARE_GEMV_PRELOAD")
+        bk = gemv_config(1, n, k)["BK"]
+        assert gemv_preload_tiles(1, k, bk, True) * bk == k  # the default preloads these whole: the 2-D accumulator
         monkeypatch.setenv("FLARE_GEMV_X_FIRST", "0")  # the preloaded tiles' inputs loaded one by one: same bits
         per_tile = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(per_tile.view(torch.int16), got.view(torch.int16))
+        monkeypatch.delenv("FLARE_GEMV_X_FIRST")
+        # the 3-D accumulator (FLARE_GEMV_FLAT=0): its own final sum order, within the same bound; there, preloaded
+        # tiles or none give the same bits
+        monkeypatch.setenv("FLARE_GEMV_FLAT", "0")
+        three_d = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert ((three_d.float() - ref.float()).abs() <= tol).all()
+        monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
+        plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

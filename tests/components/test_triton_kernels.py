@@ -152,6 +152,38 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     assert ((got.float() - ref.float()).abs() <= tol).all()
 
 
+def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(monkeypatch):
+    """``gemv_flat``: the 2-D accumulator for one row whose whole K is preloaded (``FLARE_GEMV_FLAT``, default on),
+    or whose streamed tiles are pipelined (``FLARE_GEMV_STREAM_STAGES``, default 0); never for more rows; both
+    accumulators within the reference's bound, a whole-K preload and a pipelined stream alike."""
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_flat
+
+    assert gemv_flat(1, 512, 128, 4) == (True, 0) and gemv_flat(1, 512, 128, 2) == (False, 0)
+    assert gemv_flat(2, 512, 128, 4) == (False, 0)
+    monkeypatch.setenv("FLARE_GEMV_STREAM_STAGES", "3")
+    assert gemv_flat(1, 512, 128, 2) == (True, 3) and gemv_flat(1, 512, 128, 0) == (True, 3)
+    assert gemv_flat(4, 512, 128, 0) == (False, 0)
+    monkeypatch.setenv("FLARE_GEMV_FLAT", "0")
+    assert gemv_flat(1, 512, 128, 4) == (False, 0) and gemv_flat(1, 512, 128, 2) == (True, 3)
+    monkeypatch.setenv("FLARE_GEMV_STREAM_STAGES", "-1")
+    with pytest.raises(ValueError, match="FLARE_GEMV_STREAM_STAGES"):
+        gemv_flat(1, 512, 128, 0)
+
+    x, w, nw, r = _gemv_inputs(1, 64, 512, norm=True, gated=False, residual=True, seed=11)
+    ref = fused_linear_reference(x, w, nw, 1e-6, r, False)
+    tol = (_gemv_tolerance(x, w, nw, False, fused_linear_reference(x, w, nw, 1e-6, None, False))
+           + 2 * 2.0 ** -7 * ref.float().abs())
+    for flat, stages, cfg in (("1", "0", {"BN": 32, "BK": 128}),  # whole K preloaded (norm: 4 tiles = K)
+                              ("0", "0", {"BN": 32, "BK": 128}),
+                              ("1", "2", {"BN": 32, "BK": 64})):  # 8 tiles: 4 preloaded at most, the rest streamed
+        monkeypatch.setenv("FLARE_GEMV_FLAT", flat)
+        monkeypatch.setenv("FLARE_GEMV_STREAM_STAGES", stages)
+        monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
+        got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, config=cfg)
+        assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
+
+
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
