@@ -101,10 +101,15 @@ def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
+def _prefetch_l2(ptrs, LAST: tl.constexpr = False):
+    """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program); ``LAST``: with
+    the evict-last L2 priority."""
+    if LAST:
+        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 #: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half
@@ -381,9 +386,10 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
 @triton.jit
 def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kh,
                         stride_vp, stride_vt, stride_vh, stride_bt, D: tl.constexpr, PAGE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, LINES: tl.constexpr, KEYS: tl.constexpr):
+                        BLOCK_N: tl.constexpr, LINES: tl.constexpr, KEYS: tl.constexpr, LAST: tl.constexpr = False):
     """L2 prefetch of the first ``KEYS`` keys of key blocks ``start .. end - 1`` in K and V (``LINES`` 128-byte lines
-    per key row): one block-table load through L2, one prefetch per line -- no loop, so no chain of dependent loads."""
+    per key row): one block-table load through L2, one prefetch per line -- no loop, so no chain of dependent loads;
+    ``LAST``: with the evict-last L2 priority."""
     lines = tl.arange(0, LINES) * (D // LINES)
     tok = start * BLOCK_N + tl.arange(0, KEYS)
     keep = (tok < end * BLOCK_N) & (tok < seq_len)
@@ -391,8 +397,8 @@ def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, stride_kp, stri
     in_page = (tok % PAGE).to(tl.int64)
     row_k = page * stride_kp + in_page * stride_kt + kvh * stride_kh
     row_v = page * stride_vp + in_page * stride_vt + kvh * stride_vh
-    _prefetch_l2(K + tl.where(keep, row_k, 0)[:, None] + lines[None, :])  # dropped keys: page 0's first row
-    _prefetch_l2(V + tl.where(keep, row_v, 0)[:, None] + lines[None, :])
+    _prefetch_l2(K + tl.where(keep, row_k, 0)[:, None] + lines[None, :], LAST)  # dropped keys: page 0's first row
+    _prefetch_l2(V + tl.where(keep, row_v, 0)[:, None] + lines[None, :], LAST)
 
 
 @triton.jit
@@ -501,7 +507,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
-                        HAS_PROBE: tl.constexpr = False):
+                        HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -514,7 +520,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
-                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH)
+                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH, KV_LAST)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
     # after the wait: tried and removed, the reduce (and through it o_proj and the MLP) launched before it -- within
     # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``).
@@ -781,6 +787,12 @@ DECODE_KV_PREFETCH_ROWS = 1
 DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 
+#: Whether the decode attention's pre-wait K/V prefetch gives its lines the evict-last L2 priority
+#: (``FLARE_DECODE_KV_PREFETCH_LAST=1`` / ``0``; read at each launch), so that the weights streaming between the
+#: prefetch and the reads (the qkv projection's tail, o_proj's preload) evict other lines first.  Not yet measured.
+DECODE_KV_PREFETCH_LAST = False
+
+
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
     :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
@@ -883,6 +895,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
+        KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:
@@ -1074,12 +1087,14 @@ def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: 
 
 
 @triton.jit
-def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.constexpr, GATED: tl.constexpr):
+def _gemv_weight_tile(w_rows, u_rows, i: tl.constexpr, offs_k, n_mask, BK: tl.constexpr, GATED: tl.constexpr,
+                      EVICT_FIRST: tl.constexpr = False):
     """Weight tile ``i`` of the program's rows ``[BN, BK]`` (whole tiles: EVEN_K), and its up half when gated (else
-    the same tile again, unused)."""
-    w = tl.load(w_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+    the same tile again, unused); ``EVICT_FIRST``: with the evict-first L2 priority, as the streamed tiles."""
+    policy: tl.constexpr = "evict_first" if EVICT_FIRST else ""
+    w = tl.load(w_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0, eviction_policy=policy)
     if GATED:
-        u = tl.load(u_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0)
+        u = tl.load(u_rows + (i * BK + offs_k)[None, :], mask=n_mask[:, None], other=0.0, eviction_policy=policy)
     else:
         u = w
     return w, u
@@ -1159,7 +1174,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1176,13 +1191,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # tiles, the same elementwise accumulation order as without (the same bits with the 3-D accumulator; a whole-K
     # preload takes the 2-D one by default, ``GEMV_FLAT``, whose final sum over K groups the lanes otherwise).
     if PRELOAD >= 1:
-        w_p0, u_p0 = _gemv_weight_tile(w_rows, u_rows, 0, offs_k, n_mask, BK, GATED)
+        w_p0, u_p0 = _gemv_weight_tile(w_rows, u_rows, 0, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
     if PRELOAD >= 2:
-        w_p1, u_p1 = _gemv_weight_tile(w_rows, u_rows, 1, offs_k, n_mask, BK, GATED)
+        w_p1, u_p1 = _gemv_weight_tile(w_rows, u_rows, 1, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
     if PRELOAD >= 3:
-        w_p2, u_p2 = _gemv_weight_tile(w_rows, u_rows, 2, offs_k, n_mask, BK, GATED)
+        w_p2, u_p2 = _gemv_weight_tile(w_rows, u_rows, 2, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
     if PRELOAD >= 4:
-        w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED)
+        w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
     if HAS_PROBE and PRELOAD >= 1:  # stamp 1: the preloaded tiles arrived (the first and the last of them)
@@ -1379,6 +1394,14 @@ GEMV_FLAT = True
 #: 0.9953x against A but slower than :data:`GEMV_FLAT` alone (0.9846x in the same call; down 29.47 -> 28.51 us), and
 #: 3 stages at 8x512 1.0034x (``results/20261202T075700Z-sm90-run118``).
 GEMV_STREAM_STAGES = 0
+
+
+#: Whether the one-row GEMV's preloaded weight tiles take the evict-first L2 priority, as its streamed tiles do
+#: (``FLARE_GEMV_PRELOAD_EVICT_FIRST=1`` / ``0``; read at each launch).  A weight is read once per step; with the
+#: normal priority the whole-K preloads (Qwen3-8B: qkv 48 MiB during the down, o_proj 32 MiB during the attention,
+#: the head's 1.2 GB) can evict what the step reads back soon -- the K/V lines the decode attention prefetched before
+#: its wait (run 53's stamps: K and V arriving 1.6-2.8 us after their page ids), the activations.  Not yet measured.
+GEMV_PRELOAD_EVICT_FIRST = False
 
 
 def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
@@ -1651,6 +1674,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
+        PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

@@ -217,6 +217,10 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         assert tk.decode_kv_prefetch_keys(len(seq_lens)) > 0
         kp3, vp3 = kp.clone(), vp.clone()
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
+        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_LAST", "1")  # its lines with the evict-last priority
+        kp3, vp3 = kp.clone(), vp.clone()
+        assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the evict-last prefetch changed a bit"
+        monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
@@ -335,6 +339,10 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         per_tile = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(per_tile.view(torch.int16), got.view(torch.int16))
         monkeypatch.delenv("FLARE_GEMV_X_FIRST")
+        monkeypatch.setenv("FLARE_GEMV_PRELOAD_EVICT_FIRST", "1")  # an L2 priority only: same bits
+        evict_first = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(evict_first.view(torch.int16), got.view(torch.int16))
+        monkeypatch.delenv("FLARE_GEMV_PRELOAD_EVICT_FIRST")
         # the 3-D accumulator (FLARE_GEMV_FLAT=0): its own final sum order, within the same bound; there, preloaded
         # tiles or none give the same bits
         monkeypatch.setenv("FLARE_GEMV_FLAT", "0")
