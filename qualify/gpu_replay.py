@@ -1,7 +1,7 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
+[--eager] [--timeline [--timeline-widths 1,2]] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
 [--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
@@ -29,7 +29,8 @@ same compiled step launched without the graph, with a profiler range per region 
 ``layer.<i>``, ``head``, ``sampler``): kernel count and summed kernel time per layer and per operator
 (kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.  With ``--widths`` holding 1,
 the width-one round gets a timeline too (its head, acceptance and sampling-state advance ranged separately) and
-a difference table against decode at the same B: where the round's extra time goes, by region and kernel.
+a difference table against decode at the same B: where the round's extra time goes, by region and kernel;
+``--timeline-widths 1,2`` names the round widths that get one (default 1; those not in ``--widths`` are left out).
 
 ``--check-compiled``: compiled vs uncompiled captured graphs on the same model, weights and KV buffers:
 from the same restored state, ``--steps`` decode steps each (tokens fed back; rows alternate greedy and
@@ -432,26 +433,7 @@ def run(args) -> dict:
     if args.timeline:
         if not cuda:
             raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
-        from qualify.timeline import timeline
-
-        out["timeline"] = []
-        from qualify.timeline import difference
-
-        for cap in (c for c in bench.capacities if c in (1, 4)):
-            # decode, and where rounds are timed the width-one round beside it with the per-operator difference
-            for width in ((None, 1) if 1 in bench.widths else (None,)):
-                label = f"B={cap}" + ("" if width is None else f" W={width}")
-                try:
-                    t = timeline(bench, cap, args.timeline_dir, width=width)
-                    if width is None:
-                        _add_gap_to_floor(t, cases)
-                    out["timeline"].append(t)
-                except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
-                    out["timeline"].append({"capacity": cap, "width": width, "error": repr(exc),
-                                            "table": f"timeline {label}: {exc!r}"})
-            pair = [t for t in out["timeline"] if t["capacity"] == cap and "error" not in t]
-            if len(pair) == 2:
-                out["timeline"].append(difference(pair[0], pair[1]))
+        out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases)
         if bench_b is not None:
             a_side = list(out["timeline"])
             for cap in (c for c in bench.capacities if c in (1, 4)):
@@ -464,6 +446,31 @@ def run(args) -> dict:
                                      "steps": c["steps"]}, "seed": c["seed"], "passed": c["passed"],
                             "result": c})
     out["samples"] = samples
+    return out
+
+
+def decode_and_round_timelines(bench, widths, trace_dir, cases) -> list[dict]:
+    """The ``--timeline`` entries of A: for B = 1 and 4 (of ``bench.capacities``) the decode timeline (with its gap
+    to the floor from ``cases``), and the timelines of the verification rounds of ``widths`` that ``bench`` times,
+    each followed by its difference against decode at the same B.  A profile that fails is an entry saying so, never
+    raised: the timings before it stay."""
+    from qualify.timeline import difference, timeline
+
+    out = []
+    for cap in (c for c in bench.capacities if c in (1, 4)):
+        entries = []
+        for width in (None, *(w for w in widths if w in bench.widths)):
+            label = f"B={cap}" + ("" if width is None else f" W={width}")
+            try:
+                t = timeline(bench, cap, trace_dir, width=width)
+                if width is None:
+                    _add_gap_to_floor(t, cases)
+            except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
+                t = {"capacity": cap, "width": width, "error": repr(exc), "table": f"timeline {label}: {exc!r}"}
+            entries.append(t)
+        out += entries
+        base = entries[0] if "error" not in entries[0] else None
+        out += [difference(base, t) for t in entries[1:] if base is not None and "error" not in t]
     return out
 
 
@@ -594,6 +601,9 @@ def main(argv=None) -> int:
                         "sorting the vocabulary; served to batches whose rows fit the bound)")
     p.add_argument("--widths", default="", help="speculative round widths to time per capacity, e.g. 1,2,4,8 "
                                                 "(each also against decode at the same batch)")
+    p.add_argument("--timeline-widths", default="1",
+                   help="with --timeline and --widths: the round widths that get a timeline too, each with its "
+                        "difference against decode at the same batch (default 1; e.g. 1,2)")
     p.add_argument("--ab", default=None, metavar="NAME=VALUE[:NAME=VALUE]",
                    help="also a bench built with these FLARE_* switches, every decode case timed on both, "
                         "interleaved (see the module docstring)")
@@ -611,6 +621,12 @@ def main(argv=None) -> int:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.context < 1 or args.samples < 1 or args.ab_blocks < 1:
         p.error("--context, --samples and --ab-blocks must be >= 1")
+    try:
+        args.timeline_widths = _caps(args.timeline_widths)
+    except ValueError:
+        p.error(f"--timeline-widths {args.timeline_widths!r}: expected comma-separated widths, e.g. 1,2")
+    if any(w < 1 for w in args.timeline_widths):
+        p.error(f"--timeline-widths {args.timeline_widths}: widths must be >= 1")
     from ignition.components.backends import BackendUnavailable
     from qualify.archive import new_run_dir, write_run
 

@@ -17,7 +17,8 @@
 #   memory-G        qualify.fixed_memory on core G ($ATTN attention): weights, KV pool, graph pool, workspaces, slack
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
-#   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy and top-k variants ($ATTN)
+#   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy and top-k variants ($ATTN;
+#                   REPLAY_ARGS more arguments, e.g. "--timeline-widths 1,2": the width-2 round's timeline too)
 #   replayab-G      qualify.gpu_replay on core G, plain timing, once per variant in $AB (side by side), each
 #                   ATTENTION[:separate][:nopdl][:NAME=VALUE...] (separate: projections unfused,
 #                   --no-fused-projections; nopdl: FLARE_PDL=0, no programmatic dependent launch; NAME=VALUE: an
@@ -77,7 +78,7 @@ for s in ${STAGES:?set STAGES}; do
           --json "$OUT/overhead-$g.json" 2>&1 | log | tail -n 4 > "$OUT/overhead-$g.log"; cat "$OUT/overhead-$g.log" ;;
     replay-*) timeout ${REPLAY_S:-240} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
           --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant \
-          --topk-variant 64 --attention $ATTN --out $R/replay-$g 2>&1 | log > "$OUT/replay-$g.log"
+          --topk-variant 64 --attention $ATTN ${REPLAY_ARGS:-} --out $R/replay-$g 2>&1 | log > "$OUT/replay-$g.log"
           tar czf "$OUT/replay-$g.tgz" -C $R/replay-$g . 2>/dev/null; tail -n 60 "$OUT/replay-$g.log" ;;
     pdl) if ! timeout 150 python3 scripts/pdl_smoke.py --json "$OUT/pdl.json" > "$OUT/pdl.log" 2>&1; then
            export FLARE_PDL=0; echo "PDL smoke failed: FLARE_PDL=0 from here" | tee -a "$OUT/stages.log"; fi

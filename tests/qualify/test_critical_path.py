@@ -342,3 +342,42 @@ def test_an_archived_h200_run_decomposes_into_its_span():
         pos = cp.from_run(run, "b1")["positions"]
         assert [short(p["name"]) for p in pos[-2:]] == ["nvjet", "_fused_gemv_kernel"] and pos[-1]["lead_us"] <= 0
         assert pos[0]["lead_us"] > 10  # qkv launches during the down projection before it
+
+
+def test_round_timelines_follow_timeline_widths_each_against_decode(monkeypatch):
+    """``--timeline-widths``: per batch 1 and 4, the decode timeline, then one per listed round width the bench
+    times (others left out), each with its difference against decode; a failed profile is an entry, and a round is
+    not compared with a failed decode."""
+    from types import SimpleNamespace
+
+    from qualify import gpu_replay, timeline
+
+    def profile(bench, cap, trace_dir, width=None):
+        if (cap, width) in bench.broken:
+            raise RuntimeError(f"profiler gone at {cap}/{width}")
+        return {"capacity": cap, "width": width, "table": f"t {cap} {width}"}
+
+    monkeypatch.setattr(timeline, "timeline", profile)
+    monkeypatch.setattr(timeline, "difference", lambda a, b: {"difference": (a["width"], b["width"]),
+                                                              "capacity": a["capacity"]})
+    monkeypatch.setattr(gpu_replay, "_add_gap_to_floor", lambda t, cases: t.update(gap=True))
+    bench = SimpleNamespace(capacities=(1, 4, 8), widths=(1, 2, 4), broken={(4, None)})
+    got = gpu_replay.decode_and_round_timelines(bench, (1, 2, 8), "traces", [])
+    plain = [(t["capacity"], t.get("width"), "difference" in t, "error" in t) for t in got]
+    assert plain == [(1, None, False, False), (1, 1, False, False), (1, 2, False, False),
+                     (1, None, True, False), (1, None, True, False),  # W=1 and W=2 each against decode
+                     (4, None, False, True), (4, 1, False, False), (4, 2, False, False)]  # decode failed: no diffs
+    assert [t["difference"] for t in got if "difference" in t] == [(None, 1), (None, 2)]
+    assert got[0]["gap"] and "gap" not in got[1]  # the floor gap on decode only
+    assert "profiler gone at 4/None" in got[5]["table"]
+    assert [t.get("width") for t in gpu_replay.decode_and_round_timelines(bench, (), "traces", [])
+            if "difference" not in t] == [None, None]  # no widths: decode only (B=4's failed)
+
+
+@pytest.mark.parametrize("bad", ["1,x", "0"])
+def test_timeline_widths_rejects_a_bad_value_naming_the_option(capsys, bad):
+    from qualify import gpu_replay
+
+    with pytest.raises(SystemExit) as exc:
+        gpu_replay.main(["--core", "no-such-core", "--timeline-widths", bad, "--no-archive"])
+    assert exc.value.code == 2 and "--timeline-widths" in capsys.readouterr().err
