@@ -104,12 +104,8 @@ def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
 def _prefetch_l2(ptrs, LAST: tl.constexpr = False):
     """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program); ``LAST``: with
     the evict-last L2 priority."""
-    if LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    asm: tl.constexpr = f"prefetch.global.L2{'::evict_last' if LAST else ''} [$1]; mov.u32 $0, 0;"
+    tl.inline_asm_elementwise(asm, "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
 
 
 #: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half

@@ -174,12 +174,12 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
     ref = fused_linear_reference(x, w, nw, 1e-6, r, False)
     tol = (_gemv_tolerance(x, w, nw, False, fused_linear_reference(x, w, nw, 1e-6, None, False))
            + 2 * 2.0 ** -7 * ref.float().abs())
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
     for flat, stages, cfg in (("1", "0", {"BN": 32, "BK": 128}),  # whole K preloaded (norm: 4 tiles = K)
                               ("0", "0", {"BN": 32, "BK": 128}),
                               ("1", "2", {"BN": 32, "BK": 64})):  # 8 tiles: 4 preloaded at most, the rest streamed
         monkeypatch.setenv("FLARE_GEMV_FLAT", flat)
         monkeypatch.setenv("FLARE_GEMV_STREAM_STAGES", stages)
-        monkeypatch.setenv("FLARE_GEMV_PRELOAD_PROLOGUE", "1")
         got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, config=cfg)
         assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
 
