@@ -64,6 +64,9 @@ def cases(tk):
         c = dict(K=k, MP=1, BN=cfg["BN"], BK=bk, HAS_NORM=norm, HAS_RES=res, GATED=gated, EVEN_K=k % bk == 0,
                  GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
+        c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
+        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST,  # the launch's defaults
+                 AHEAD=tk.gemv_l2_ahead(c["PRELOAD"], bk, k, n * k * 2))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
@@ -75,7 +78,8 @@ def cases(tk):
     for heads, splits, prefetch, bn, pipe in ((32, 32, 64, 16, True), (16, 64, 0, 16, True), (16, 33, 0, 32, False)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
-                 K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2)
+                 K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=splits, USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         wide = " wide" if bn == 32 else ""

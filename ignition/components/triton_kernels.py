@@ -785,8 +785,11 @@ DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
 
 #: Whether the decode attention's pre-wait K/V prefetch gives its lines the evict-last L2 priority
 #: (``FLARE_DECODE_KV_PREFETCH_LAST=1`` / ``0``; read at each launch), so that the weights streaming between the
-#: prefetch and the reads (the qkv projection's tail, o_proj's preload) evict other lines first.  Not yet measured.
-DECODE_KV_PREFETCH_LAST = False
+#: prefetch and the reads (the qkv projection's tail, o_proj's preload) evict other lines first.  On since run 121
+#: (``results/20261202T094300Z-sm90-run121``, side by side in one process with the null, 1024-token context): Qwen3-8B
+#: batch 1 0.9971x (paired blocks 10/10 faster against A and A2), with :data:`GEMV_PRELOAD_EVICT_FIRST` 0.9782x
+#: against that one's 0.9803x alone; batch 4 (no prefetch there) within noise.
+DECODE_KV_PREFETCH_LAST = True
 
 
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
@@ -1170,7 +1173,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
+                       AHEAD: tl.constexpr = 0):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1181,6 +1185,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         u_rows = w_rows  # unused
 
+    # AHEAD: an L2 prefetch of the whole rows of program AHEAD further on (:data:`GEMV_L2_AHEAD`), issued first (its
+    # addresses' registers are free again before the preloaded tiles arrive: after them, 176 registers at Qwen3-8B
+    # o_proj, 2 programs per SM instead of 3).
+    if USE_PDL and AHEAD > 0:
+        if tl.program_id(0) + AHEAD < tl.num_programs(0):
+            _gemv_prefetch(W, offs_n + AHEAD * BN, N_OUT, stride_w, K, BK, PF_LINES, 0, K // BK, GATED)
     # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
     # into registers before the wait -- weights are never written in a step, so this is legal whatever the
     # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
@@ -1396,8 +1406,30 @@ GEMV_STREAM_STAGES = 0
 #: (``FLARE_GEMV_PRELOAD_EVICT_FIRST=1`` / ``0``; read at each launch).  A weight is read once per step; with the
 #: normal priority the whole-K preloads (Qwen3-8B: qkv 48 MiB during the down, o_proj 32 MiB during the attention,
 #: the head's 1.2 GB) can evict what the step reads back soon -- the K/V lines the decode attention prefetched before
-#: its wait (run 53's stamps: K and V arriving 1.6-2.8 us after their page ids), the activations.  Not yet measured.
-GEMV_PRELOAD_EVICT_FIRST = False
+#: its wait (run 53's stamps: K and V arriving 1.6-2.8 us after their page ids), the activations.  On since run 121
+#: (``results/20261202T094300Z-sm90-run121``, side by side in one process with the null, 1024-token context): Qwen3-8B
+#: batch 1 0.9803x (B faster by the min-max rule; paired blocks 10/10 against A and A2; the attention's critical path
+#: unchanged, the projections' down), batch 4 (tensor-core launches, no preload) within noise; Qwen3-0.6B batch 1
+#: 0.9954x (paired 10/10 against A and A2), batch 4 within noise.
+GEMV_PRELOAD_EVICT_FIRST = True
+
+
+#: Programs ahead whose whole weight rows each one-row GEMV program with its whole K preloaded prefetches into L2 before
+#: its PDL wait (``FLARE_GEMV_L2_AHEAD=N``; 0: none), for weights up to ``FLARE_GEMV_L2_AHEAD_MAX_MB`` (default 40:
+#: Qwen3-8B's o_proj, 32 MiB, not its qkv).  The early programs of o_proj are resident during the latency-bound
+#: attention (at Qwen3-8B 261 of 512, run 121's probe) and hold only their own rows; the late ones stream theirs
+#: after it.  Prefetched by the waiting early programs, those rows come from L2 instead.  Not yet measured.
+GEMV_L2_AHEAD = 0
+
+
+def gemv_l2_ahead(preload: int, bk: int, k: int, weight_bytes: int) -> int:
+    """The ``AHEAD`` of a one-row GEMV launch (:data:`GEMV_L2_AHEAD`): only where the whole K is preloaded and the
+    weight is within ``FLARE_GEMV_L2_AHEAD_MAX_MB``; read at each launch, for side-by-side runs."""
+    ahead = whole("FLARE_GEMV_L2_AHEAD", GEMV_L2_AHEAD, low=0)
+    limit = number("FLARE_GEMV_L2_AHEAD_MAX_MB", 40)
+    if limit < 0:
+        raise ValueError(f"FLARE_GEMV_L2_AHEAD_MAX_MB={limit:g}: expected a size in MiB >= 0")
+    return ahead if preload * bk >= k and weight_bytes <= limit * (1 << 20) else 0
 
 
 def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
@@ -1671,6 +1703,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
+        AHEAD=gemv_l2_ahead(preload, bk, k, weight.numel() * weight.element_size()),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

@@ -217,9 +217,9 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         assert tk.decode_kv_prefetch_keys(len(seq_lens)) > 0
         kp3, vp3 = kp.clone(), vp.clone()
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
-        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_LAST", "1")  # its lines with the evict-last priority
+        monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_LAST", "0")  # its lines without the evict-last priority
         kp3, vp3 = kp.clone(), vp.clone()
-        assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the evict-last prefetch changed a bit"
+        assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the L2 priority changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
@@ -339,10 +339,11 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         per_tile = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(per_tile.view(torch.int16), got.view(torch.int16))
         monkeypatch.delenv("FLARE_GEMV_X_FIRST")
-        monkeypatch.setenv("FLARE_GEMV_PRELOAD_EVICT_FIRST", "1")  # an L2 priority only: same bits
-        evict_first = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
-        assert torch.equal(evict_first.view(torch.int16), got.view(torch.int16))
-        monkeypatch.delenv("FLARE_GEMV_PRELOAD_EVICT_FIRST")
+        for name, value in (("FLARE_GEMV_PRELOAD_EVICT_FIRST", "0"), ("FLARE_GEMV_L2_AHEAD", "64")):
+            monkeypatch.setenv(name, value)  # an L2 priority, an L2 prefetch of later programs' rows: same bits
+            hinted = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+            assert torch.equal(hinted.view(torch.int16), got.view(torch.int16)), name
+            monkeypatch.delenv(name)
         # the 3-D accumulator (FLARE_GEMV_FLAT=0): its own final sum order, within the same bound; there, preloaded
         # tiles or none give the same bits
         monkeypatch.setenv("FLARE_GEMV_FLAT", "0")
