@@ -161,8 +161,9 @@ DOT_ROWS = range(2, 17)
 
 #: Whether an ungated projection of 2..16 rows behind an RMSNorm takes the tensor-core variant with the norm in its
 #: prologue (one launch) instead of the norm kernel and then the plain-input variant or cuBLAS
-#: (``FLARE_GEMM_ROWS_NORM=1`` / ``0``; read at trace and at launch time).  Off: **not yet measured on a GPU** in this
-#: form.  Run 23's prologue was slow (below) because two of its loads were synchronous -- the row statistics' chunk
+#: (``FLARE_GEMM_ROWS_NORM=1`` / ``0``; read at trace and at launch time).  Off: in this form Qwen3-8B batch 4 was
+#: 1.0648x slower side by side in one process with the null (``results/20261202T094300Z-sm90-run121``; paired blocks
+#: 0/10 faster), batch 1 (no such launch) within noise.  Run 23's prologue was slow (below) because two of its loads were synchronous -- the row statistics' chunk
 #: loop waited out one L2 round trip per chunk, and the norm weights were one synchronous load per main-loop chunk
 #: (offline sm90 TTGIR); both are now asynchronous (``_gemv_rstd``'s ``STAGES``, the weights as a row-broadcast
 #: tile: no synchronous load left, 96 registers at Qwen3-8B's qkv, no spills).  At batch 4 it would remove the

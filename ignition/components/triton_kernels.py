@@ -642,6 +642,26 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
             and switch("FLARE_DECODE_WIDE", DECODE_WIDE) and number("FLARE_DECODE_BLOCK_N") is None)
 
 
+#: Keys per block of the fused decode kernel's other one-row launches (groups above 2: Qwen3-8B's 4), so that a split
+#: covers its share in one block -- one dependent round of page ids then K/V instead of one per 16-key page: at a
+#: 1024-token context the 1025 keys are 17 blocks over 17 splits, where 16-key blocks were 65 over 32 splits, 3 in a
+#: row for the busiest programs.  Side by side in one process with the null (``results/20261202T100100Z-sm90-run124``,
+#: ``FLARE_DECODE_BLOCK_N=64``): Qwen3-8B batch 1 0.9866x (paired blocks 10/10 against A and A2; 32-key blocks
+#: 0.9934x), batch 4 1.061x slower -- so at one row only.  In the replay (``results/20261202T101300Z-sm90-run126``)
+#: the attention's critical path per layer went 10.82 -> 9.41 us and the reduce's 2.56 -> 2.21 (run 122).  ``FLARE_DECODE_ONE_ROW_BLOCKS=0`` restores whole pages;
+#: an explicit ``FLARE_DECODE_BLOCK_N`` replaces both.  Other contexts not measured.
+FUSED_DECODE_ONE_ROW_BLOCK_N = 64
+
+
+def fused_decode_one_row_blocks(batch: int, groups: int) -> bool:
+    """Whether a fused decode launch takes :data:`FUSED_DECODE_ONE_ROW_BLOCK_N`-key blocks: at one row, for a group
+    above 2 heads (rounded up to a power of two; the smaller ones are :func:`fused_decode_wide`'s, whole pages with
+    ``FLARE_DECODE_WIDE=0``), ``FLARE_DECODE_ONE_ROW_BLOCKS`` on (default) and no explicit ``FLARE_DECODE_BLOCK_N``
+    (read at each launch, for side-by-side runs)."""
+    return (batch == 1 and triton.next_power_of_2(max(1, groups)) > 2
+            and switch("FLARE_DECODE_ONE_ROW_BLOCKS", True) and number("FLARE_DECODE_BLOCK_N") is None)
+
+
 def decode_block_n(page: int, block_n: int | None = None) -> int:
     """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
     multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
@@ -681,7 +701,11 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
         raise ValueError(f"{what}: pools must be contiguous in head_dim")
     g = h // kvh
     wide = fused and block_n is None and fused_decode_wide(b, g)
-    block_n = decode_block_n(page, max(FUSED_DECODE_WIDE_BLOCK_N, page) if wide else block_n)
+    if wide:
+        block_n = max(FUSED_DECODE_WIDE_BLOCK_N, page)
+    elif fused and block_n is None and fused_decode_one_row_blocks(b, g):
+        block_n = max(FUSED_DECODE_ONE_ROW_BLOCK_N, page)
+    block_n = decode_block_n(page, block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
@@ -779,8 +803,13 @@ DECODE_KV_PREFETCH_ROWS = 1
 #: (``results/20261201T184659Z-sm90-replayin-0.6B``, B faster by the min-max rule; the one-row layer graph 0.961x,
 #: ``results/20261201T184100Z-sm90-run72``); Qwen3-8B (48 MiB) 1.014x slower without it (run 72's layer graph, and
 #: run 53).  24 MiB lies between the two measured sizes.  With the wide one-row blocks (:data:`DECODE_WIDE`) the
-#: prefetch at Qwen3-0.6B measured 0.9905x, within noise (``results/20261201T225800Z-sm90-run93``): unchanged.
-DECODE_KV_PREFETCH_MIN_BYTES = 24 << 20
+#: prefetch at Qwen3-0.6B measured 0.9905x, within noise (``results/20261201T225800Z-sm90-run93``): unchanged then.
+#: 0 (any stream) since run 125: with the evict-last priority (:data:`DECODE_KV_PREFETCH_LAST`) and the evict-first
+#: preloads (:data:`GEMV_PRELOAD_EVICT_FIRST`) on, Qwen3-0.6B batch 1 with it 0.9906x side by side in one process
+#: with the null (``results/20261202T100800Z-sm90-run125``; within noise by the min-max rule, paired blocks 10/10
+#: faster against A and A2), batch 4 (no prefetch) within noise.  ``FLARE_DECODE_KV_PREFETCH_MIN_MB=24`` restores
+#: the previous bound.
+DECODE_KV_PREFETCH_MIN_BYTES = 0
 
 
 #: Whether the decode attention's pre-wait K/V prefetch gives its lines the evict-last L2 priority
@@ -1410,15 +1439,18 @@ GEMV_STREAM_STAGES = 0
 #: (``results/20261202T094300Z-sm90-run121``, side by side in one process with the null, 1024-token context): Qwen3-8B
 #: batch 1 0.9803x (B faster by the min-max rule; paired blocks 10/10 against A and A2; the attention's critical path
 #: unchanged, the projections' down), batch 4 (tensor-core launches, no preload) within noise; Qwen3-0.6B batch 1
-#: 0.9954x (paired 10/10 against A and A2), batch 4 within noise.
+#: 0.9954x (paired 10/10 against A and A2), batch 4 within noise (``results/20261202T094900Z-sm90-run122``).
 GEMV_PRELOAD_EVICT_FIRST = True
 
 
 #: Programs ahead whose whole weight rows each one-row GEMV program with its whole K preloaded prefetches into L2 before
 #: its PDL wait (``FLARE_GEMV_L2_AHEAD=N``; 0: none), for weights up to ``FLARE_GEMV_L2_AHEAD_MAX_MB`` (default 40:
 #: Qwen3-8B's o_proj, 32 MiB, not its qkv).  The early programs of o_proj are resident during the latency-bound
-#: attention (at Qwen3-8B 261 of 512, run 121's probe) and hold only their own rows; the late ones stream theirs
-#: after it.  Prefetched by the waiting early programs, those rows come from L2 instead.  Not yet measured.
+#: attention (at Qwen3-8B 261 of 512, run 123's probe) and hold only their own rows; the late ones stream theirs
+#: after it; prefetched by the waiting early programs, those rows would come from L2.  Measured slower, left off:
+#: Qwen3-8B batch 1 with 256 ahead 1.0131x side by side in one process with the null (paired blocks 0/10 faster;
+#: ``results/20261202T100100Z-sm90-run124``), batch 4 (no preload) within noise -- as the attention's own prefetch of
+#: the o_proj weight before (runs 50-52, :data:`GEMV_PREFETCH_FULL_BYTES`).
 GEMV_L2_AHEAD = 0
 
 

@@ -242,18 +242,19 @@ def test_kv_prefetch_rows_switch(monkeypatch):
 
 
 def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
-    """Behind a QKV projection below ``DECODE_KV_PREFETCH_MIN_BYTES`` (24 MiB: Qwen3-0.6B's 8 MiB, not Qwen3-8B's
-    48) the decode kernel does not prefetch; unknown (None) leaves it to the rows; ``FLARE_DECODE_KV_PREFETCH_MIN_MB``
-    moves the bound (0: any), a negative or non-numeric value names the switch."""
+    """Behind a QKV projection below ``DECODE_KV_PREFETCH_MIN_BYTES`` (default 0: any, Qwen3-0.6B's 8 MiB too) the
+    decode kernel does not prefetch; unknown (None) leaves it to the rows; ``FLARE_DECODE_KV_PREFETCH_MIN_MB`` moves
+    the bound (24: the previous one, Qwen3-8B's 48 MiB yes, Qwen3-0.6B's 8 no), a negative or non-numeric value names
+    the switch."""
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
     keys, mib = tk.DECODE_KV_PREFETCH_KEYS, 1 << 20
-    assert tk.DECODE_KV_PREFETCH_MIN_BYTES == 24 * mib
-    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (8, 23, 24, 48)] == [0, 0, keys, keys]
+    assert tk.DECODE_KV_PREFETCH_MIN_BYTES == 0
+    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (0, 8, 48)] == [keys, keys, keys]
     assert tk.decode_kv_prefetch_keys(1, None) == keys and tk.decode_kv_prefetch_keys(4, 48 * mib) == 0
-    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "0")
-    assert tk.decode_kv_prefetch_keys(1, 0) == keys
+    monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "24")
+    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (8, 23, 24, 48)] == [0, 0, keys, keys]
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "64")
     assert tk.decode_kv_prefetch_keys(1, 48 * mib) == 0
     for bad in ("-1", "lots"):
@@ -308,6 +309,23 @@ def test_wide_blocks_rule(monkeypatch):
     big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
     assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
 
+    # larger groups at one row: 64-key blocks (fused_decode_one_row_blocks); more rows, FLARE_DECODE_ONE_ROW_BLOCKS=0,
+    # an explicit block_n or FLARE_DECODE_BLOCK_N, the two-kernel path: whole pages (or what was asked)
+    for b, expect in ((1, 64), (2, 16)):
+        q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,) * b, seed=3)
+        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == expect, b
+    assert [tk.fused_decode_one_row_blocks(b, g) for b, g in ((1, 4), (1, 8), (1, 2), (4, 4))] == [
+        True, True, False, False]
+    q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,), seed=3)
+    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True, block_n=32)["BLOCK_N"] == 32
+    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16
+    monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
+    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 32
+    monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
+    monkeypatch.setenv("FLARE_DECODE_ONE_ROW_BLOCKS", "0")
+    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 16
+    monkeypatch.delenv("FLARE_DECODE_ONE_ROW_BLOCKS")
+
     # Qwen3-0.6B's shape (16 heads, 8 KV heads) with a 4096-key table: 128 blocks of 32 keys would take the 64-split
     # cap (512 programs, two waves at 2 per SM); capped at one wave of the SMs the interpreter assumes (132)
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(16, 8, 32, (40,), width=256, seed=3)
@@ -319,20 +337,22 @@ def test_wide_blocks_rule(monkeypatch):
 
 
 @interpreter
-def test_wide_one_row_launch_equals_the_two_kernels_bitwise_and_fp64(monkeypatch):
-    """The wide one-row launch of a 2-head group (``FLARE_DECODE_WIDE=1``: 32-key blocks, ``fused_decode_wide``)
-    equals the two-kernel path at 32-key blocks bit for bit, within the fp64 bound."""
+@pytest.mark.parametrize("heads,wide,block_n", [(8, True, 32), (16, False, 64)])
+def test_one_row_launch_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, wide, block_n):
+    """The one-row launches' own blocks -- the wide one of a 2-head group (``FLARE_DECODE_WIDE=1``: 32-key blocks,
+    ``fused_decode_wide``), 64-key blocks for a 4-head group (``fused_decode_one_row_blocks``) -- equal the two-kernel
+    path at those blocks bit for bit, within the fp64 bound."""
     from ignition.components import triton_kernels as tk
     from test_triton_attention import check
 
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
-    case = make_decode_case(8, 4, 32, (90,), seed=11)
+    case = make_decode_case(heads, 4, 32, (90,), seed=11)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    assert tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)["WIDE"]
+    geo = tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)
+    assert (geo["WIDE"], geo["BLOCK_N"]) == (wide, block_n)
     kp, vp = kp0.clone(), vp0.clone()
     got = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, 32 ** -0.5)
-    splits = tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)["SPLITS"]
-    _, two = fused_vs_two_kernels(case, 32 ** -0.5, splits, 32)
+    _, two = fused_vs_two_kernels(case, 32 ** -0.5, geo["SPLITS"], block_n)
     assert_same_bits((got, kp, vp), two)
     q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
