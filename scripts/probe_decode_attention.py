@@ -193,15 +193,22 @@ def parse_variant(spec):
     return dict(item.split("=", 1) for item in items)
 
 
+def launch_splits(meta, layer):
+    """The fused decode launch's split count for ``layer``'s pools and block table (on their device): its own geometry
+    -- whole pages, the wide launch's 32-key blocks, the one-row 64-key ones.  (From whole pages alone, the stamps of
+    programs that never ran were read: run 123's Qwen3-0.6B spans.)"""
+    q_like = torch.empty(1, 1, meta["heads"], meta["d"], device=layer["kp"].device, dtype=torch.bfloat16)
+    return tk._decode_geometry("probe", q_like, layer["kp"], layer["vp"], layer["bt"], None, fused=True)["SPLITS"]
+
+
 def run_shape(shape, specs, args, gen):
     """Each variant's stamps (its own probed graph), then every variant's plain graph timed side by side."""
     layers, meta = build(shape, args.context, args.max_context, args.page, gen)
     x = torch.randn(1, meta["hidden"], device="cuda", generator=gen).to(torch.bfloat16)
-    blocks = args.max_context // tk.decode_block_n(args.page)
     cases, graphs = [], {}
     for spec in specs:
         with environment(parse_variant(spec)):
-            splits = tk.fused_decode_num_splits(1, meta["kvh"], meta["heads"] // meta["kvh"], blocks)
+            splits = launch_splits(meta, layers[0])
             for layer in layers:
                 for name in ("fused", "reduce", *GEMVS):
                     layer[f"{name}_probe"].zero_()

@@ -66,7 +66,7 @@ def cases(tk):
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
         c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST,  # the launch's defaults
-                 AHEAD=tk.gemv_l2_ahead(c["PRELOAD"], bk, k, n * k * 2))
+                 STREAM_PREFETCH=tk.gemv_stream_prefetch(c["PRELOAD"], bk, k))
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too

@@ -1057,13 +1057,13 @@ def _gemv_masks(kk, m_mask, n_mask, K: tl.constexpr, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr, PF_LINES: tl.constexpr,
-                   FIRST: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
+                   FIRST: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr, col0=0):
     """L2 prefetch of weight tiles ``FIRST .. FIRST + TILES - 1`` of this program's rows (and their up halves when
-    gated), one per 128-byte line (``PF_LINES`` per tile row), clamped to K."""
+    gated) from column ``col0`` on, one per 128-byte line (``PF_LINES`` per tile row), clamped to K."""
     n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
     lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
     for i in tl.static_range(TILES):
-        kl = tl.minimum((FIRST + i) * BK + lines, K - 1)[None, :]
+        kl = tl.minimum(col0 + (FIRST + i) * BK + lines, K - 1)[None, :]
         _prefetch_l2(W + n_c + kl)
         if GATED:
             _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
@@ -1203,7 +1203,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
                        STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
-                       AHEAD: tl.constexpr = 0):
+                       STREAM_PREFETCH: tl.constexpr = 0):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1214,12 +1214,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         u_rows = w_rows  # unused
 
-    # AHEAD: an L2 prefetch of the whole rows of program AHEAD further on (:data:`GEMV_L2_AHEAD`), issued first (its
-    # addresses' registers are free again before the preloaded tiles arrive: after them, 176 registers at Qwen3-8B
-    # o_proj, 2 programs per SM instead of 3).
-    if USE_PDL and AHEAD > 0:
-        if tl.program_id(0) + AHEAD < tl.num_programs(0):
-            _gemv_prefetch(W, offs_n + AHEAD * BN, N_OUT, stride_w, K, BK, PF_LINES, 0, K // BK, GATED)
     # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
     # into registers before the wait -- weights are never written in a step, so this is legal whatever the
     # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
@@ -1304,6 +1298,10 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
     for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
+        if STREAM_PREFETCH > 0:  # the L2 prefetch of the tile STREAM_PREFETCH ahead (:data:`GEMV_STREAM_PREFETCH`)
+            if k0 + STREAM_PREFETCH * BK < K:
+                _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, 1, GATED,
+                               k0 + STREAM_PREFETCH * BK)
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
@@ -1443,25 +1441,28 @@ GEMV_STREAM_STAGES = 0
 GEMV_PRELOAD_EVICT_FIRST = True
 
 
-#: Programs ahead whose whole weight rows each one-row GEMV program with its whole K preloaded prefetches into L2 before
-#: its PDL wait (``FLARE_GEMV_L2_AHEAD=N``; 0: none), for weights up to ``FLARE_GEMV_L2_AHEAD_MAX_MB`` (default 40:
-#: Qwen3-8B's o_proj, 32 MiB, not its qkv).  The early programs of o_proj are resident during the latency-bound
-#: attention (at Qwen3-8B 261 of 512, run 123's probe) and hold only their own rows; the late ones stream theirs
-#: after it; prefetched by the waiting early programs, those rows would come from L2.  Measured slower, left off:
-#: Qwen3-8B batch 1 with 256 ahead 1.0131x side by side in one process with the null (paired blocks 0/10 faster;
-#: ``results/20261202T100100Z-sm90-run124``), batch 4 (no preload) within noise -- as the attention's own prefetch of
-#: the o_proj weight before (runs 50-52, :data:`GEMV_PREFETCH_FULL_BYTES`).
-GEMV_L2_AHEAD = 0
+#: Tried and removed: each program of a one-row GEMV with its whole K preloaded also prefetching into L2, before its
+#: wait, the whole rows of the program 256 further on (``FLARE_GEMV_L2_AHEAD``, Qwen3-8B's o_proj only: its early
+#: programs, 261 of 512 in run 123's probe, are resident during the latency-bound attention, the late ones stream
+#: their rows after it) -- Qwen3-8B batch 1 1.0131x slower side by side in one process with the null (paired blocks
+#: 0/10 faster; ``results/20261202T100100Z-sm90-run124``), as the attention's own prefetch of that weight before (runs
+#: 50-52, :data:`GEMV_PREFETCH_FULL_BYTES`).  The prefetch was issued before the preloads: after them, 176 registers,
+#: 2 programs per SM instead of 3.
+
+#: Tiles ahead that each iteration of a one-row GEMV's streamed loop (Qwen3-8B's down) prefetches into L2
+#: (``FLARE_GEMV_STREAM_PREFETCH=N``; 0: none): the loop holds one weight tile in flight per program and issues the
+#: next only after its products, so HBM idles between tiles (down streams at 3.58 TB/s in run 126's critical path
+#: against the floor's 4.26); a prefetch N tiles ahead keeps lines coming without registers (the pipelined loop,
+#: :data:`GEMV_STREAM_STAGES`, costs registers and lost).  The tiles before the loop are prefetched before the wait
+#: already (:data:`GEMV_PREFETCH_TILES`).  Not yet measured.
+GEMV_STREAM_PREFETCH = 0
 
 
-def gemv_l2_ahead(preload: int, bk: int, k: int, weight_bytes: int) -> int:
-    """The ``AHEAD`` of a one-row GEMV launch (:data:`GEMV_L2_AHEAD`): only where the whole K is preloaded and the
-    weight is within ``FLARE_GEMV_L2_AHEAD_MAX_MB``; read at each launch, for side-by-side runs."""
-    ahead = whole("FLARE_GEMV_L2_AHEAD", GEMV_L2_AHEAD, low=0)
-    limit = number("FLARE_GEMV_L2_AHEAD_MAX_MB", 40)
-    if limit < 0:
-        raise ValueError(f"FLARE_GEMV_L2_AHEAD_MAX_MB={limit:g}: expected a size in MiB >= 0")
-    return ahead if preload * bk >= k and weight_bytes <= limit * (1 << 20) else 0
+def gemv_stream_prefetch(preload: int, bk: int, k: int) -> int:
+    """The ``STREAM_PREFETCH`` of a one-row GEMV launch (:data:`GEMV_STREAM_PREFETCH`; read at each launch, for
+    side-by-side runs): none where the whole K is preloaded (no streamed tiles)."""
+    ahead = whole("FLARE_GEMV_STREAM_PREFETCH", GEMV_STREAM_PREFETCH, low=0)
+    return 0 if preload * bk >= k else ahead
 
 
 def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
@@ -1735,7 +1736,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
-        AHEAD=gemv_l2_ahead(preload, bk, k, weight.numel() * weight.element_size()),
+        STREAM_PREFETCH=gemv_stream_prefetch(preload, bk, k) if mp == 1 and not _interpreting() else 0,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

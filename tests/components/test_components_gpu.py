@@ -300,7 +300,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
 # measured configs), against the reference within the interpreter tests' bound; the plain ones' inputs loaded
 # together (the default) and one by one: the same bits; with the 3-D accumulator (``FLARE_GEMV_FLAT=0``) within the
-# bound too, and there their weight tiles preloaded before the PDL wait or not: the same bits
+# bound too, and there their weight tiles preloaded before the PDL wait or not, or streamed with the in-loop L2
+# prefetch (``FLARE_GEMV_STREAM_PREFETCH``): the same bits
 
 @pytest.mark.parametrize("n,k,norm,residual,gated", [
     (4096, 4096, False, True, False), (1024, 2048, False, True, False), (1024, 3072, False, True, False),
@@ -339,11 +340,10 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         per_tile = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(per_tile.view(torch.int16), got.view(torch.int16))
         monkeypatch.delenv("FLARE_GEMV_X_FIRST")
-        for name, value in (("FLARE_GEMV_PRELOAD_EVICT_FIRST", "0"), ("FLARE_GEMV_L2_AHEAD", "64")):
-            monkeypatch.setenv(name, value)  # an L2 priority, an L2 prefetch of later programs' rows: same bits
-            hinted = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
-            assert torch.equal(hinted.view(torch.int16), got.view(torch.int16)), name
-            monkeypatch.delenv(name)
+        monkeypatch.setenv("FLARE_GEMV_PRELOAD_EVICT_FIRST", "0")  # an L2 priority only: same bits
+        hinted = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(hinted.view(torch.int16), got.view(torch.int16))
+        monkeypatch.delenv("FLARE_GEMV_PRELOAD_EVICT_FIRST")
         # the 3-D accumulator (FLARE_GEMV_FLAT=0): its own final sum order, within the same bound; there, preloaded
         # tiles or none give the same bits
         monkeypatch.setenv("FLARE_GEMV_FLAT", "0")
@@ -352,6 +352,9 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         monkeypatch.setenv("FLARE_GEMV_PRELOAD", "0")
         plain = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
+        monkeypatch.setenv("FLARE_GEMV_STREAM_PREFETCH", "2")  # every tile streamed, each prefetching 2 ahead
+        prefetched = fused_linear_triton(cuda[0], cuda[1], residual=cuda[3]).cpu()
+        assert torch.equal(prefetched.view(torch.int16), three_d.view(torch.int16))
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

@@ -62,3 +62,18 @@ def test_variants_parse_and_name_a_malformed_item():
     assert probe.parse_variant("A=1,B=x;y") == {"A": "1", "B": "x;y"}
     with pytest.raises(SystemExit, match="expected NAME=VALUE items, got 2"):
         probe.parse_variant("A=1,2")
+
+
+def test_probe_reads_the_launch_s_own_split_count(monkeypatch):
+    """The stamps are read for the programs the fused launch runs: Qwen3-0.6B's wide launch (32-key blocks over 256
+    pages: 128 blocks, capped at one wave of 2 programs per SM -- 33 splits on the 132 SMs assumed off CUDA), Qwen3-8B's
+    64-key one-row blocks (64 blocks, capped at 128 / 4 = 32 splits), and 64 splits with the wide launch off
+    (whole pages; the count the probe used to assume for every shape)."""
+    probe = _script()
+    for wide in ("1", "0"):
+        monkeypatch.setenv("FLARE_DECODE_WIDE", wide)
+        for heads, expect in ((16, 33 if wide == "1" else 64), (32, 32)):
+            kp = torch.zeros(257, 16, 8, 128, dtype=torch.bfloat16)
+            layer = dict(kp=kp, vp=kp, bt=torch.arange(256, dtype=torch.int32).view(1, 256))
+            assert probe.launch_splits(dict(heads=heads, d=128), layer) == expect, (wide, heads)
+

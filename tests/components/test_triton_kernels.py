@@ -184,33 +184,20 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
         assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
 
 
-def test_one_row_gemv_l2_ahead_only_for_small_whole_k_preloads(monkeypatch):
-    """``gemv_l2_ahead``: off by default; with ``FLARE_GEMV_L2_AHEAD=N``, N where the whole K is preloaded and the
-    weight is within ``FLARE_GEMV_L2_AHEAD_MAX_MB`` (default 40: Qwen3-8B's o_proj yes, its qkv no); bad values name
-    their variable; the launch with it gives the same bits (an L2 prefetch only)."""
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_l2_ahead
+def test_one_row_gemv_stream_prefetch_only_where_tiles_stream(monkeypatch):
+    """``gemv_stream_prefetch``: off by default; ``FLARE_GEMV_STREAM_PREFETCH=N`` gives N where K is not preloaded
+    whole (streamed tiles: Qwen3-8B's down), 0 where it is; a bad value names its variable.  (Its bits: the GPU test
+    ``test_decode_gemv_on_this_gpu``; the interpreter launches without the inline-asm prefetch.)"""
+    from ignition.components.triton_kernels import gemv_stream_prefetch
 
-    mib = 1 << 20
-    assert gemv_l2_ahead(4, 1024, 4096, 32 * mib) == 0
-    monkeypatch.setenv("FLARE_GEMV_L2_AHEAD", "256")
-    assert gemv_l2_ahead(4, 1024, 4096, 32 * mib) == 256  # Qwen3-8B o_proj
-    assert gemv_l2_ahead(4, 1024, 4096, 48 * mib) == 0  # Qwen3-8B qkv: above 40 MiB
-    assert gemv_l2_ahead(2, 1024, 4096, 32 * mib) == 0  # a partial preload
-    monkeypatch.setenv("FLARE_GEMV_L2_AHEAD_MAX_MB", "64")
-    assert gemv_l2_ahead(4, 1024, 4096, 48 * mib) == 256
-    for name, bad in (("FLARE_GEMV_L2_AHEAD_MAX_MB", "-1"), ("FLARE_GEMV_L2_AHEAD", "-2"),
-                      ("FLARE_GEMV_L2_AHEAD", "1.5")):
-        with monkeypatch.context() as env:
-            env.setenv(name, bad)
-            with pytest.raises(ValueError, match=name):
-                gemv_l2_ahead(4, 1024, 4096, mib)
-
-    x, w, _, r = _gemv_inputs(1, 64, 256, norm=False, gated=False, residual=True, seed=5)
-    cfg = {"BN": 16, "BK": 128}  # 4 programs, K = 2 tiles preloaded whole
-    monkeypatch.delenv("FLARE_GEMV_L2_AHEAD")
-    plain = fused_linear_triton(x, w, residual=r, config=cfg)
-    monkeypatch.setenv("FLARE_GEMV_L2_AHEAD", "2")
-    assert torch.equal(fused_linear_triton(x, w, residual=r, config=cfg).view(torch.int16), plain.view(torch.int16))
+    assert gemv_stream_prefetch(0, 1024, 12288) == 0
+    monkeypatch.setenv("FLARE_GEMV_STREAM_PREFETCH", "2")
+    assert gemv_stream_prefetch(0, 1024, 12288) == 2 and gemv_stream_prefetch(2, 1024, 12288) == 2
+    assert gemv_stream_prefetch(4, 1024, 4096) == 0  # Qwen3-8B o_proj: its whole K preloaded
+    for bad in ("-1", "1.5", "two"):
+        monkeypatch.setenv("FLARE_GEMV_STREAM_PREFETCH", bad)
+        with pytest.raises(ValueError, match="FLARE_GEMV_STREAM_PREFETCH"):
+            gemv_stream_prefetch(0, 1024, 12288)
 
 
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
