@@ -1,7 +1,7 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline [--timeline-widths 1,2]] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
+[--eager] [--timeline [--timeline-widths 1,2] [--timeline-variants decode_greedy]] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
 [--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
@@ -30,7 +30,9 @@ same compiled step launched without the graph, with a profiler range per region 
 (kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.  With ``--widths`` holding 1,
 the width-one round gets a timeline too (its head, acceptance and sampling-state advance ranged separately) and
 a difference table against decode at the same B: where the round's extra time goes, by region and kernel;
-``--timeline-widths 1,2`` names the round widths that get one (default 1; those not in ``--widths`` are left out).
+``--timeline-widths 1,2`` names the round widths that get one (default 1; those not in ``--widths`` are left out);
+``--timeline-variants decode_greedy,decode_topk`` the decode variants (timed with ``--greedy-variant`` /
+``--topk-variant``), each with its difference against decode.
 
 ``--check-compiled``: compiled vs uncompiled captured graphs on the same model, weights and KV buffers:
 from the same restored state, ``--steps`` decode steps each (tokens fed back; rows alternate greedy and
@@ -180,6 +182,11 @@ class ReplayBench:
         self.graphs = self._prepare(module, compile, graph)
         self.module = module
         torch.manual_seed(0)
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The decode variants prepared beside the plain decode steps (``decode_greedy``, ``decode_topk``)."""
+        return (("decode_greedy",) if self.greedy_variant else ()) + (("decode_topk",) if self.topk_variant else ())
 
     def _prepare(self, module, compile: bool, graph: bool | None):
         graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill,
@@ -433,7 +440,8 @@ def run(args) -> dict:
     if args.timeline:
         if not cuda:
             raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
-        out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases)
+        out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases,
+                                                     args.timeline_variants)
         if bench_b is not None:
             a_side = list(out["timeline"])
             for cap in (c for c in bench.capacities if c in (1, 4)):
@@ -449,24 +457,28 @@ def run(args) -> dict:
     return out
 
 
-def decode_and_round_timelines(bench, widths, trace_dir, cases) -> list[dict]:
+def decode_and_round_timelines(bench, widths, trace_dir, cases, variants=()) -> list[dict]:
     """The ``--timeline`` entries of A: for B = 1 and 4 (of ``bench.capacities``) the decode timeline (with its gap
-    to the floor from ``cases``), and the timelines of the verification rounds of ``widths`` that ``bench`` times,
-    each followed by its difference against decode at the same B.  A profile that fails is an entry saying so, never
+    to the floor from ``cases``), and the timelines of the verification rounds of ``widths`` that ``bench`` times
+    and of the decode ``variants`` it prepared (``decode_greedy``, ``decode_topk``; ``bench.variants``), each
+    followed by its difference against decode at the same B.  A profile that fails is an entry saying so, never
     raised: the timings before it stay."""
     from qualify.timeline import difference, timeline
 
     out = []
     for cap in (c for c in bench.capacities if c in (1, 4)):
         entries = []
-        for width in (None, *(w for w in widths if w in bench.widths)):
-            label = f"B={cap}" + ("" if width is None else f" W={width}")
+        steps = [(None, "decode"), *((w, "decode") for w in widths if w in bench.widths),
+                 *((None, k) for k in variants if k in bench.variants)]
+        for width, kind in steps:
+            label = f"B={cap}" + ("" if width is None else f" W={width}") + ("" if kind == "decode" else f" {kind}")
             try:
-                t = timeline(bench, cap, trace_dir, width=width)
-                if width is None:
+                t = timeline(bench, cap, trace_dir, width=width, kind=kind)
+                if width is None and kind == "decode":
                     _add_gap_to_floor(t, cases)
             except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
-                t = {"capacity": cap, "width": width, "error": repr(exc), "table": f"timeline {label}: {exc!r}"}
+                t = {"capacity": cap, "width": width, **({} if kind == "decode" else {"kind": kind}),
+                     "error": repr(exc), "table": f"timeline {label}: {exc!r}"}
             entries.append(t)
         out += entries
         base = entries[0] if "error" not in entries[0] else None
@@ -604,6 +616,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeline-widths", default="1",
                    help="with --timeline and --widths: the round widths that get a timeline too, each with its "
                         "difference against decode at the same batch (default 1; e.g. 1,2)")
+    p.add_argument("--timeline-variants", default="",
+                   help="with --timeline: the decode variants that get a timeline too (decode_greedy with "
+                        "--greedy-variant, decode_topk with --topk-variant), each with its difference against decode "
+                        "at the same batch (default none)")
     p.add_argument("--ab", default=None, metavar="NAME=VALUE[:NAME=VALUE]",
                    help="also a bench built with these FLARE_* switches, every decode case timed on both, "
                         "interleaved (see the module docstring)")
@@ -627,6 +643,14 @@ def main(argv=None) -> int:
         p.error(f"--timeline-widths {args.timeline_widths!r}: expected comma-separated widths, e.g. 1,2")
     if any(w < 1 for w in args.timeline_widths):
         p.error(f"--timeline-widths {args.timeline_widths}: widths must be >= 1")
+    args.timeline_variants = tuple(v.strip() for v in args.timeline_variants.split(",") if v.strip())
+    unknown = [v for v in args.timeline_variants if v not in ("decode_greedy", "decode_topk")]
+    if unknown:
+        p.error(f"--timeline-variants {unknown}: expected decode_greedy and/or decode_topk")
+    missing = [v for v, on in (("decode_greedy", args.greedy_variant), ("decode_topk", args.topk_variant))
+               if v in args.timeline_variants and not on]
+    if missing:
+        p.error(f"--timeline-variants {missing}: time the variant too (--greedy-variant / --topk-variant K)")
     from ignition.components.backends import BackendUnavailable
     from qualify.archive import new_run_dir, write_run
 

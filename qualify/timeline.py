@@ -135,20 +135,22 @@ def _attribute(events) -> dict:
     return {"per_range": dict(per_range), "per_operator": dict(per_op)}
 
 
-def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None, prefix: str = "") -> dict:
-    """Kernel timeline of the decode graph of ``capacity`` rows or, with ``width``, of the verification round
+def timeline(bench, capacity: int, trace_dir: Path, width: int | None = None, prefix: str = "",
+             kind: str = "decode") -> dict:
+    """Kernel timeline of the decode graph of ``capacity`` rows -- ``kind``: the plain decode step or a variant
+    the bench prepared (``decode_greedy``, ``decode_topk``) -- or, with ``width``, of the verification round
     ``(capacity, width)`` loaded as ``bench.time_round`` loads it (its acceptance, commit and sampling-state
     advance are traced code outside the layer/head/sampler regions: they land in the unranged bucket).  ``prefix``
     starts the traces' tag (``replay-<prefix>b<rows>...``: another bench's traces beside these)."""
     if width is None:
-        step = bench.graphs.step("decode", capacity)
+        step = bench.graphs.step(kind, capacity)
         bench.fill_context(0)
         step.load(**bench.inputs(capacity, bench.seed_tokens(capacity, 0), bench.context))
     else:
         step = bench.load_round(capacity, width, 0)
-    tag = f"{prefix}b{capacity}" + ("" if width is None else f"-w{width}")
+    tag = f"{prefix}b{capacity}" + ("" if width is None else f"-w{width}") + ("" if kind == "decode" else f"-{kind}")
     result = profile_step(step, tag, trace_dir, round_model=step.model if width is not None else None)
-    result.update(capacity=capacity, width=width)
+    result.update(capacity=capacity, width=width, **({} if kind == "decode" else {"kind": kind}))
     result["table"] = format_table(result)
     return result
 
@@ -213,8 +215,14 @@ def _critical_path(replay_path: Path, attributed_path: Path) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def step_label(r: dict, round_word: str = " round") -> str:
+    """``B=1``, ``B=1 W=2 round`` (a verification round), ``B=1 decode_greedy`` (a decode variant) of a timeline."""
+    return (f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']}{round_word}")
+            + (f" {r['kind']}" if r.get("kind") else ""))
+
+
 def format_table(r: dict) -> str:
-    label = f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']} round")
+    label = step_label(r)
     lines = [f"timeline {label}: graph elapsed median {r['graph_elapsed']['median_ms'] * 1e3:.1f} us; "
              f"replay: {r['replay_kernels_per_step']:.0f} kernels, {r['replay_kernel_us_per_step']:.1f} us summed "
              f"per step",
@@ -257,7 +265,7 @@ def difference(base: dict, other: dict, top: int = 12) -> dict:
     elapsed_us = (other["graph_elapsed"]["median_ms"] - base["graph_elapsed"]["median_ms"]) * 1e3
     per_region = delta(regions(base), regions(other))
     per_operator = delta(base["attributed"]["per_operator"], other["attributed"]["per_operator"])[:top]
-    label = lambda r: f"B={r['capacity']}" + ("" if r.get("width") is None else f" W={r['width']}")  # noqa: E731
+    label = lambda r: step_label(r, "")  # noqa: E731
     lines = [f"difference {label(other)} - {label(base)}: graph elapsed {elapsed_us:+.1f} us"]
     lines += [f"  {d['name'][:60]:<60} {d['kernels']:+5d} kernels {d['us']:+9.1f} us" for d in per_region]
     lines.append("  by kernel name:")

@@ -18,7 +18,8 @@
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
 #   replay-G        qualify.gpu_replay on core G: timeline, --check-compiled, widths, greedy and top-k variants ($ATTN;
-#                   REPLAY_ARGS more arguments, e.g. "--timeline-widths 1,2": the width-2 round's timeline too)
+#                   REPLAY_ARGS more arguments, e.g. "--timeline-widths 1,2": the width-2 round's timeline too;
+#                   "--timeline-variants decode_greedy": the greedy variant's)
 #   replayab-G      qualify.gpu_replay on core G, plain timing, once per variant in $AB (side by side), each
 #                   ATTENTION[:separate][:nopdl][:NAME=VALUE...] (separate: projections unfused,
 #                   --no-fused-projections; nopdl: FLARE_PDL=0, no programmatic dependent launch; NAME=VALUE: an

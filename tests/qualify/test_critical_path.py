@@ -352,7 +352,7 @@ def test_round_timelines_follow_timeline_widths_each_against_decode(monkeypatch)
 
     from qualify import gpu_replay, timeline
 
-    def profile(bench, cap, trace_dir, width=None):
+    def profile(bench, cap, trace_dir, width=None, kind="decode"):
         if (cap, width) in bench.broken:
             raise RuntimeError(f"profiler gone at {cap}/{width}")
         return {"capacity": cap, "width": width, "table": f"t {cap} {width}"}
@@ -361,7 +361,7 @@ def test_round_timelines_follow_timeline_widths_each_against_decode(monkeypatch)
     monkeypatch.setattr(timeline, "difference", lambda a, b: {"difference": (a["width"], b["width"]),
                                                               "capacity": a["capacity"]})
     monkeypatch.setattr(gpu_replay, "_add_gap_to_floor", lambda t, cases: t.update(gap=True))
-    bench = SimpleNamespace(capacities=(1, 4, 8), widths=(1, 2, 4), broken={(4, None)})
+    bench = SimpleNamespace(capacities=(1, 4, 8), widths=(1, 2, 4), broken={(4, None)}, variants=())
     got = gpu_replay.decode_and_round_timelines(bench, (1, 2, 8), "traces", [])
     plain = [(t["capacity"], t.get("width"), "difference" in t, "error" in t) for t in got]
     assert plain == [(1, None, False, False), (1, 1, False, False), (1, 2, False, False),
@@ -372,6 +372,43 @@ def test_round_timelines_follow_timeline_widths_each_against_decode(monkeypatch)
     assert "profiler gone at 4/None" in got[5]["table"]
     assert [t.get("width") for t in gpu_replay.decode_and_round_timelines(bench, (), "traces", [])
             if "difference" not in t] == [None, None]  # no widths: decode only (B=4's failed)
+
+
+def test_variant_timelines_follow_timeline_variants_each_against_decode(monkeypatch):
+    """``--timeline-variants``: after decode (and the rounds), one timeline per listed decode variant the bench
+    prepared (others left out), profiled as that step kind, each with its difference against decode; labels name it."""
+    from types import SimpleNamespace
+
+    from qualify import gpu_replay, timeline
+
+    seen = []
+
+    def profile(bench, cap, trace_dir, width=None, kind="decode"):
+        seen.append((cap, width, kind))
+        t = {"capacity": cap, "width": width, "graph_elapsed": {"median_ms": 1.0 + (kind != "decode")},
+             "attributed": {"per_range": {}, "per_operator": {}}}
+        return {**t, **({} if kind == "decode" else {"kind": kind})}
+
+    monkeypatch.setattr(timeline, "timeline", profile)
+    monkeypatch.setattr(gpu_replay, "_add_gap_to_floor", lambda t, cases: None)
+    bench = SimpleNamespace(capacities=(1,), widths=(1,), variants=("decode_greedy",))
+    got = gpu_replay.decode_and_round_timelines(bench, (1,), "traces", [], ("decode_greedy", "decode_topk"))
+    assert seen == [(1, None, "decode"), (1, 1, "decode"), (1, None, "decode_greedy")]  # decode_topk not prepared
+    diffs = [t for t in got if "difference" in t]
+    assert [d["difference"] for d in diffs] == [["B=1 W=1", "B=1"], ["B=1 decode_greedy", "B=1"]]
+    assert diffs[1]["graph_elapsed_us"] == pytest.approx(1000.0)
+    assert timeline.step_label({"capacity": 4, "width": 2}) == "B=4 W=2 round"
+
+
+@pytest.mark.parametrize("argv,needle", [(["--timeline-variants", "decode_fast"], "decode_greedy and/or"),
+                                         (["--timeline-variants", "decode_greedy"], "--greedy-variant")])
+def test_timeline_variants_rejects_an_unknown_or_untimed_variant(capsys, argv, needle):
+    from qualify import gpu_replay
+
+    with pytest.raises(SystemExit) as exc:
+        gpu_replay.main(["--core", "no-such-core", *argv, "--no-archive"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--timeline-variants" in err and needle in err
 
 
 @pytest.mark.parametrize("bad", ["1,x", "0"])
