@@ -172,10 +172,23 @@ DOT_ROWS = range(2, 17)
 GEMM_ROWS_NORM = False
 
 
+#: Whether a projection of 2..16 rows with the SiLU-gated input (the packed ``[gate; up]`` output of the previous
+#: projection -- Qwen3-8B's down at batch 4 behind cuBLAS's gate/up) takes the tensor-core variant with the gate in its
+#: prologue (one launch) instead of the activation kernel and then the plain-input variant (``FLARE_GEMM_ROWS_GATED_IN=1``
+#: / ``0``; read at trace and at launch time).  Run 23's 165.7 us (against cuBLAS's 28.7) had the prologue's loads
+#: synchronous; the offline sm90 TTGIR now has them as asynchronous copies like the weight's (4 stages of gate, up and
+#: weight tiles: ``scripts/sm90_kernel_check.py``, "tensor-core 8B down").  The same input values
+#: (``bf16(bf16(silu(gate)) * up)``) and the same config, so the same sums: at batch 4 it would remove Qwen3-8B's
+#: activation kernel (1.66 us per layer in run 122's critical path), at Qwen3-0.6B (whose down at 4 rows is the
+#: CUDA-core kernel with the gated input now) it moves that launch to the tensor cores.  Not yet measured.
+GEMM_ROWS_GATED_IN = False
+
+
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
     ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm
-    -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`) and an ungated output -- the only launches where it beat cuBLAS
+    -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`, the gated input -- a prologue without ``norm`` -- only with
+    :data:`GEMM_ROWS_GATED_IN`) and an ungated output -- the only launches where it beat cuBLAS
     in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
     residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0
     against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with
@@ -183,7 +196,8 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
     (``results/20261201T114716Z-sm90-run28``, 1024-token context): Qwen3-8B batch 4 5.2483 ms against 5.4477
     (0.963x; decode_topk 5.1543 against 5.3491); Qwen3-0.6B batch 4 within noise (1.0078x,
     ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it. Read at trace and at launch time alike."""
-    plain = not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
+    plain = (not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
+             or (not norm and switch("FLARE_GEMM_ROWS_GATED_IN", GEMM_ROWS_GATED_IN)))
     return rows in DOT_ROWS and not gated and plain and switch("FLARE_GEMV_DOT", True)
 
 
@@ -201,7 +215,8 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
     - more rows (larger decode batches, prefill, speculative rounds): cuBLAS;
     - 2..16 rows (unless ``FLARE_GEMV_DOT=0``): also the plain-input (``prologue`` False: no norm, no gated input),
       ungated projections, through the tensor-core variant (:func:`uses_dot_kernel`: where it won in isolation);
-      with :data:`GEMM_ROWS_NORM` those behind a norm too (``norm``: the prologue is an RMSNorm).
+      with :data:`GEMM_ROWS_NORM` those behind a norm too (``norm``: the prologue is an RMSNorm), with
+      :data:`GEMM_ROWS_GATED_IN` those with the gated input (``prologue`` without ``norm``).
     """
     if not _ENABLED[0]:
         return False

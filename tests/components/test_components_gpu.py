@@ -527,6 +527,32 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
         assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
+@pytest.mark.parametrize("m,n,k", [(4, 4096, 12288), (4, 1024, 3072)])
+def test_tensor_core_gated_input_on_this_gpu(m, n, k):
+    """The tensor-core variant with the SiLU-gated input (the launch ``FLARE_GEMM_ROWS_GATED_IN=1`` gives Qwen3's down
+    at a few rows) at both Qwen3 down shapes with the residual: within the interpreter test's bound of the reference
+    (``silu(gate) * up`` rounded as Qwen3MLP, then the projection), the same bits on a second launch."""
+    import torch.nn.functional as F
+    from gemv_cases import _gemv_inputs
+
+    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, _, r = _gemv_inputs(m, n, 2 * k, norm=False, gated=False, residual=True, seed=m + n + k)
+    w = w[:, :k].contiguous()  # x: the packed [gate; up] of 2 * K columns, w: [N, K]
+    cuda = [t.cuda() for t in (x, w, r)]
+    run = lambda: fused_linear_triton(cuda[0], cuda[1], residual=cuda[2], gated_input=True, dot=True).cpu()  # noqa
+    got = run()
+    assert torch.equal(got.view(torch.int16), run().view(torch.int16))
+    ref = fused_linear_reference(x, w, None, 1e-6, r, False, True)
+    y_ref = fused_linear_reference(x, w, None, 1e-6, None, False, True)
+    act = F.silu(x[:, :k].float()) * x[:, k:].float()
+    tol = 2 * 2.0 ** -7 * y_ref.float().abs() + reorder_bound(act, w, norm=True, gated=False) \
+        + 2 * 2.0 ** -7 * ref.float().abs()
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,rope", [((1, 1), "default"), ((8, 1), "default"), ((2, 4096), "default"),
                                         ((3, 33), "yarn")])

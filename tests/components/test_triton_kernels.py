@@ -302,6 +302,13 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     assert not uses_dot_kernel(4, prologue=True) and not uses_dot_kernel(1, prologue=True, norm=True)
     assert not uses_dot_kernel(4, gated=True, prologue=True, norm=True)
     monkeypatch.delenv("FLARE_GEMM_ROWS_NORM")
+    # the gated input (a prologue without a norm) only with GEMM_ROWS_GATED_IN (FLARE_GEMM_ROWS_GATED_IN=1): then
+    # Qwen3-8B's down at 4 rows behind cuBLAS's packed gate/up is one tensor-core launch; never a gated output
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_IN", "1")
+    assert uses_dot_kernel(4, prologue=True) and prefers_fused(4, wide, False, prologue=True)
+    assert not uses_dot_kernel(4, prologue=True, norm=True) and not uses_dot_kernel(1, prologue=True)
+    assert not uses_dot_kernel(4, gated=True, prologue=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_IN")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}

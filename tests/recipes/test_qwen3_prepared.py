@@ -141,16 +141,19 @@ def test_one_row_head_is_one_fused_launch_with_the_final_norm(ckpt, reference, m
     assert calls == []  # four rows: the canonical norm and projection
 
 
-def test_norm_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monkeypatch):
+@pytest.mark.parametrize("switch,prologue", [("FLARE_GEMM_ROWS_NORM", 1), ("FLARE_GEMM_ROWS_GATED_IN", 2)])
+def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monkeypatch, switch, prologue):
     """``FLARE_GEMM_ROWS_NORM=1`` (``GEMM_ROWS_NORM``): an 8-token prefill chunk's qkv projection takes the norm in
     its fused launch (the tensor-core variant's prologue) instead of the norm module before a plain-input launch;
-    off (the default), the norm runs apart.  o_proj and down are plain-input launches either way."""
+    ``FLARE_GEMM_ROWS_GATED_IN=1`` (``GEMM_ROWS_GATED_IN``): its down takes the packed gate/up output and the SiLU gate
+    in its launch instead of the activation module before a plain-input launch.  Off (the default), the norm and
+    the activation run apart.  o_proj is a plain-input launch either way."""
     from ignition.components import fused_linear as fl
 
     calls = []
 
     def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
-        calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None))
+        calls.append((x.numel() // x.shape[-1], norm_weight is not None, gated_input))
         return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
 
     real = fl.fused_linear
@@ -158,13 +161,13 @@ def test_norm_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
     layers = AutoConfig.from_pretrained(ckpt).num_hidden_layers
     for on in (False, True):
-        monkeypatch.setenv("FLARE_GEMM_ROWS_NORM", "1" if on else "0")
+        monkeypatch.setenv(switch, "1" if on else "0")
         graphs = prepare(ckpt, decode=(1,), prefill=(8,))[1]
         calls.clear()
         prefill(graphs, Row(list(PAGES), PAGE), PROMPT[:8], chunk=8)
         chunk = [c for c in calls if c[0] == 8]
         assert len(chunk) == 3 * layers  # qkv, o_proj, down per layer
-        assert sum(1 for c in chunk if c[1]) == (layers if on else 0)  # the qkv launch with the norm in it
+        assert sum(1 for c in chunk if c[prologue]) == (layers if on else 0)  # the launches with the prologue
 
 
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
