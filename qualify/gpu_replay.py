@@ -1,7 +1,8 @@
 """Complete decode-graph replay time of a core against its measured bandwidth floor.
 
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
-[--eager] [--timeline [--timeline-widths 1,2] [--timeline-variants decode_greedy]] [--check-compiled --steps 256] [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
+[--eager] [--timeline [--timeline-widths 1,2] [--timeline-variants decode_greedy]] [--check-compiled --steps 256]
+[--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
 [--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
@@ -463,7 +464,7 @@ def decode_and_round_timelines(bench, widths, trace_dir, cases, variants=()) -> 
     and of the decode ``variants`` it prepared (``decode_greedy``, ``decode_topk``; ``bench.variants``), each
     followed by its difference against decode at the same B.  A profile that fails is an entry saying so, never
     raised: the timings before it stay."""
-    from qualify.timeline import difference, timeline
+    from qualify.timeline import difference, step_label, timeline
 
     out = []
     for cap in (c for c in bench.capacities if c in (1, 4)):
@@ -471,14 +472,13 @@ def decode_and_round_timelines(bench, widths, trace_dir, cases, variants=()) -> 
         steps = [(None, "decode"), *((w, "decode") for w in widths if w in bench.widths),
                  *((None, k) for k in variants if k in bench.variants)]
         for width, kind in steps:
-            label = f"B={cap}" + ("" if width is None else f" W={width}") + ("" if kind == "decode" else f" {kind}")
+            which = {"capacity": cap, "width": width, **({} if kind == "decode" else {"kind": kind})}
             try:
                 t = timeline(bench, cap, trace_dir, width=width, kind=kind)
                 if width is None and kind == "decode":
                     _add_gap_to_floor(t, cases)
             except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
-                t = {"capacity": cap, "width": width, **({} if kind == "decode" else {"kind": kind}),
-                     "error": repr(exc), "table": f"timeline {label}: {exc!r}"}
+                t = {**which, "error": repr(exc), "table": f"timeline {step_label(which, '')}: {exc!r}"}
             entries.append(t)
         out += entries
         base = entries[0] if "error" not in entries[0] else None

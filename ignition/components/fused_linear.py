@@ -163,24 +163,24 @@ DOT_ROWS = range(2, 17)
 #: prologue (one launch) instead of the norm kernel and then the plain-input variant or cuBLAS
 #: (``FLARE_GEMM_ROWS_NORM=1`` / ``0``; read at trace and at launch time).  Off: in this form Qwen3-8B batch 4 was
 #: 1.0648x slower side by side in one process with the null (``results/20261202T094300Z-sm90-run121``; paired blocks
-#: 0/10 faster), batch 1 (no such launch) within noise.  Run 23's prologue was slow (below) because two of its loads were synchronous -- the row statistics' chunk
-#: loop waited out one L2 round trip per chunk, and the norm weights were one synchronous load per main-loop chunk
-#: (offline sm90 TTGIR); both are now asynchronous (``_gemv_rstd``'s ``STAGES``, the weights as a row-broadcast
-#: tile: no synchronous load left, 96 registers at Qwen3-8B's qkv, no spills).  At batch 4 it would remove the
-#: layer's qkv norm kernel (1.70 us per layer in Qwen3-8B's critical path, run 114) and, where the packed gate/up
-#: feeds down's gated input (Qwen3-0.6B), the gate/up's.
+#: 0/10 faster), batch 1 (no such launch) within noise.  Run 23's prologue was slow (below) because two of its loads
+#: were synchronous -- the row statistics' chunk loop waited out one L2 round trip per chunk, and the norm weights were
+#: one synchronous load per main-loop chunk (offline sm90 TTGIR); both are now asynchronous (``_gemv_rstd``'s
+#: ``STAGES``, the weights as a row-broadcast tile: no synchronous load left, 96 registers at Qwen3-8B's qkv, no
+#: spills).  At batch 4 it would remove the layer's qkv norm kernel (1.70 us per layer in Qwen3-8B's critical path, run
+#: 114) and, where the packed gate/up feeds down's gated input (Qwen3-0.6B), the gate/up's.
 GEMM_ROWS_NORM = False
 
 
 #: Whether a projection of 2..16 rows with the SiLU-gated input (the packed ``[gate; up]`` output of the previous
 #: projection -- Qwen3-8B's down at batch 4 behind cuBLAS's gate/up) takes the tensor-core variant with the gate in its
-#: prologue (one launch) instead of the activation kernel and then the plain-input variant (``FLARE_GEMM_ROWS_GATED_IN=1``
-#: / ``0``; read at trace and at launch time).  Run 23's 165.7 us (against cuBLAS's 28.7) had the prologue's loads
-#: synchronous; the offline sm90 TTGIR now has them as asynchronous copies like the weight's (4 stages of gate, up and
-#: weight tiles: ``scripts/sm90_kernel_check.py``, "tensor-core 8B down").  The same input values
-#: (``bf16(bf16(silu(gate)) * up)``) and the same config, so the same sums: at batch 4 it would remove Qwen3-8B's
-#: activation kernel (1.66 us per layer in run 122's critical path), at Qwen3-0.6B (whose down at 4 rows is the
-#: CUDA-core kernel with the gated input now) it moves that launch to the tensor cores.  Not yet measured.
+#: prologue (one launch) instead of the activation kernel and then the plain-input variant
+#: (``FLARE_GEMM_ROWS_GATED_IN=1`` / ``0``; read at trace and at launch time).  Run 23's 165.7 us (against cuBLAS's
+#: 28.7) had the prologue's loads synchronous; the offline sm90 TTGIR now has them as asynchronous copies like the
+#: weight's (4 stages of gate, up and weight tiles: ``scripts/sm90_kernel_check.py``, "tensor-core 8B down").  The same
+#: input values (``bf16(bf16(silu(gate)) * up)``) and the same config, so the same sums: at batch 4 it would remove
+#: Qwen3-8B's activation kernel (1.66 us per layer in run 122's critical path), at Qwen3-0.6B (whose down at 4 rows is
+#: the CUDA-core kernel with the gated input now) it moves that launch to the tensor cores.  Not yet measured.
 GEMM_ROWS_GATED_IN = False
 
 

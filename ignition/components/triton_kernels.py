@@ -648,8 +648,9 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
 #: row for the busiest programs.  Side by side in one process with the null (``results/20261202T100100Z-sm90-run124``,
 #: ``FLARE_DECODE_BLOCK_N=64``): Qwen3-8B batch 1 0.9866x (paired blocks 10/10 against A and A2; 32-key blocks
 #: 0.9934x), batch 4 1.061x slower -- so at one row only.  In the replay (``results/20261202T101300Z-sm90-run126``)
-#: the attention's critical path per layer went 10.82 -> 9.41 us and the reduce's 2.56 -> 2.21 (run 122).  ``FLARE_DECODE_ONE_ROW_BLOCKS=0`` restores whole pages;
-#: an explicit ``FLARE_DECODE_BLOCK_N`` replaces both.  Other contexts not measured.
+#: the attention's critical path per layer went 10.82 -> 9.41 us and the reduce's 2.56 -> 2.21 (run 122).
+#: ``FLARE_DECODE_ONE_ROW_BLOCKS=0`` restores whole pages; an explicit ``FLARE_DECODE_BLOCK_N`` replaces both.  Other
+#: contexts not measured.
 FUSED_DECODE_ONE_ROW_BLOCK_N = 64
 
 
