@@ -75,12 +75,14 @@ def cases(tk):
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (tk.fused_decode_wide, 33 splits on 132 SMs)
     # and its FLARE_DECODE_WIDE=0 one
-    # (8B: 64-key blocks, tk.fused_decode_one_row_blocks -- 17 splits at 1025 keys; every one prefetches its K/V)
-    for heads, splits, prefetch, bn, pipe in ((32, 17, 64, 64, True), (16, 64, 64, 16, True), (16, 33, 64, 32, False)):
+    # (8B: 64-key blocks, tk.fused_decode_one_row_blocks -- 17 splits at 1025 keys; every one prefetches its K/V),
+    # and Qwen3-8B's batch-4 launch (whole pages, 16 splits, no prefetch)
+    for heads, splits, prefetch, bn, pipe in ((32, 17, 64, 64, True), (16, 64, 64, 16, True), (16, 33, 64, 32, False),
+                                              (32, 16, 0, 16, True)):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST)
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, STAGES=tk.decode_stages())
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
@@ -91,7 +93,7 @@ def cases(tk):
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
-        if heads == 32:  # the timing probe (scripts/probe_decode_attention.py) compiles too
+        if heads == 32 and prefetch:  # the timing probe (scripts/probe_decode_attention.py, one row) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",

@@ -357,15 +357,16 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False):
-    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
+                   HAS_PROBE: tl.constexpr = False, STAGES: tl.constexpr = 0):
+    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``;
+    ``STAGES``: the pipelined loop's stages (:data:`DECODE_STAGES`; 0: the compiler's default)."""
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
     acc = tl.zeros([QR, DP], dtype=tl.float32)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
-        for blk in range(start, end):
+        for blk in tl.range(start, end, num_stages=STAGES if STAGES > 0 else None):
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                                           stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
@@ -437,7 +438,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                                D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                                SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                               USE_PDL: tl.constexpr):
+                               USE_PDL: tl.constexpr, STAGES: tl.constexpr = 0):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -451,7 +452,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                 mask=(offs_g < G)[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
     m_i, l_i, acc = _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
                                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE, STAGES=STAGES)
     _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                           SPLITS)
 
@@ -503,7 +504,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         SPLITS: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr,
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
-                        HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False):
+                        HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
+                        STAGES: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -553,7 +555,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
 
     m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
                                    stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE)
+                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE,
+                                   STAGES)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -575,6 +578,21 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     if page & (page - 1):
         raise ValueError(f"{what}: page size {page} must be a power of two")
     return page, kvh
+
+
+#: Stages of the decode kernels' software-pipelined key loop (``FLARE_DECODE_STAGES=N``; 0: the compiler's default,
+#: read at each launch for side-by-side runs).  The default pipelines the block's page ids one iteration ahead of its
+#: K/V, but each iteration waits for all copies in flight (offline sm90 TTGIR: ``async_wait {num = 0}``), so every
+#: key block costs a full memory latency -- batch 4's splits walk 5 blocks of 16 keys at a 1024-token context (Qwen3
+#: 8B's attention +11.0 us over its floor per layer, run 122).  From 5 stages the loop waits with later blocks' copies
+#: still in flight (``num = 4``; 106 registers, 22 KiB shared at Qwen3-0.6B's shape; 4 stages still wait for all).
+#: The same loads and arithmetic in the same order: the same bits.  Not yet measured.
+DECODE_STAGES = 0
+
+
+def decode_stages() -> int:
+    """The key loop's pipeline stages (:data:`DECODE_STAGES`, ``FLARE_DECODE_STAGES``; 0: the compiler's default)."""
+    return whole("FLARE_DECODE_STAGES", DECODE_STAGES, low=0)
 
 
 def decode_pipelined() -> bool:
@@ -760,7 +778,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E,
         KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
         BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
-        num_warps=4, **_pdl(q.device))
+        STAGES=decode_stages(), num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
         SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
@@ -924,7 +942,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
+        KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST), STAGES=decode_stages(),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
     if splits > 1:

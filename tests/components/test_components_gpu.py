@@ -222,6 +222,10 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the L2 priority changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
+    monkeypatch.setenv("FLARE_DECODE_STAGES", "5")  # a deeper pipelined key loop: the same loads and arithmetic
+    kp5, vp5 = kp.clone(), vp.clone()
+    assert bits(run(kp5, vp5), out) and bits(kp5, kp1) and bits(vp5, vp1), "the pipeline stages changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_STAGES")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
     kp4, vp4 = kp.clone(), vp.clone()
