@@ -77,6 +77,16 @@ from pathlib import Path
 from qualify.paired_blocks import block_sizes, describe, paired_blocks, paired_verdict
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+#: The decode variants a bench can prepare beside the plain decode steps (``catalog.DECODE_GREEDY``,
+#: ``catalog.DECODE_TOPK``), in the order they are timed.
+VARIANT_KINDS = ("decode_greedy", "decode_topk")
+
+
+def variant_kinds(greedy_variant: bool, topk_variant: int | None) -> tuple[str, ...]:
+    """The decode variants prepared and timed with ``--greedy-variant`` / ``--topk-variant K``."""
+    return tuple(k for k, on in zip(VARIANT_KINDS, (greedy_variant, topk_variant)) if on)
+
+
 #: ``ab`` of the samples of ``--ab-null``'s second A bench
 NULL_LABEL = "A2: A rebuilt after B (null)"
 #: The weight-traffic fields each sample archives: the report splits the floor by timeline region from them
@@ -187,7 +197,7 @@ class ReplayBench:
     @property
     def variants(self) -> tuple[str, ...]:
         """The decode variants prepared beside the plain decode steps (``decode_greedy``, ``decode_topk``)."""
-        return (("decode_greedy",) if self.greedy_variant else ()) + (("decode_topk",) if self.topk_variant else ())
+        return variant_kinds(self.greedy_variant, self.topk_variant)
 
     def _prepare(self, module, compile: bool, graph: bool | None):
         graphs = module.graph_catalog().prepare(self.model, decode=self.capacities, prefill=self.prefill,
@@ -387,8 +397,7 @@ def run(args) -> dict:
     for cap in bench.capacities:
         traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
         floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
-        kinds = ("decode",) + (("decode_greedy",) if args.greedy_variant else ()) + (
-            ("decode_topk",) if args.topk_variant else ())
+        kinds = ("decode",) + variant_kinds(args.greedy_variant, args.topk_variant)
         for seed, kind in ((sd, k) for k in kinds for sd in _caps(args.seeds)):
             if bench_b is None:
                 timed = [(None, bench.time_case(cap, seed, args.samples, args.warmup, kind))]
@@ -644,11 +653,10 @@ def main(argv=None) -> int:
     if any(w < 1 for w in args.timeline_widths):
         p.error(f"--timeline-widths {args.timeline_widths}: widths must be >= 1")
     args.timeline_variants = tuple(v.strip() for v in args.timeline_variants.split(",") if v.strip())
-    unknown = [v for v in args.timeline_variants if v not in ("decode_greedy", "decode_topk")]
+    unknown = [v for v in args.timeline_variants if v not in VARIANT_KINDS]
     if unknown:
         p.error(f"--timeline-variants {unknown}: expected decode_greedy and/or decode_topk")
-    missing = [v for v, on in (("decode_greedy", args.greedy_variant), ("decode_topk", args.topk_variant))
-               if v in args.timeline_variants and not on]
+    missing = [v for v in args.timeline_variants if v not in variant_kinds(args.greedy_variant, args.topk_variant)]
     if missing:
         p.error(f"--timeline-variants {missing}: time the variant too (--greedy-variant / --topk-variant K)")
     from ignition.components.backends import BackendUnavailable

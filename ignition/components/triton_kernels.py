@@ -1184,15 +1184,19 @@ def _gemv_acc_sum(acc, FLAT: tl.constexpr):
 def _gemv_tile_product(acc, acc_u, w, u, xf, GATED: tl.constexpr, FLAT: tl.constexpr = False):
     """``acc`` (and ``acc_u`` with the up half ``u`` when gated) plus a weight tile ``w [BN, BK]`` times its fp32
     input tile ``xf`` (:func:`_gemv_x_f32`), elementwise: every tile's step, preloaded or streamed."""
-    if FLAT:
-        acc += xf * w.to(tl.float32)
-        if GATED:
-            acc_u += xf * u.to(tl.float32)
-    else:
-        acc += xf * w.to(tl.float32)[None, :, :]
-        if GATED:
-            acc_u += xf * u.to(tl.float32)[None, :, :]
+    acc += xf * _gemv_w_f32(w, FLAT)
+    if GATED:
+        acc_u += xf * _gemv_w_f32(u, FLAT)
     return acc, acc_u
+
+
+@triton.jit
+def _gemv_w_f32(w, FLAT: tl.constexpr):
+    """A weight tile ``[BN, BK]`` as fp32, ``[1, BN, BK]`` against the 3-D accumulator (as it is when ``FLAT``)."""
+    wf = w.to(tl.float32)
+    if not FLAT:
+        wf = wf[None, :, :]
+    return wf
 
 
 @triton.jit

@@ -15,7 +15,7 @@ if torch.cuda.is_available():  # the interpreter would also take over Inductor's
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first import of triton
 pytest.importorskip("triton", reason="Triton is not installed here")
 
-from gemv_cases import _gemv_inputs, _gemv_tolerance  # noqa: E402
+from gemv_cases import _gated_input_tolerance, _gemv_inputs, _gemv_tolerance  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
 
 
@@ -94,7 +94,7 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     like the norm prologue's: the same bound (``reorder_bound(norm=True)`` on the reference activation)."""
     import torch.nn.functional as F
 
-    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
+    from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton
 
     gen = torch.Generator().manual_seed(m + n + k)
@@ -103,9 +103,8 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     r = torch.randn(m, n, generator=gen).to(torch.bfloat16) if residual else None
     got = fused_linear_triton(x, w, residual=r, gated_input=True, config={"BN": 32} if n >= 1000 else None)
     ref = fused_linear_reference(x, w, None, 0.0, r, False, True)
-    act = F.silu(x[:, :k]) * x[:, k:]
-    y = fused_linear_reference(act, w)
-    tol = 2 * 2.0 ** -7 * y.float().abs() + reorder_bound(act, w, norm=True, gated=False)
+    y = fused_linear_reference(F.silu(x[:, :k]) * x[:, k:], w)
+    tol = _gated_input_tolerance(x, w, y)
     if r is not None:
         tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
     err = (got.float() - ref.float()).abs()
@@ -246,9 +245,7 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     """The tensor-core variant, forced (``dot=True``: every prologue and epilogue it has): 2..16 rows through
     ``tl.dot`` (fp32 products of the bf16 values in the interpreter, as the MMA's are exact) -- within the
     elementwise kernel's bound, and the same bits on a second launch."""
-    import torch.nn.functional as F
-
-    from ignition.components.fused_linear import fused_linear_reference, reorder_bound
+    from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.triton_kernels import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n + k)
@@ -263,8 +260,7 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     ref = fused_linear_reference(x, w, nw, 1e-6, r, gated, gated_input)
     y_ref = fused_linear_reference(x, w, nw, 1e-6, None, gated, gated_input)
     if gated_input:
-        act = F.silu(x[:, :k]) * x[:, k:]
-        tol = 2 * 2.0 ** -7 * y_ref.float().abs() + reorder_bound(act, w, norm=True, gated=False)
+        tol = _gated_input_tolerance(x, w, y_ref)
     else:
         tol = _gemv_tolerance(x, w, nw, gated, y_ref)
     if residual:
