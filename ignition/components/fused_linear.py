@@ -255,7 +255,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     if weight is not None and norm is not None and not gated and uses_dot_kernel(rows):
-        y = fused_linear(norm(x), weight, None, 0.0, residual, False, False, early)
+        # the norm's successor is the tensor-core launch, which reads nothing but weights before its wait
+        y = fused_linear(norm(x, early=True), weight, None, 0.0, residual, False, False, early)
         return y.split(parts, dim=-1) if parts is not None else y
     h = x if norm is None else norm(x)
     y = projection(h)

@@ -138,8 +138,9 @@ def _probe_smid(P, program, HAS_PROBE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    _pdl_enter(USE_PDL)
+def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+                    EARLY: tl.constexpr = False):
+    _pdl_enter(USE_PDL, EARLY)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -152,7 +153,25 @@ def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_P
     tl.store(Y + row * N + cols, out, mask=mask)
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+#: Whether the RMSNorm kernel in front of a tensor-core projection (the qkv projection of a decode batch, behind the
+#: previous layer's down projection) lets that projection launch before its own wait (``FLARE_NORM_EARLY=1`` / ``0``;
+#: read at each launch, for side-by-side runs), so that the projection's programs are resident and prefetch their
+#: weight tiles into L2 while the down projection before the norm still streams (~3.3 TB/s there at batch 4, against
+#: the floor's 4.2: HBM has room).  The projection reads nothing but weights before its wait (the rules above).  Not
+#: yet measured.
+NORM_EARLY = False
+
+
+def norm_early_enabled(device: torch.device) -> bool:
+    """Whether an ``early`` RMSNorm launch lets its dependent launch before its wait: PDL on and :data:`NORM_EARLY`
+    (``FLARE_NORM_EARLY``; read at each launch)."""
+    return pdl_enabled(device) and switch("FLARE_NORM_EARLY", NORM_EARLY)
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False) -> torch.Tensor:
+    """``flare::rms_norm`` on CUDA; ``early``: the caller's promise that the next kernel reads nothing but weights
+    before its PDL wait (a tensor-core projection) -- the kernel then lets it launch before its own wait when
+    :func:`norm_early_enabled`.  The result is the same either way."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
@@ -160,8 +179,10 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x2.shape[0]
     if rows:
+        pdl = _pdl(x.device)
         _rms_norm_kernel[(rows,)](x2, weight, out, rows, x2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-                                  num_warps=4 if n <= 1024 else 8, **_pdl(x.device))
+                                  num_warps=4 if n <= 1024 else 8,
+                                  EARLY=pdl["USE_PDL"] and early and norm_early_enabled(x.device), **pdl)
     return out
 
 
@@ -1592,6 +1613,19 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 }
 
 
+#: Weight tiles each program of the tensor-core kernel prefetches into L2 before its PDL wait
+#: (``FLARE_GEMM_ROWS_PREFETCH=N``; read at each launch, for side-by-side runs): :data:`GEMV_PREFETCH_TILES` by
+#: default.  Deeper prefetches pay where the kernel launches long before its wait (:data:`NORM_EARLY`).  Not yet
+#: measured.
+GEMM_ROWS_PREFETCH_TILES = GEMV_PREFETCH_TILES
+
+
+def gemm_rows_prefetch_tiles(k: int, bk: int) -> int:
+    """The tensor-core kernel's pre-wait L2 prefetch depth in tiles of ``bk`` columns (:data:`GEMM_ROWS_PREFETCH_TILES`,
+    ``FLARE_GEMM_ROWS_PREFETCH``), never more than the tiles of K."""
+    return min(whole("FLARE_GEMM_ROWS_PREFETCH", GEMM_ROWS_PREFETCH_TILES, low=0), triton.cdiv(k, bk))
+
+
 #: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
 GEMM_ROWS_NORM_STAGES = 3
 
@@ -1600,8 +1634,10 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The tensor-core kernel's launch config, a pure function of the shapes: the :data:`GEMM_ROWS_MEASURED` entry,
     else ``BN`` 32 (16 when that leaves fewer than two programs per SM), ``BK`` 128 (K's power of two when smaller,
     at least 16), 4 warps, 4 stages -- a starting point for ``scripts/bench_gemv.py --dot``.
-    ``FLARE_GEMM_ROWS_TABLE=0`` ignores the table (side-by-side runs; read at each launch)."""
-    measured = GEMM_ROWS_MEASURED.get((N, K, bool(gated))) if switch("FLARE_GEMM_ROWS_TABLE", True) else None
+    ``FLARE_GEMM_ROWS_TABLE=0`` ignores the table, ``FLARE_GEMV_CONFIG`` replaces it per shape
+    (:func:`gemv_config_override`, keyed by the row count too; side-by-side runs; both read at each launch)."""
+    measured = gemv_config_override(M, N, K, gated) or (
+        GEMM_ROWS_MEASURED.get((N, K, bool(gated))) if switch("FLARE_GEMM_ROWS_TABLE", True) else None)
     if measured is not None:
         return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N
@@ -1630,8 +1666,8 @@ def gemv_early_enabled(device: torch.device, rows: int) -> bool:
 
 def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
     """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
-    config of those shapes (``g``: gated) instead of the table's or the heuristic's; raises naming a malformed
-    item."""
+    config of those shapes (``g``: gated) instead of the table's or the heuristic's, in whichever kernel launches them
+    (:func:`gemv_config`, :func:`gemm_rows_config`); raises naming a malformed item."""
     spec = os.environ.get("FLARE_GEMV_CONFIG", "").strip()
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         key, _, value = item.partition("=")
@@ -1740,7 +1776,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-            PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
+            PREFETCH=gemm_rows_prefetch_tiles(k, bk), PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
         return out
