@@ -328,10 +328,13 @@ _LOG2E = 1.4426950408889634
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``."""
+                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
+    ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`)."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
+    if LAST_ONLY:
+        n_mask = n_mask & (tok >= seq_len - 1)
     _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
     page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
@@ -364,9 +367,13 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
 
 
 @triton.jit
-def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
-    """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks."""
+def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                  DROP_LAST: tl.constexpr = False):
+    """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks;
+    ``DROP_LAST``: the keys before the row's last (:data:`DECODE_NEW_KEY_APART`)."""
     seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
+    if DROP_LAST:
+        seq_len = tl.maximum(seq_len - 1, 0)
     n_blocks = (seq_len + BLOCK_N - 1) // BLOCK_N
     per_split = (n_blocks + SPLITS - 1) // SPLITS
     start = split * per_split
@@ -526,7 +533,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        STAGES: tl.constexpr = 0):
+                        STAGES: tl.constexpr = 0, NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -536,7 +543,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_smid(PROBE, prog, HAS_PROBE)
     # Before the wait (the rules at the top of this file): the share of this split from the sequence length, and an
     # L2 prefetch of its first KV_PREFETCH keys -- the old keys come from HBM while the qkv projection finishes.
-    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS)
+    # NEW_APART: splits 0 .. SPLITS - 1 walk the keys before the row's last; program SPLITS (its share empty) writes
+    # the new key and value and forms that key's partial alone (:data:`DECODE_NEW_KEY_APART`)
+    seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS,
+                                                             NEW_APART)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH, KV_LAST)
@@ -563,7 +573,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
 
-    writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+    if NEW_APART:
+        writer = SPLITS
+    else:
+        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
     if split == writer:
         slot = tl.load(SLOTS + b).to(tl.int64)
         one = tl.arange(0, 1)[:, None]
@@ -574,18 +587,29 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
-    m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
-                                   stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph, stride_bt,
-                                   qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE,
-                                   STAGES)
+    if NEW_APART and split == SPLITS:  # the new key alone, read back after this program's own write (the barrier)
+        full = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
+        m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([QR], dtype=tl.float32)
+        acc = tl.zeros([QR, D], dtype=tl.float32)
+        if full > 0:
+            m_i, l_i, acc = _decode_block((full - 1) // BLOCK_N, q, m_i, l_i, acc, KP, VP, BT, b64, kvh, full,
+                                          tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph,
+                                          stride_vp, stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N,
+                                          DOT_F32, LAST_ONLY=True)
+    else:
+        m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
+                                       d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
+                                       stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
+                                       HAS_PROBE, STAGES)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
-    if SPLITS == 1:
+    if SPLITS == 1 and not NEW_APART:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=(offs_g < G)[:, None])
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
-                              SPLITS)
+                              WS if NEW_APART else SPLITS)
     _probe_stamp(PROBE, prog, 6, split, HAS_PROBE)
 
 
@@ -614,6 +638,23 @@ DECODE_STAGES = 0
 def decode_stages() -> int:
     """The key loop's pipeline stages (:data:`DECODE_STAGES`, ``FLARE_DECODE_STAGES``; 0: the compiler's default)."""
     return whole("FLARE_DECODE_STAGES", DECODE_STAGES, low=0)
+
+
+#: Whether the fused decode kernel forms the row's new key's softmax partial in a program of its own
+#: (``FLARE_DECODE_NEW_KEY_APART=1`` / ``0``; read at each launch, for side-by-side runs): one more program per (row,
+#: KV head) writes the new key and value, reads that one key back and stores its partial; the other splits walk the
+#: keys before it and write nothing.  Without, the split holding the row's last key block writes the new key first,
+#: then walks its blocks: that writer's chain -- query rows, the new key's norm and rotation, the write, then its
+#: blocks -- is the launch's longest (run 123's probe: the write 0.16 us median, 3.2 us at the writer), on the step's
+#: critical path.  The reduce then combines one partial more; where the context without the new key fills whole
+#: blocks (1024 keys and the new one) the busiest split also walks one block less.  The sums group differently: not
+#: the two-kernel path's bits (within the same fp64 bound; deterministic).  Not yet measured.
+DECODE_NEW_KEY_APART = False
+
+
+def decode_new_key_apart() -> bool:
+    """:data:`DECODE_NEW_KEY_APART` (``FLARE_DECODE_NEW_KEY_APART``, read at each launch)."""
+    return switch("FLARE_DECODE_NEW_KEY_APART", DECODE_NEW_KEY_APART)
 
 
 def decode_pipelined() -> bool:
@@ -749,8 +790,8 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
-    if wide and not num_splits:
-        splits = min(splits, fused_decode_wide_splits(b, kvh, q.device))
+    if wide and not num_splits:  # one wave, counting the new key's own programs (:data:`DECODE_NEW_KEY_APART`)
+        splits = max(1, min(splits, fused_decode_wide_splits(b, kvh, q.device) - decode_new_key_apart()))
     gp = triton.next_power_of_2(g)
     return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                 SP=triton.next_power_of_2(splits), WIDE=wide)
@@ -950,11 +991,14 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if b == 0:
         return out
     splits = geo["SPLITS"]
-    m_ws, l_ws, acc_ws = _decode_workspace(geo, q.device) if splits > 1 else (out, out, out)  # one split: unused
+    apart = decode_new_key_apart()
+    parts = splits + 1 if apart else splits  # the partials per (row, KV head): with the new key's own
+    ws_geo = {**geo, "SPLITS": parts, "SP": triton.next_power_of_2(parts)}
+    m_ws, l_ws, acc_ws = _decode_workspace(ws_geo, q.device) if parts > 1 else (out, out, out)  # one split: unused
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
-    _rope_decode_kernel[(b, kvh, splits)](
+    _rope_decode_kernel[(b, kvh, parts)](
         q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
         slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, out,
         q.stride(0), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2), cos.stride(0), sin.stride(0),
@@ -965,11 +1009,12 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST), STAGES=decode_stages(),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
-        **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * splits))
-    if splits > 1:
+        **({"NEW_APART": True, "WS": parts} if apart else {}),
+        **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
+    if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](
-            m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=splits,
-            SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
+            m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,
+            SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
     return out
 
 

@@ -184,6 +184,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
       first launch's) gives the same bits (a read of the old value would differ; the rows of 1 and 33 keys give the
       new key a large weight);
     - the same bits over repeated launches and CUDA-graph replays;
+    - the new key's partial from a program of its own (``FLARE_DECODE_NEW_KEY_APART=1``): the same pools, its own
+      bits launch after launch (also on pools already holding the new K/V), within the bound below;
     - the pools: values copied bit for bit, keys within the rope kernel's bound of transformers' modules, every
       other slot untouched;
     - the output within a derived bound of the three-launch path's (rope_write + the two-pass decode kernels): the
@@ -261,6 +263,15 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     assert bits(got6, out) and bits(kp6, kp1) and bits(vp6, vp1), "the timing probe changed a bit"
     assert (probe[0][:, 0] > 0).any() and (probe[1][:, 0] > 0).all(), "the probe wrote no stamps"
     assert bits(run(kp1.clone(), vp1.clone()), out), "a program read the new slot before its write"
+    # the new key's partial from a program of its own (FLARE_DECODE_NEW_KEY_APART): the same pools, its own bits
+    # launch after launch and on pools already holding the new K/V, within the bound below
+    monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1")
+    kpa, vpa = kp.clone(), vp.clone()
+    apart = run(kpa, vpa)
+    assert bits(kpa, kp1) and bits(vpa, vp1), "the new key's own program changed the pools"
+    assert bits(run(kpa.clone(), vpa.clone()), apart), "the new key's program read its slot before its write"
+    assert bits(run(kp.clone(), vp.clone()), apart)
+    monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)
     kp_g, vp_g = kp.clone(), vp.clone()
@@ -297,8 +308,9 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
                      + kc.amax(-1).T[:, None, :] * qa[row].sum(-1)[..., None])  # [KV, G, n]
             e[row] = (scaling * 2.0 ** -6 * cross).amax(-1).reshape(heads)
     bound = torch.expm1(2 * e)[..., None] * pv_abs + 2 * (2.0 ** -8 * x.abs() + 1e-5)
-    diff = (out.cpu().view_as(two).double() - two.double()).abs()
-    assert (diff <= bound).all(), (diff - bound).max()
+    for got in (out, apart):
+        diff = (got.cpu().view_as(two).double() - two.double()).abs()
+        assert (diff <= bound).all(), (diff - bound).max()
 
 
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their

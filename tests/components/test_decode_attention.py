@@ -177,6 +177,34 @@ def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n,
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
+@interpreter
+@pytest.mark.parametrize("heads,kv_heads,seq_lens,num_splits,block_n", [
+    (8, 2, SEQ_LENS, None, None), (8, 2, (1, 17, 96, 40, 0), 3, None), (8, 2, (5, 80), 1, None),
+    (16, 4, (90,), None, 64), (8, 2, (33, 64), 2, 32)])
+def test_new_key_apart_writes_the_same_pools_and_stays_within_fp64(monkeypatch, heads, kv_heads, seq_lens,
+                                                                   num_splits, block_n):
+    """``FLARE_DECODE_NEW_KEY_APART=1``: the new key's partial from a program of its own -- the pools bit for bit
+    the two-kernel path's (the same write), the output within the decode bound of fp64 over them (its sums group
+    otherwise), zeros for an inactive row, and the same bits launch after launch; ragged rows, a row of one key, one
+    split, blocks of several pages."""
+    from ignition.components import triton_kernels as tk
+    from test_triton_attention import check
+
+    case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=heads + len(seq_lens) + (num_splits or 0))
+    monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1")
+    (got, kp, vp), (two, kp2, vp2) = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert _bits(kp, kp2) and _bits(vp, vp2)
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
+    assert (got[lens == 0] == 0).all()
+    (again, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert _bits(got, again)
+    monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "0")
+    (plain, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert _bits(plain, two)  # off: the two-kernel path's bits, as every other test here checks
+
+
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
