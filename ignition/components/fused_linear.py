@@ -180,7 +180,10 @@ GEMM_ROWS_NORM = False
 #: weight's (4 stages of gate, up and weight tiles: ``scripts/sm90_kernel_check.py``, "tensor-core 8B down").  The same
 #: input values (``bf16(bf16(silu(gate)) * up)``) and the same config, so the same sums: at batch 4 it would remove
 #: Qwen3-8B's activation kernel (1.66 us per layer in run 122's critical path), at Qwen3-0.6B (whose down at 4 rows is
-#: the CUDA-core kernel with the gated input now) it moves that launch to the tensor cores.  Not yet measured.
+#: the CUDA-core kernel with the gated input now) it moves that launch to the tensor cores.  Measured in the step
+#: (Qwen3-8B side by side in one process, ``results/20261204T033000Z-sm90-run127``): batch 4 2.52x slower -- that launch
+#: took 239 us per layer in the critical path against the plain one's 30 (cause not found: the offline TTGIR shows the
+#: same pipelined structure as the plain launch's, 72 registers, 96 KiB shared); off.
 GEMM_ROWS_GATED_IN = False
 
 
@@ -255,8 +258,7 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     if weight is not None and norm is not None and not gated and uses_dot_kernel(rows):
-        # the norm's successor is the tensor-core launch, which reads nothing but weights before its wait
-        y = fused_linear(norm(x, early=True), weight, None, 0.0, residual, False, False, early)
+        y = fused_linear(norm(x), weight, None, 0.0, residual, False, False, early)
         return y.split(parts, dim=-1) if parts is not None else y
     h = x if norm is None else norm(x)
     y = projection(h)

@@ -35,19 +35,17 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(x.dtype)
 
 
-def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False) -> torch.Tensor:
+def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x.new_empty(x.shape)
 
 
 @opaque_op("rms_norm", mutates_args=(), fake=_fake)
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False) -> torch.Tensor:
-    """``[..., N]`` -> a new contiguous ``[..., N]`` (see the module docstring).  ``early``: the next kernel reads
-    nothing but weights before its PDL wait (``triton_kernels.rms_norm_triton``); the result is the same either
-    way."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``[..., N]`` -> a new contiguous ``[..., N]`` (see the module docstring)."""
     if x.is_cuda:
         from ignition.components.triton_kernels import rms_norm_triton
 
-        return rms_norm_triton(x, weight, eps, early)
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps).contiguous()
 
 
@@ -61,9 +59,8 @@ class RMSNorm(nn.Module):
     def from_canonical(cls, module: nn.Module) -> "RMSNorm":
         return cls(module.weight, module.variance_epsilon)
 
-    def forward(self, x: torch.Tensor, early: bool = False) -> torch.Tensor:
-        """``early``: see :func:`rms_norm`."""
-        return rms_norm(x, self.weight, self.variance_epsilon, early)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon} (flare::rms_norm)"

@@ -138,9 +138,8 @@ def _probe_smid(P, program, HAS_PROBE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-                    EARLY: tl.constexpr = False):
-    _pdl_enter(USE_PDL, EARLY)
+def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    _pdl_enter(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -153,25 +152,7 @@ def _rms_norm_kernel(X, W, Y, rows, stride_x, N, eps, BLOCK: tl.constexpr, USE_P
     tl.store(Y + row * N + cols, out, mask=mask)
 
 
-#: Whether the RMSNorm kernel in front of a tensor-core projection (the qkv projection of a decode batch, behind the
-#: previous layer's down projection) lets that projection launch before its own wait (``FLARE_NORM_EARLY=1`` / ``0``;
-#: read at each launch, for side-by-side runs), so that the projection's programs are resident and prefetch their
-#: weight tiles into L2 while the down projection before the norm still streams (~3.3 TB/s there at batch 4, against
-#: the floor's 4.2: HBM has room).  The projection reads nothing but weights before its wait (the rules above).  Not
-#: yet measured.
-NORM_EARLY = False
-
-
-def norm_early_enabled(device: torch.device) -> bool:
-    """Whether an ``early`` RMSNorm launch lets its dependent launch before its wait: PDL on and :data:`NORM_EARLY`
-    (``FLARE_NORM_EARLY``; read at each launch)."""
-    return pdl_enabled(device) and switch("FLARE_NORM_EARLY", NORM_EARLY)
-
-
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, early: bool = False) -> torch.Tensor:
-    """``flare::rms_norm`` on CUDA; ``early``: the caller's promise that the next kernel reads nothing but weights
-    before its PDL wait (a tensor-core projection) -- the kernel then lets it launch before its own wait when
-    :func:`norm_early_enabled`.  The result is the same either way."""
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     if x2.stride(-1) != 1:
@@ -179,10 +160,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, early: bo
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = x2.shape[0]
     if rows:
-        pdl = _pdl(x.device)
         _rms_norm_kernel[(rows,)](x2, weight, out, rows, x2.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-                                  num_warps=4 if n <= 1024 else 8,
-                                  EARLY=pdl["USE_PDL"] and early and norm_early_enabled(x.device), **pdl)
+                                  num_warps=4 if n <= 1024 else 8, **_pdl(x.device))
     return out
 
 
@@ -648,7 +627,11 @@ def decode_stages() -> int:
 #: blocks -- is the launch's longest (run 123's probe: the write 0.16 us median, 3.2 us at the writer), on the step's
 #: critical path.  The reduce then combines one partial more; where the context without the new key fills whole
 #: blocks (1024 keys and the new one) the busiest split also walks one block less.  The sums group differently: not
-#: the two-kernel path's bits (within the same fp64 bound; deterministic).  Not yet measured.
+#: the two-kernel path's bits (within the same fp64 bound; deterministic).  Side by side in one process with the null
+#: (``results/20261204T072300Z-sm90-run132``): Qwen3-8B batch 1 1.0035x, batch 4 1.0102x (both slower by the paired
+#: blocks; at one row the writer was not the longest chain: the attention 9.79 -> 9.66 us, the reduce 2.27 -> 2.99),
+#: Qwen3-0.6B batch 1 1.0037x, batch 4 0.9639x (paired blocks 10/10 faster, within noise by the min-max rule; the
+#: attention 14.91 -> 13.57 us per layer).  Off.
 DECODE_NEW_KEY_APART = False
 
 
@@ -1648,7 +1631,13 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
 
 #: Measured tensor-core launch configs, ``(N, K, gated) -> (BN, BK, num_warps, num_stages)`` (its row tile is 16 for
 #: every row count): the fastest of ``results/20261201T102332Z-sm90-run23/gemv.json`` at 4 and 8 rows (both the same),
-#: for the plain-input launches :func:`fused_linear.uses_dot_kernel` takes.
+#: for the plain-input launches :func:`fused_linear.uses_dot_kernel` takes.  Qwen3-8B's batch-4 launches side by side
+#: in the step with deeper pipelines (``FLARE_GEMV_CONFIG``; ``results/20261204T070950Z-sm90-run131``): qkv 8 stages
+#: 1.0045x, down 8 stages 1.0069x, o_proj and down 6 stages 0.9994x, qkv 64x256 w4 s4 1.0009x -- within noise --, all
+#: three deeper 1.0162x slower.  Tried and removed: the norm kernel in front of the batch-4 qkv letting it launch before
+#: the norm's wait (so its programs prefetch their weight into L2 while the down projection streams at ~3.3 TB/s),
+#: alone 1.0086x slower, with 16 / 32 tiles prefetched per program 1.066x / 1.109x, 8 tiles without it 1.030x
+#: (``results/20261204T070300Z-sm90-run130``) -- as every L2 weight prefetch on this machine.
 GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (4096, 4096, False): (32, 256, 4, 4),  # Qwen3-8B o_proj: 12.12 us at 4 rows, 12.10 at 8 (cuBLAS 13.19, 12.97)
     (4096, 12288, False): (32, 256, 4, 4),  # Qwen3-8B down: 30.02 at 4, 30.17 at 8 (cuBLAS 28.63, 29.03)
@@ -1656,19 +1645,6 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
     (6144, 4096, False): (64, 128, 4, 5),  # Qwen3-8B: 15.44 us (the heuristic 16x128 w4 s4: 17.36; cuBLAS 14.62)
     (4096, 1024, False): (32, 128, 4, 5),  # Qwen3-0.6B: 3.70 us (heuristic 4.61; cuBLAS 4.72)
 }
-
-
-#: Weight tiles each program of the tensor-core kernel prefetches into L2 before its PDL wait
-#: (``FLARE_GEMM_ROWS_PREFETCH=N``; read at each launch, for side-by-side runs): :data:`GEMV_PREFETCH_TILES` by
-#: default.  Deeper prefetches pay where the kernel launches long before its wait (:data:`NORM_EARLY`).  Not yet
-#: measured.
-GEMM_ROWS_PREFETCH_TILES = GEMV_PREFETCH_TILES
-
-
-def gemm_rows_prefetch_tiles(k: int, bk: int) -> int:
-    """The tensor-core kernel's pre-wait L2 prefetch depth in tiles of ``bk`` columns (:data:`GEMM_ROWS_PREFETCH_TILES`,
-    ``FLARE_GEMM_ROWS_PREFETCH``), never more than the tiles of K."""
-    return min(whole("FLARE_GEMM_ROWS_PREFETCH", GEMM_ROWS_PREFETCH_TILES, low=0), triton.cdiv(k, bk))
 
 
 #: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
@@ -1821,7 +1797,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-            PREFETCH=gemm_rows_prefetch_tiles(k, bk), PF_LINES=max(1, bk // 64),
+            PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
         return out

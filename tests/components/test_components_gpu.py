@@ -543,37 +543,6 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
         assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
-@pytest.mark.parametrize("m", [4, 16])
-def test_early_norm_before_a_tensor_core_projection_on_this_gpu(m):
-    """Qwen3-8B's qkv of a decode batch as the step launches it -- behind the down projection, its norm apart
-    (``early``), then the tensor-core launch -- captured in one graph: with the norm's early launch
-    (``FLARE_NORM_EARLY=1``, the projection resident and prefetching before the norm's wait) and deeper pre-wait
-    prefetches (``FLARE_GEMM_ROWS_PREFETCH``), the same bits as without, replay after replay."""
-    from ignition.components.switches import environment
-    from ignition.components.triton_kernels import fused_linear_triton, rms_norm_triton
-    from qualify.timing import captured
-
-    g = torch.Generator(device="cuda").manual_seed(m)
-    rnd = lambda *s: (torch.randn(*s, device="cuda", generator=g) * 0.05).to(torch.bfloat16)  # noqa: E731
-    act, w_down, res, nw, w_qkv = rnd(m, 12288), rnd(4096, 12288), rnd(m, 4096), rnd(4096) + 1, rnd(6144, 4096)
-    outs = []
-    for env in ({}, {"FLARE_NORM_EARLY": "1"}, {"FLARE_NORM_EARLY": "1", "FLARE_GEMM_ROWS_PREFETCH": "16"},
-                {"FLARE_NORM_EARLY": "1", "FLARE_GEMM_ROWS_PREFETCH": "32"}):
-        holder = {}
-
-        def step():
-            h = fused_linear_triton(act, w_down, residual=res)
-            holder["y"] = fused_linear_triton(rms_norm_triton(h, nw, 1e-6, early=True), w_qkv)
-
-        with environment(env):
-            graph = captured(step)
-            for _ in range(3):
-                graph.replay()
-                outs.append(holder["y"].cpu())
-    assert all(torch.equal(o.view(torch.int16), outs[0].view(torch.int16)) for o in outs), \
-        [i for i, o in enumerate(outs) if not torch.equal(o, outs[0])]
-
-
 @pytest.mark.parametrize("m,n,k", [(4, 4096, 12288), (4, 1024, 3072)])
 def test_tensor_core_gated_input_on_this_gpu(m, n, k):
     """The tensor-core variant with the SiLU-gated input (the launch ``FLARE_GEMM_ROWS_GATED_IN=1`` gives Qwen3's down

@@ -44,18 +44,6 @@ def test_rms_norm_triton_reads_strided_rows():
     assert torch.equal(rms_norm_triton(x, w, 1e-6), rms_norm_triton(x.contiguous(), w, 1e-6))
 
 
-def test_rms_norm_early_launch_gives_the_same_bits(monkeypatch):
-    """``early`` (and ``FLARE_NORM_EARLY``) only moves the next kernel's launch: the same output, bit for bit; the
-    switch is read at each launch and takes PDL with it (off here: no PDL in the interpreter)."""
-    from ignition.components import triton_kernels as tk
-
-    x = torch.randn(4, 1, 256).to(torch.bfloat16)
-    w = (torch.rand(256) + 0.5).to(torch.bfloat16)
-    monkeypatch.setenv("FLARE_NORM_EARLY", "1")
-    assert torch.equal(tk.rms_norm_triton(x, w, 1e-6, early=True), tk.rms_norm_triton(x, w, 1e-6))
-    assert not tk.norm_early_enabled(x.device)  # PDL is off off CUDA and in the interpreter
-
-
 # ---------------------------------------------------------------------------------------- fused GEMV (decode)
 
 _GEMV_CASES = [  # (M, N weight rows, K, norm, gated, residual)
@@ -389,21 +377,3 @@ def test_gemv_config_override_reaches_the_tensor_core_launch_by_row_count(monkey
     monkeypatch.setenv("FLARE_GEMV_CONFIG", "4x4096x12288=16/512/4/3")
     assert gemm_rows_config(4, 4096, 12288) == {"BN": 16, "BK": 512, "num_warps": 4, "num_stages": 3}
     assert gemm_rows_config(8, 4096, 12288) == table
-
-
-def test_gemm_rows_prefetch_depth_reads_its_switch_and_stops_at_k(monkeypatch):
-    """``FLARE_GEMM_ROWS_PREFETCH``: the tensor-core kernel's pre-wait L2 prefetch in tiles, the default
-    :data:`GEMM_ROWS_PREFETCH_TILES`, never more than K's tiles; a bad value raises naming the variable."""
-    from ignition.components import triton_kernels as tk
-
-    monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH", raising=False)
-    assert tk.gemm_rows_prefetch_tiles(4096, 128) == tk.GEMM_ROWS_PREFETCH_TILES
-    assert tk.gemm_rows_prefetch_tiles(128, 128) == 1
-    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "16")
-    assert tk.gemm_rows_prefetch_tiles(4096, 128) == 16 and tk.gemm_rows_prefetch_tiles(4096, 512) == 8
-    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "0")
-    assert tk.gemm_rows_prefetch_tiles(4096, 128) == 0
-    for bad in ("-1", "2.5", "many"):
-        monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", bad)
-        with pytest.raises(ValueError, match="FLARE_GEMM_ROWS_PREFETCH"):
-            tk.gemm_rows_prefetch_tiles(4096, 128)
