@@ -65,8 +65,7 @@ def cases(tk):
                  GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
-        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST,  # the launch's defaults
-                 STREAM_PREFETCH=tk.gemv_stream_prefetch(c["PRELOAD"], bk, k))
+        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
@@ -82,7 +81,7 @@ def cases(tk):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, STAGES=tk.decode_stages())
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}

@@ -364,16 +364,15 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False, STAGES: tl.constexpr = 0):
-    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``;
-    ``STAGES``: the pipelined loop's stages (:data:`DECODE_STAGES`; 0: the compiler's default)."""
+                   HAS_PROBE: tl.constexpr = False):
+    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([QR], dtype=tl.float32)
     acc = tl.zeros([QR, DP], dtype=tl.float32)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
-        for blk in tl.range(start, end, num_stages=STAGES if STAGES > 0 else None):
+        for blk in range(start, end):
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                                           stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
@@ -445,7 +444,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                                D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                                SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                               USE_PDL: tl.constexpr, STAGES: tl.constexpr = 0):
+                               USE_PDL: tl.constexpr):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -459,7 +458,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                 mask=(offs_g < G)[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
     m_i, l_i, acc = _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
                                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE, STAGES=STAGES)
+                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE)
     _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                           SPLITS)
 
@@ -512,7 +511,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        STAGES: tl.constexpr = 0, NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0):
+                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -580,7 +579,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
                                        d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
                                        stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
-                                       HAS_PROBE, STAGES)
+                                       HAS_PROBE)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1 and not NEW_APART:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -604,19 +603,10 @@ def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     return page, kvh
 
 
-#: Stages of the decode kernels' software-pipelined key loop (``FLARE_DECODE_STAGES=N``; 0: the compiler's default,
-#: read at each launch for side-by-side runs).  The default pipelines the block's page ids one iteration ahead of its
-#: K/V, but each iteration waits for all copies in flight (offline sm90 TTGIR: ``async_wait {num = 0}``), so every
-#: key block costs a full memory latency -- batch 4's splits walk 5 blocks of 16 keys at a 1024-token context (Qwen3
-#: 8B's attention +11.0 us over its floor per layer, run 122).  From 5 stages the loop waits with later blocks' copies
-#: still in flight (``num = 4``; 106 registers, 22 KiB shared at Qwen3-0.6B's shape; 4 stages still wait for all).
-#: The same loads and arithmetic in the same order: the same bits.  Not yet measured.
-DECODE_STAGES = 0
-
-
-def decode_stages() -> int:
-    """The key loop's pipeline stages (:data:`DECODE_STAGES`, ``FLARE_DECODE_STAGES``; 0: the compiler's default)."""
-    return whole("FLARE_DECODE_STAGES", DECODE_STAGES, low=0)
+#: Tried and removed: the decode kernels' pipelined key loop with more stages (``FLARE_DECODE_STAGES=N``): by default
+#: each key block waits for every copy in flight (offline sm90 TTGIR ``async_wait {num = 0}``); from 5 stages later
+#: blocks' copies stay in flight (``num = 4``), the same bits -- slower side by side in one process with the null
+#: (``results/20261204T053500Z-sm90-run128``): Qwen3-8B 5 and 6 stages 1.091x at batch 1, 1.020x at batch 4.
 
 
 #: Whether the fused decode kernel forms the row's new key's softmax partial in a program of its own
@@ -823,7 +813,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E,
         KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
         BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
-        STAGES=decode_stages(), num_warps=4, **_pdl(q.device))
+        num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
         SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
@@ -990,7 +980,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
-        KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST), STAGES=decode_stages(),
+        KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
@@ -1125,13 +1115,13 @@ def _gemv_masks(kk, m_mask, n_mask, K: tl.constexpr, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _gemv_prefetch(W, offs_n, N_OUT, stride_w, K: tl.constexpr, BK: tl.constexpr, PF_LINES: tl.constexpr,
-                   FIRST: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr, col0=0):
+                   FIRST: tl.constexpr, TILES: tl.constexpr, GATED: tl.constexpr):
     """L2 prefetch of weight tiles ``FIRST .. FIRST + TILES - 1`` of this program's rows (and their up halves when
-    gated) from column ``col0`` on, one per 128-byte line (``PF_LINES`` per tile row), clamped to K."""
+    gated), one per 128-byte line (``PF_LINES`` per tile row), clamped to K."""
     n_c = tl.minimum(offs_n, N_OUT - 1).to(tl.int64)[:, None] * stride_w
     lines = tl.arange(0, PF_LINES) * (BK // PF_LINES)
     for i in tl.static_range(TILES):
-        kl = tl.minimum(col0 + (FIRST + i) * BK + lines, K - 1)[None, :]
+        kl = tl.minimum((FIRST + i) * BK + lines, K - 1)[None, :]
         _prefetch_l2(W + n_c + kl)
         if GATED:
             _prefetch_l2(W + N_OUT * stride_w + n_c + kl)
@@ -1274,8 +1264,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
-                       STREAM_PREFETCH: tl.constexpr = 0):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1370,10 +1359,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
     for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
-        if STREAM_PREFETCH > 0:  # the L2 prefetch of the tile STREAM_PREFETCH ahead (:data:`GEMV_STREAM_PREFETCH`)
-            if k0 + STREAM_PREFETCH * BK < K:
-                _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, 1, GATED,
-                               k0 + STREAM_PREFETCH * BK)
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
@@ -1521,20 +1506,10 @@ GEMV_PRELOAD_EVICT_FIRST = True
 #: 50-52, :data:`GEMV_PREFETCH_FULL_BYTES`).  The prefetch was issued before the preloads: after them, 176 registers,
 #: 2 programs per SM instead of 3.
 
-#: Tiles ahead that each iteration of a one-row GEMV's streamed loop (Qwen3-8B's down) prefetches into L2
-#: (``FLARE_GEMV_STREAM_PREFETCH=N``; 0: none): the loop holds one weight tile in flight per program and issues the
-#: next only after its products, so HBM idles between tiles (down streams at 3.58 TB/s in run 126's critical path
-#: against the floor's 4.26); a prefetch N tiles ahead keeps lines coming without registers (the pipelined loop,
-#: :data:`GEMV_STREAM_STAGES`, costs registers and lost).  The tiles before the loop are prefetched before the wait
-#: already (:data:`GEMV_PREFETCH_TILES`).  Not yet measured.
-GEMV_STREAM_PREFETCH = 0
-
-
-def gemv_stream_prefetch(preload: int, bk: int, k: int) -> int:
-    """The ``STREAM_PREFETCH`` of a one-row GEMV launch (:data:`GEMV_STREAM_PREFETCH`; read at each launch, for
-    side-by-side runs): none where the whole K is preloaded (no streamed tiles)."""
-    ahead = whole("FLARE_GEMV_STREAM_PREFETCH", GEMV_STREAM_PREFETCH, low=0)
-    return 0 if preload * bk >= k else ahead
+#: Tried and removed: each iteration of a one-row GEMV's streamed loop (Qwen3-8B's down, 3.58 TB/s in run 126's
+#: critical path) prefetching into L2 the tile N ahead (``FLARE_GEMV_STREAM_PREFETCH=N``), so that lines keep coming
+#: without registers -- Qwen3-8B batch 1 side by side in one process with the null
+#: (``results/20261204T033000Z-sm90-run127``): 1, 2 and 4 tiles ahead 1.026x, 1.022x, 1.057x slower.
 
 
 def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
@@ -1816,7 +1791,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
-        STREAM_PREFETCH=gemv_stream_prefetch(preload, bk, k) if mp == 1 and not _interpreting() else 0,
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out

@@ -269,21 +269,6 @@ def test_kv_prefetch_rows_switch(monkeypatch):
             tk.decode_kv_prefetch_keys(1)
 
 
-def test_decode_stages_switch_names_a_bad_value(monkeypatch):
-    """``FLARE_DECODE_STAGES``: the pipelined key loop's stages, 0 (the compiler's default) unless set; a negative or
-    fractional value names the switch."""
-    pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
-
-    assert tk.DECODE_STAGES == 0 and tk.decode_stages() == 0
-    monkeypatch.setenv("FLARE_DECODE_STAGES", "5")
-    assert tk.decode_stages() == 5
-    for bad in ("-1", "2.5", "deep"):
-        monkeypatch.setenv("FLARE_DECODE_STAGES", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_STAGES"):
-            tk.decode_stages()
-
-
 def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
     """Behind a QKV projection below ``DECODE_KV_PREFETCH_MIN_BYTES`` (default 0: any, Qwen3-0.6B's 8 MiB too) the
     decode kernel does not prefetch; unknown (None) leaves it to the rows; ``FLARE_DECODE_KV_PREFETCH_MIN_MB`` moves

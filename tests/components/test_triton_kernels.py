@@ -183,22 +183,6 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
         assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
 
 
-def test_one_row_gemv_stream_prefetch_only_where_tiles_stream(monkeypatch):
-    """``gemv_stream_prefetch``: off by default; ``FLARE_GEMV_STREAM_PREFETCH=N`` gives N where K is not preloaded
-    whole (streamed tiles: Qwen3-8B's down), 0 where it is; a bad value names its variable.  (Its bits: the GPU test
-    ``test_decode_gemv_on_this_gpu``; the interpreter launches without the inline-asm prefetch.)"""
-    from ignition.components.triton_kernels import gemv_stream_prefetch
-
-    assert gemv_stream_prefetch(0, 1024, 12288) == 0
-    monkeypatch.setenv("FLARE_GEMV_STREAM_PREFETCH", "2")
-    assert gemv_stream_prefetch(0, 1024, 12288) == 2 and gemv_stream_prefetch(2, 1024, 12288) == 2
-    assert gemv_stream_prefetch(4, 1024, 4096) == 0  # Qwen3-8B o_proj: its whole K preloaded
-    for bad in ("-1", "1.5", "two"):
-        monkeypatch.setenv("FLARE_GEMV_STREAM_PREFETCH", bad)
-        with pytest.raises(ValueError, match="FLARE_GEMV_STREAM_PREFETCH"):
-            gemv_stream_prefetch(0, 1024, 12288)
-
-
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
