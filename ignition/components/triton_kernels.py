@@ -764,7 +764,8 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused
                             else paged_decode_num_splits(b, kvh, max_blocks))
     if wide and not num_splits:  # one wave, counting the new key's own programs (:data:`DECODE_NEW_KEY_APART`)
-        splits = max(1, min(splits, fused_decode_wide_splits(b, kvh, q.device) - decode_new_key_apart()))
+        own = 1 if decode_new_key_apart() else 0
+        splits = max(1, min(splits, fused_decode_wide_splits(b, kvh, q.device) - own))
     gp = triton.next_power_of_2(g)
     return dict(B=b, H=h, D=d, KVH=kvh, G=g, GP=gp, QR=max(16, gp), PAGE=page, BLOCK_N=block_n, SPLITS=splits,
                 SP=triton.next_power_of_2(splits), WIDE=wide)

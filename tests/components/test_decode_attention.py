@@ -359,6 +359,10 @@ def test_wide_blocks_rule(monkeypatch):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(16, 8, 32, (40,), width=256, seed=3)
     wide = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
     assert wide["WIDE"] and wide["SPLITS"] * 8 <= 2 * tk.DEFAULT_SMS < (wide["SPLITS"] + 1) * 8
+    monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1")  # the new key's own programs count in the wave
+    apart = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    assert (apart["SPLITS"] + 1) * 8 <= 2 * tk.DEFAULT_SMS < (apart["SPLITS"] + 2) * 8
+    monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
     assert tk._decode_geometry("test", q, kp, vp, bt, 48, fused=True)["SPLITS"] == 48  # an explicit count stays
     monkeypatch.setenv("FLARE_DECODE_WIDE", "0")
     assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == 64
