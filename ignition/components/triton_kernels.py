@@ -346,11 +346,24 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
 
 
 @triton.jit
+def _decode_len(SL, b, max_pages, PAGE: tl.constexpr):
+    """Row ``b``'s keys, clamped to ``0 .. max_pages * PAGE`` (read through L2: see the PDL rules above)."""
+    return tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
+
+
+@triton.jit
+def _decode_init(QR: tl.constexpr, DP: tl.constexpr):
+    """The online softmax before any key: ``(m = -inf, l = 0, acc = 0)`` for ``QR`` query rows of ``DP`` columns."""
+    return (tl.full([QR], float("-inf"), dtype=tl.float32), tl.zeros([QR], dtype=tl.float32),
+            tl.zeros([QR, DP], dtype=tl.float32))
+
+
+@triton.jit
 def _decode_share(SL, b, split, max_pages, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                   DROP_LAST: tl.constexpr = False):
     """``(seq_len, n_blocks, per_split, start, end)``: row ``b``'s keys and split ``split``'s key blocks;
     ``DROP_LAST``: the keys before the row's last (:data:`DECODE_NEW_KEY_APART`)."""
-    seq_len = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
+    seq_len = _decode_len(SL, b, max_pages, PAGE)
     if DROP_LAST:
         seq_len = tl.maximum(seq_len - 1, 0)
     n_blocks = (seq_len + BLOCK_N - 1) // BLOCK_N
@@ -366,9 +379,7 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
                    HAS_PROBE: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
-    m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([QR], dtype=tl.float32)
-    acc = tl.zeros([QR, DP], dtype=tl.float32)
+    m_i, l_i, acc = _decode_init(QR, DP)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
@@ -566,10 +577,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
     if NEW_APART and split == SPLITS:  # the new key alone, read back after this program's own write (the barrier)
-        full = tl.minimum(tl.maximum(tl.load(SL + b, cache_modifier=".cg").to(tl.int32), 0), max_pages * PAGE)
-        m_i = tl.full([QR], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([QR], dtype=tl.float32)
-        acc = tl.zeros([QR, D], dtype=tl.float32)
+        full = _decode_len(SL, b, max_pages, PAGE)
+        m_i, l_i, acc = _decode_init(QR, D)
         if full > 0:
             m_i, l_i, acc = _decode_block((full - 1) // BLOCK_N, q, m_i, l_i, acc, KP, VP, BT, b64, kvh, full,
                                           tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph,
