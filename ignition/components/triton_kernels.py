@@ -1274,7 +1274,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
+                       UNROLL: tl.constexpr = 1):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1368,15 +1369,39 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
-    for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
+    # UNROLL > 1 (:func:`gemv_stream_unroll`; whole tiles): UNROLL tiles per iteration, all their weight loads issued
+    # before their input tiles -- more weight bytes in flight per program; the same tiles in the same order.
+    for k0 in tl.range(PRELOAD * BK, K, BK * UNROLL, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
-        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
-        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-        u = w
-        if GATED:
-            u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, FLAT)
+        if UNROLL == 1:
+            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
+            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+            u = w
+            if GATED:
+                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, FLAT)
+        else:
+            w_s0, u_s0 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 0, offs_k, n_mask, BK, GATED, True)
+            w_s1, u_s1 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 1, offs_k, n_mask, BK, GATED, True)
+            if UNROLL >= 3:
+                w_s2, u_s2 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 2, offs_k, n_mask, BK, GATED, True)
+            if UNROLL >= 4:
+                w_s3, u_s3 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 3, offs_k, n_mask, BK, GATED, True)
+            xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                                GATED_IN), FLAT)
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w_s0, u_s0, xf, GATED, FLAT)
+            xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                                GATED_IN), FLAT)
+            acc, acc_u = _gemv_tile_product(acc, acc_u, w_s1, u_s1, xf, GATED, FLAT)
+            if UNROLL >= 3:
+                xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                                    GATED_IN), FLAT)
+                acc, acc_u = _gemv_tile_product(acc, acc_u, w_s2, u_s2, xf, GATED, FLAT)
+            if UNROLL >= 4:
+                xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM,
+                                                    GATED_IN), FLAT)
+                acc, acc_u = _gemv_tile_product(acc, acc_u, w_s3, u_s3, xf, GATED, FLAT)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(_gemv_acc_sum(acc, FLAT), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1532,6 +1557,26 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
         return switch("FLARE_GEMV_FLAT", GEMV_FLAT), 0
     stages = whole("FLARE_GEMV_STREAM_STAGES", GEMV_STREAM_STAGES, low=0)
     return stages > 0, stages
+
+
+#: Weight tiles per iteration of the one-row GEMV's streamed loop (the tiles after the preloaded ones: Qwen3-8B's
+#: down), all their weight loads issued before their input tiles (``FLARE_GEMV_UNROLL=N`` sets it, at most 4; read at
+#: each launch, for side-by-side runs).  Not measured yet: 1.
+GEMV_STREAM_UNROLL = 1
+
+
+def gemv_stream_unroll(mp: int, k: int, bk: int, preload: int, stages: int = 0) -> int:
+    """Weight tiles per iteration of a one-row GEMV launch's streamed loop (``mp`` padded rows, ``preload`` of K's
+    ``bk``-column tiles preloaded, ``stages``: its pipeline stages, :func:`gemv_flat`): the largest count up to
+    :data:`GEMV_STREAM_UNROLL` (``FLARE_GEMV_UNROLL``) that divides the streamed tiles -- 1 for more rows, a pipelined
+    loop, or a K that is not a whole number of tiles.  The same tiles in the same order either way (the same bits)."""
+    want = whole("FLARE_GEMV_UNROLL", GEMV_STREAM_UNROLL, low=1)
+    if want > 4:
+        raise ValueError(f"FLARE_GEMV_UNROLL={want}: at most 4 tiles per iteration")
+    streamed = k // bk - preload
+    if mp != 1 or stages or k % bk or streamed <= 0:
+        return 1
+    return max(u for u in range(1, want + 1) if streamed % u == 0)
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -1799,7 +1844,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        FLAT=flat, STREAM_STAGES=stream_stages,
+        FLAT=flat, STREAM_STAGES=stream_stages, UNROLL=gemv_stream_unroll(mp, k, bk, preload, stream_stages),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
