@@ -65,9 +65,6 @@ def cases(tk):
                  GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
                  PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
         c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
-        unroll = tk.gemv_stream_unroll(1, k, bk, c["PRELOAD"], c["STREAM_STAGES"])
-        if unroll > 1:  # the default (1) leaves the kernel's signature, and so its PTX, as before
-            c["UNROLL"] = unroll
         c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))

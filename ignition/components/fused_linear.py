@@ -52,7 +52,12 @@ __all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "head_bl
            "prefers_fused", "reorder_bound"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
-#: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).
+#: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).  Again with the
+#: gated launch's whole K preloaded like the packed one's (2 gate + 2 up rows per program, 2x1024 w4: 127 registers
+#: offline, as the packed 4x1024), so that down takes the activated input plain: Qwen3-8B batch 1 side by side in one
+#: process (``results/20261204T101700Z-sm90-run134``, ``...102500Z-sm90-run135``): 1.054x slower with down 8x1024
+#: (preloading 4 tiles: 255 registers), 1.021x with down 8x512 -- the gated gate/up 45.82 -> 49.12 us per layer in the
+#: critical path, the plain down 27.94 -> 27.01 -- 1.072x with down 4x1024.
 GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
 #: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed

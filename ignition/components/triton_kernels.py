@@ -1274,8 +1274,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
-                       UNROLL: tl.constexpr = 1):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -1369,39 +1368,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
-    # UNROLL > 1 (:func:`gemv_stream_unroll`; whole tiles): UNROLL tiles per iteration, all their weight loads issued
-    # before their input tiles -- more weight bytes in flight per program; the same tiles in the same order.
-    for k0 in tl.range(PRELOAD * BK, K, BK * UNROLL, num_stages=STREAM_STAGES):
+    for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
-        if UNROLL == 1:
-            xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
-            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
-            u = w
-            if GATED:
-                u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, FLAT)
-        else:
-            w_s0, u_s0 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 0, offs_k, n_mask, BK, GATED, True)
-            w_s1, u_s1 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 1, offs_k, n_mask, BK, GATED, True)
-            if UNROLL >= 3:
-                w_s2, u_s2 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 2, offs_k, n_mask, BK, GATED, True)
-            if UNROLL >= 4:
-                w_s3, u_s3 = _gemv_weight_tile(w_rows + k0, u_rows + k0, 3, offs_k, n_mask, BK, GATED, True)
-            xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                                GATED_IN), FLAT)
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w_s0, u_s0, xf, GATED, FLAT)
-            xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                                GATED_IN), FLAT)
-            acc, acc_u = _gemv_tile_product(acc, acc_u, w_s1, u_s1, xf, GATED, FLAT)
-            if UNROLL >= 3:
-                xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                                    GATED_IN), FLAT)
-                acc, acc_u = _gemv_tile_product(acc, acc_u, w_s2, u_s2, xf, GATED, FLAT)
-            if UNROLL >= 4:
-                xf = _gemv_x_f32(_gemv_x_whole_tile(x_rows + k0, NW + k0, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM,
-                                                    GATED_IN), FLAT)
-                acc, acc_u = _gemv_tile_product(acc, acc_u, w_s3, u_s3, xf, GATED, FLAT)
+        xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
+        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
+        u = w
+        if GATED:
+            u = tl.load(u_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")
+        acc, acc_u = _gemv_tile_product(acc, acc_u, w, u, xf, GATED, FLAT)
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(_gemv_acc_sum(acc, FLAT), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -1541,6 +1516,13 @@ GEMV_PRELOAD_EVICT_FIRST = True
 #: 50-52, :data:`GEMV_PREFETCH_FULL_BYTES`).  The prefetch was issued before the preloads: after them, 176 registers,
 #: 2 programs per SM instead of 3.
 
+#: Tried and removed: each iteration of the one-row GEMV's streamed loop taking 2 to 4 whole tiles, all their weight
+#: loads issued before their input tiles (``FLARE_GEMV_UNROLL=N``; the same tiles in the same order, bitwise the same in
+#: the interpreter) -- Qwen3-8B's down (gated input) in the step side by side in one process
+#: (``results/20261204T102500Z-sm90-run135``): 8x512 w4 with 2 tiles (100 registers) 1.0336x slower, down 27.94 -> 31.74
+#: us per layer in the critical path; 4x1024 w4 with 4 (128 registers, 1024 programs) 1.0527x, 34.11 us; 8x1024 w4
+#: with 2 (168 registers, 3 programs per SM) 1.0567x, 35.23 us.  Nor its wider tiles alone: 4x2048 w4 1.0265x slower
+#: (``results/20261204T103500Z-sm90-run136``).
 #: Tried and removed: each iteration of a one-row GEMV's streamed loop (Qwen3-8B's down, 3.58 TB/s in run 126's
 #: critical path) prefetching into L2 the tile N ahead (``FLARE_GEMV_STREAM_PREFETCH=N``), so that lines keep coming
 #: without registers -- Qwen3-8B batch 1 side by side in one process with the null
@@ -1557,26 +1539,6 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
         return switch("FLARE_GEMV_FLAT", GEMV_FLAT), 0
     stages = whole("FLARE_GEMV_STREAM_STAGES", GEMV_STREAM_STAGES, low=0)
     return stages > 0, stages
-
-
-#: Weight tiles per iteration of the one-row GEMV's streamed loop (the tiles after the preloaded ones: Qwen3-8B's
-#: down), all their weight loads issued before their input tiles (``FLARE_GEMV_UNROLL=N`` sets it, at most 4; read at
-#: each launch, for side-by-side runs).  Not measured yet: 1.
-GEMV_STREAM_UNROLL = 1
-
-
-def gemv_stream_unroll(mp: int, k: int, bk: int, preload: int, stages: int = 0) -> int:
-    """Weight tiles per iteration of a one-row GEMV launch's streamed loop (``mp`` padded rows, ``preload`` of K's
-    ``bk``-column tiles preloaded, ``stages``: its pipeline stages, :func:`gemv_flat`): the largest count up to
-    :data:`GEMV_STREAM_UNROLL` (``FLARE_GEMV_UNROLL``) that divides the streamed tiles -- 1 for more rows, a pipelined
-    loop, or a K that is not a whole number of tiles.  The same tiles in the same order either way (the same bits)."""
-    want = whole("FLARE_GEMV_UNROLL", GEMV_STREAM_UNROLL, low=1)
-    if want > 4:
-        raise ValueError(f"FLARE_GEMV_UNROLL={want}: at most 4 tiles per iteration")
-    streamed = k // bk - preload
-    if mp != 1 or stages or k % bk or streamed <= 0:
-        return 1
-    return max(u for u in range(1, want + 1) if streamed % u == 0)
 
 
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
@@ -1668,9 +1630,16 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
 #: the norm's wait (so its programs prefetch their weight into L2 while the down projection streams at ~3.3 TB/s),
 #: alone 1.0086x slower, with 16 / 32 tiles prefetched per program 1.066x / 1.109x, 8 tiles without it 1.030x
 #: (``results/20261204T070300Z-sm90-run130``) -- as every L2 weight prefetch on this machine.
+#: Qwen3-8B's o_proj and down take 512-column tiles (run 23's sweep stopped at 256, its times falling from 64 to 256):
+#: side by side in one process with the null at 4 rows (``results/20261204T104300Z-sm90-run137``): down 32x512 w4 s4
+#: 0.9851x (B faster by the min-max rule, paired blocks 10/10 against A and A2; down 30.27 -> 27.97 us per layer in
+#: the critical path), with o_proj too 0.9834x (o_proj 11.20 -> 10.46 us, the reduce before it 2.11 -> 2.59); o_proj
+#: on top of down alone 0.9986x (paired 10/10 against A and A2, within noise by min-max; ``...104700Z-sm90-run138``).
+#: Slower at 4 rows (``...103500Z-sm90-run136``, ``...104750Z-sm90-run139``): down 16x512 1.026x, 32x512 w8 1.025x,
+#: o_proj 16x512 1.014x, qkv 32x256 1.004x, 16x256 1.034x, 16x512 1.084x.  8 rows not measured (run 23: 4 and 8 alike).
 GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
-    (4096, 4096, False): (32, 256, 4, 4),  # Qwen3-8B o_proj: 12.12 us at 4 rows, 12.10 at 8 (cuBLAS 13.19, 12.97)
-    (4096, 12288, False): (32, 256, 4, 4),  # Qwen3-8B down: 30.02 at 4, 30.17 at 8 (cuBLAS 28.63, 29.03)
+    (4096, 4096, False): (32, 512, 4, 4),  # Qwen3-8B o_proj (run 137); 32x256 w4 s4 12.12 us alone at 4 rows (run 23)
+    (4096, 12288, False): (32, 512, 4, 4),  # Qwen3-8B down (run 137); 32x256 w4 s4 30.02 alone (cuBLAS 28.63; run 23)
     # the plain qkv (its norm run apart), full grid (``results/20261201T121435Z-sm90-run31``, 4 rows; 8 rows alike):
     (6144, 4096, False): (64, 128, 4, 5),  # Qwen3-8B: 15.44 us (the heuristic 16x128 w4 s4: 17.36; cuBLAS 14.62)
     (4096, 1024, False): (32, 128, 4, 5),  # Qwen3-0.6B: 3.70 us (heuristic 4.61; cuBLAS 4.72)
@@ -1844,7 +1813,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
-        FLAT=flat, STREAM_STAGES=stream_stages, UNROLL=gemv_stream_unroll(mp, k, bk, preload, stream_stages),
+        FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))

@@ -506,6 +506,8 @@ def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
 
 @pytest.mark.parametrize("m,n,k,norm,gated,residual", [(4, 6144, 4096, True, False, False),
                                                          (4, 4096, 4096, False, False, True),
+                                                         (4, 4096, 12288, False, False, True),
+                                                         (8, 4096, 12288, False, False, True),
                                                          (8, 24576, 4096, True, True, False),
                                                          (16, 1024, 3072, False, False, True)])
 def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residual):
