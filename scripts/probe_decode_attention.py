@@ -37,11 +37,13 @@ from qualify.timing import captured, interleaved  # noqa: E402
 
 EPS = 1e-6
 #: name -> (hidden, heads, KV heads, intermediate, layers, MLP as the recipe runs it at one row)
-SHAPES = {"8B": (4096, 32, 8, 12288, 36, "cublas"), "0.6B": (1024, 16, 8, 3072, 28, "fused")}
+#: MLP "packed": the gate/up projection as one ungated launch with the norm prologue, down with the gated input
+#: (``fused_linear.PACKED_GATE_UP_FUSED``, Qwen3-8B at one row); "fused": the gated gate/up launch, down plain
+SHAPES = {"8B": (4096, 32, 8, 12288, 36, "packed"), "0.6B": (1024, 16, 8, 3072, 28, "fused")}
 #: (from stamp, to stamp, what the span covers); stamps 8-12 are the program's last key block
 #: the one-row GEMVs probed in each layer (``fused_linear_triton(probe=...)``), and probe rows for each
 GEMVS = ("qkv", "o_proj", "gate_up", "down")
-GEMV_PROBE_ROWS = 2048
+GEMV_PROBE_ROWS = 8192  # Qwen3-8B's packed gate/up: 6144 programs
 PHASES = ((0, 1, "entry -> share, K/V prefetched"), (1, 2, "-> PDL wait returned"), (2, 3, "-> query rows ready"),
           (3, 4, "-> new K/V written"), (4, 5, "-> key loop done"), (5, 6, "-> partials stored"),
           (4, 8, "loop start -> last block start"), (8, 9, "  last block: page ids"), (9, 10, "  last block: K, V"),
@@ -97,8 +99,9 @@ def step(x, layers, meta, probe=True):
             layer["bt"], meta["lens"], d ** -0.5, overlap_bytes=layer["wqkv"].numel() * layer["wqkv"].element_size(),
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
         h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
-        if meta["mlp"] == "cublas":
-            gu = tk.rms_norm_triton(h, layer["ln2"], EPS) @ layer["wgu"].t()
+        if meta["mlp"] == "packed":
+            gu = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, early=True,
+                                        **gp["gate_up"])
             x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, early=True, **gp["down"])
         else:
             act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True, early=True,
@@ -170,7 +173,7 @@ def analyse(layers, meta, splits):
         for name in GEMVS:
             if (probes[name][:, 0] != 0).any():
                 pred = ends.get(name)
-                if name == "down" and meta["mlp"] == "fused":
+                if name == "down":
                     pred = probes["gate_up"][:, 4][probes["gate_up"][:, 0] != 0].max().item()
                 per_layer[-1]["gemv"] = {**per_layer[-1].get("gemv", {}),
                                          name: gemv_stats(probes[name], weights[name], pred)}
@@ -242,7 +245,7 @@ def show(case):
         if k not in ("phases", "ghz", "gemv"):
             print(f"    {k:40s} {v:9.0f}")
     for name, g in s["gemv"].items():
-        ref = "its first wait release" if name == "down" and case["shape"] == "8B" else "its predecessor's last store"
+        ref = "its predecessor's last store"
         print(f"    {name} GEMV ({g['programs']:.0f} programs, {g['weight_mib']:.1f} MiB; times after {ref}):")
         print("      " + ", ".join(f"{k} {v:.0f}" for k, v in g.items() if k not in ("programs", "weight_mib")))
 
@@ -251,13 +254,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="8B,0.6B")
     ap.add_argument("--context", type=int, default=1024)
-    ap.add_argument("--max-context", type=int, default=4096)
+    ap.add_argument("--max-context", type=int, default=None,
+                    help="the block table's keys per row (default: the context and one page more, as "
+                         "qualify.gpu_replay's table at widths up to a page: Qwen3-8B's one-row launch then has 17 "
+                         "splits of 64 keys at 1024)")
     ap.add_argument("--page", type=int, default=16)
     ap.add_argument("--replays", type=int, default=50, help="interleaved rounds of the side-by-side timing")
     ap.add_argument("--env", action="append", default=None,
                     help="a variant's environment, NAME=VALUE[,NAME=VALUE] ('' = the default); repeatable")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.max_context is None:
+        args.max_context = args.context + args.page
     if not torch.cuda.is_available():
         print("probe_decode_attention: needs a CUDA device", file=sys.stderr)
         return 2
