@@ -88,6 +88,9 @@ def cases(tk):
         wide = " wide" if bn == 32 else ""
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
+        if heads == 32:  # Qwen3-8B's launches with P V from P's bf16 pieces (FLARE_DECODE_PV_SPLIT=1)
+            out.append((f"fused decode {heads}x8 splits {splits} pv-split", "_rope_decode_kernel", DECODE_SIG,
+                        {**c, "PROBE": None, "PV_SPLIT": True}, dict(num_warps=4)))
         if wide:
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -307,9 +307,10 @@ _LOG2E = 1.4426950408889634
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False):
+                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
-    ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`)."""
+    ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`);
+    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
     if LAST_ONLY:
@@ -336,13 +337,34 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
     prob = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
     _probe_stamp(PROBE, prog, 11, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
-    if DOT_F32:
+    if PV_SPLIT:  # P = p1 + p2 + p3 exactly (:func:`_decode_p_pieces`); bf16 x bf16 products exact in fp32
+        p1, p2, p3 = _decode_p_pieces(prob)
+        if DOT_F32:  # interpreter: fp32 operands of the bf16 values (its bf16 dot is not exact)
+            vf = v.to(tl.float32)
+            pv = tl.dot(p3.to(tl.float32), vf, input_precision="ieee")
+            pv = tl.dot(p2.to(tl.float32), vf, pv, input_precision="ieee")
+            pv = tl.dot(p1.to(tl.float32), vf, pv, input_precision="ieee")
+        else:  # the smallest piece first, into one fp32 accumulator
+            pv = tl.dot(p1, v, tl.dot(p2, v, tl.dot(p3, v)))
+    elif DOT_F32:
         pv = tl.dot(prob, v.to(tl.float32), input_precision="ieee")
     else:
         pv = tl.dot(prob, v.to(tl.float32), input_precision="tf32x3")  # fp32 P (3 tf32 products: ~fp32 exact)
     acc = acc * alpha[:, None] + pv
     _probe_stamp(PROBE, prog, 12, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_p_pieces(prob):
+    """fp32 probabilities as three bf16 pieces, ``prob == p1 + p2 + p3`` exactly: each piece is the rounded rest of
+    the ones before (the rests are exact in fp32; 8 + 8 + 8 significant bits cover fp32's 24 -- down to bf16's
+    normal range, 2^-126, far below any probability that moves a sum of them)."""
+    p1 = prob.to(tl.bfloat16)
+    r1 = prob - p1.to(tl.float32)
+    p2 = r1.to(tl.bfloat16)
+    p3 = (r1 - p2.to(tl.float32)).to(tl.bfloat16)
+    return p1, p2, p3
 
 
 @triton.jit
@@ -377,7 +399,7 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False):
+                   HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i, l_i, acc = _decode_init(QR, DP)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
@@ -386,13 +408,15 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
         for blk in range(start, end):
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE,
+                                          PV_SPLIT=PV_SPLIT)
     else:
         blk = start
         while blk < end:
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE)
+                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE,
+                                          PV_SPLIT=PV_SPLIT)
             blk += 1
     return m_i, l_i, acc
 
@@ -455,7 +479,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, QR: tl.constexpr,
                                D: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                                SPLITS: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                               USE_PDL: tl.constexpr):
+                               USE_PDL: tl.constexpr, PV_SPLIT: tl.constexpr = False):
     _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -469,7 +493,7 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                 mask=(offs_g < G)[:, None] & d_mask[None, :], other=0.0)  # [QR, DP] bf16
     m_i, l_i, acc = _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d, d_mask,
                                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE)
+                                   qk_scale_log2, QR, DP, PAGE, BLOCK_N, DOT_F32, PIPELINE, PV_SPLIT=PV_SPLIT)
     _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                           SPLITS)
 
@@ -522,7 +546,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0):
+                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -583,12 +607,12 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
             m_i, l_i, acc = _decode_block((full - 1) // BLOCK_N, q, m_i, l_i, acc, KP, VP, BT, b64, kvh, full,
                                           tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph,
                                           stride_vp, stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N,
-                                          DOT_F32, LAST_ONLY=True)
+                                          DOT_F32, LAST_ONLY=True, PV_SPLIT=PV_SPLIT)
     else:
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
                                        d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
                                        stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
-                                       HAS_PROBE)
+                                       HAS_PROBE, PV_SPLIT=PV_SPLIT)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1 and not NEW_APART:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -637,6 +661,23 @@ DECODE_NEW_KEY_APART = False
 def decode_new_key_apart() -> bool:
     """:data:`DECODE_NEW_KEY_APART` (``FLARE_DECODE_NEW_KEY_APART``, read at each launch)."""
     return switch("FLARE_DECODE_NEW_KEY_APART", DECODE_NEW_KEY_APART)
+
+
+#: Whether the decode kernels form P V as three bf16 products of P's exact bf16 pieces (:func:`_decode_p_pieces`) with
+#: V as it is in the pool, instead of one tf32x3 product of fp32 P and V widened to fp32 (``FLARE_DECODE_PV_SPLIT=1``
+#: / ``0``; read at each launch, for side-by-side runs).  Both are ~fp32 exact: P's pieces hold all 24 bits (tf32x3
+#: 22); every bf16 product is exact in fp32.  Offline sm90 (ptxas; the widened V and its tf32 halves were what held the
+#: registers): Qwen3-8B's one-row launch (64-key blocks, 17 splits, the K/V prefetch) 255 -> 154 registers, no spills,
+#: so an SM running it would hold two of o_proj's early programs (168 registers each) beside it instead of one (65,536
+#: registers per SM); Qwen3-0.6B's wide one-row launch 202 -> 126 (4 programs per SM instead of
+#: :data:`FUSED_DECODE_WIDE_PER_SM`'s 2); batch 4's 16-key launch 95 -> 84.  Another fp32 sum order than tf32x3: not
+#: its bits (deterministic either way; the same bound against fp64).  Not measured on the GPU yet: off.
+DECODE_PV_SPLIT = False
+
+
+def decode_pv_split() -> bool:
+    """:data:`DECODE_PV_SPLIT` (``FLARE_DECODE_PV_SPLIT``, read at each launch)."""
+    return switch("FLARE_DECODE_PV_SPLIT", DECODE_PV_SPLIT)
 
 
 def decode_pipelined() -> bool:
@@ -823,7 +864,7 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E,
         KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, DP=dp, PAGE=geo["PAGE"],
         BLOCK_N=geo["BLOCK_N"], SPLITS=geo["SPLITS"], DOT_F32=_interpreting(), PIPELINE=decode_pipelined(),
-        num_warps=4, **_pdl(q.device))
+        PV_SPLIT=decode_pv_split(), num_warps=4, **_pdl(q.device))
     _paged_decode_reduce_kernel[(b, h)](
         m_ws, l_ws, acc_ws, out, H=h, KVH=geo["KVH"], G=geo["G"], GP=geo["GP"], D=d, DP=dp, SPLITS=geo["SPLITS"],
         SP=geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b))
@@ -992,7 +1033,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
-        **({"NEW_APART": True, "WS": parts} if apart else {}),
+        **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
     if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](

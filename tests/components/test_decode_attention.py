@@ -24,6 +24,24 @@ from ignition.components.custom_ops import op_effects
 from ignition.components.decode_attention import rope_decode_attention_, rope_decode_attention_reference
 from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
 
+try:  # (after test_triton_attention's import: the interpreter switch precedes Triton's)
+    import triton
+    import triton.language as tl
+
+    from ignition.components.triton_kernels import _decode_p_pieces
+except ImportError:  # no Triton here: the interpreter tests skip
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _P_PIECES(P, O1, O2, O3, N: tl.constexpr):
+        """``_decode_p_pieces`` of an fp32 vector, stored (module level: Triton resolves helpers from its globals)."""
+        offs = tl.arange(0, N)
+        p1, p2, p3 = _decode_p_pieces(tl.load(P + offs))
+        tl.store(O1 + offs, p1)
+        tl.store(O2 + offs, p2)
+        tl.store(O3 + offs, p3)
+
 EPS = 1e-6
 PAGE = 16
 WIDTH = 6  # block-table width: 96 keys
@@ -203,6 +221,47 @@ def test_new_key_apart_writes_the_same_pools_and_stays_within_fp64(monkeypatch, 
     monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "0")
     (plain, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
     assert _bits(plain, two)  # off: the two-kernel path's bits, as every other test here checks
+
+
+@interpreter
+def test_p_pieces_sum_to_the_fp32_probabilities_exactly():
+    """``_decode_p_pieces`` (``FLARE_DECODE_PV_SPLIT``): three bf16 pieces whose sum is each fp32 probability exactly
+    (fp64 sums), over probabilities from 2^-60 to 1, 0 and 1 themselves; and no piece is redundant -- the first two
+    alone miss some."""
+    pieces = _P_PIECES
+    gen = torch.Generator().manual_seed(3)
+    n = 4096
+    prob = torch.exp2(-60 * torch.rand(n, generator=gen, dtype=torch.float64)).float()
+    prob[:2] = torch.tensor([0.0, 1.0])
+    out = [torch.empty(n, dtype=torch.bfloat16) for _ in range(3)]
+    pieces[(1,)](prob, *out, N=n)
+    p1, p2, p3 = (o.double() for o in out)
+    assert torch.equal(p1 + p2 + p3, prob.double())
+    assert not torch.equal(p1 + p2, prob.double())
+
+
+@interpreter
+@pytest.mark.parametrize("heads,kv_heads,seq_lens,num_splits,block_n", [
+    (8, 2, SEQ_LENS, None, None), (16, 4, (90,), None, 64), (8, 2, (33, 64), 2, 32)])
+def test_pv_split_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, kv_heads, seq_lens, num_splits,
+                                                           block_n):
+    """``FLARE_DECODE_PV_SPLIT=1`` (P V from P's bf16 pieces) in both decode kernels: the fused kernel the two-kernel
+    path's bits, the pools unchanged by it, the output within the decode bound of fp64, zeros for an inactive row."""
+    from ignition.components import triton_kernels as tk
+    from test_triton_attention import check
+
+    case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=7 * heads + len(seq_lens))
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1")
+    assert tk.decode_pv_split()
+    (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert_same_bits((got, kp, vp), two)
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
+    assert (got[lens == 0] == 0).all()
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0")
+    (plain, kp2, vp2), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert _bits(kp2, kp) and _bits(vp2, vp)
 
 
 def test_fused_decode_split_cap_switch(monkeypatch):
