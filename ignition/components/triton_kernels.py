@@ -715,7 +715,9 @@ FUSED_DECODE_WIDE_BLOCK_N = 32
 DECODE_WIDE = True
 
 #: Programs per SM of the wide launch (201 registers per thread at 4 warps, offline sm90 ptxas:
-#: ``scripts/sm90_kernel_check.py``): :func:`fused_decode_wide_splits` keeps its programs in one wave.
+#: ``scripts/sm90_kernel_check.py``): :func:`fused_decode_wide_splits` keeps its programs in one wave
+#: (``FLARE_DECODE_WIDE_PER_SM=N`` sets it, read at each launch: with :data:`DECODE_PV_SPLIT` the launch holds 126
+#: registers, 4 programs per SM -- not measured yet).
 FUSED_DECODE_WIDE_PER_SM = 2
 
 #: SMs assumed where the device has none to report (the interpreter): the H200's.
@@ -727,7 +729,8 @@ def fused_decode_wide_splits(batch: int, kv_heads: int, device: torch.device) ->
     :data:`FUSED_DECODE_WIDE_PER_SM` per SM (``device``'s SM count; :data:`DEFAULT_SMS` off CUDA) -- 33 for
     Qwen3-0.6B's 8 KV heads on the H200's 132 SMs."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else DEFAULT_SMS
-    return max(1, FUSED_DECODE_WIDE_PER_SM * sms // max(1, batch * kv_heads))
+    per_sm = whole("FLARE_DECODE_WIDE_PER_SM", FUSED_DECODE_WIDE_PER_SM, low=1)  # side-by-side runs
+    return max(1, per_sm * sms // max(1, batch * kv_heads))
 
 
 def fused_decode_wide(batch: int, groups: int) -> bool:

@@ -418,6 +418,12 @@ def test_wide_blocks_rule(monkeypatch):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(16, 8, 32, (40,), width=256, seed=3)
     wide = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
     assert wide["WIDE"] and wide["SPLITS"] * 8 <= 2 * tk.DEFAULT_SMS < (wide["SPLITS"] + 1) * 8
+    monkeypatch.setenv("FLARE_DECODE_WIDE_PER_SM", "4")  # a leaner kernel's wave (FLARE_DECODE_PV_SPLIT's registers)
+    assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == min(64, 4 * tk.DEFAULT_SMS // 8)
+    monkeypatch.setenv("FLARE_DECODE_WIDE_PER_SM", "0")
+    with pytest.raises(ValueError, match="FLARE_DECODE_WIDE_PER_SM"):
+        tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    monkeypatch.delenv("FLARE_DECODE_WIDE_PER_SM")
     monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1")  # the new key's own programs count in the wave
     apart = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
     assert (apart["SPLITS"] + 1) * 8 <= 2 * tk.DEFAULT_SMS < (apart["SPLITS"] + 2) * 8
