@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Compile the decode kernels for sm90 on a machine without a GPU and report what ``ptxas`` says: registers, spills,
-shared memory -- and, with ``--against REV``, whether each kernel's PTX equals the one of ``triton_kernels.py`` at
-git revision ``REV`` (debug info and label names aside), so a refactor can be shown to change no generated code.
+shared memory, and from them the programs one SM holds at once (``triton_kernels.programs_per_sm``) -- and, with
+``--against REV``, whether each kernel's PTX equals the one of ``triton_kernels.py`` at git revision ``REV`` (debug
+info and label names aside), so a refactor can be shown to change no generated code.
 
     python scripts/sm90_kernel_check.py [--against REV] [--json OUT]
 
@@ -217,6 +218,9 @@ def main(argv=None) -> int:
             continue
         k = compile_sm90(getattr(tk, kernel), sig, consts, opts)
         row = {"case": name, "ptxas": ptxas_report(k.asm["ptx"]), "shared_bytes": k.metadata.shared}
+        used = re.search(r"Used (\d+) registers", row["ptxas"])
+        if used:  # resident programs per SM (tk.programs_per_sm): what a launch's one wave holds
+            row["per_sm"] = tk.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4), k.metadata.shared)
         if old is not None:
             if hasattr(old, kernel):
                 try:
@@ -236,7 +240,7 @@ def main(argv=None) -> int:
         row["ptx_md5"] = hashlib.md5(code_of(k.asm["ptx"]).encode()).hexdigest()
         rows.append(row)
         extra = f"  same PTX as {args.against}: {row['same_ptx_as_' + args.against]}" if old is not None else ""
-        print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}{extra}")
+        print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}  {row.get('per_sm', '?')} per SM{extra}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -723,6 +723,19 @@ FUSED_DECODE_WIDE_PER_SM = 2
 #: SMs assumed where the device has none to report (the interpreter): the H200's.
 DEFAULT_SMS = 132
 
+#: An sm90 SM's limits for resident programs: 65,536 registers, allocated per warp in units of 256 (8 per thread);
+#: 228 KiB of shared memory with 1 KiB reserved per program; 64 warps; 32 programs.
+SM90_REGISTERS, SM90_SHARED, SM90_WARPS, SM90_PROGRAMS = 65536, 228 << 10, 64, 32
+
+
+def programs_per_sm(registers: int, warps: int, shared: int = 0) -> int:
+    """Programs of a kernel resident on one sm90 SM at once, from its registers per thread (``ptxas``), warps per
+    program and shared memory per program in bytes -- e.g. 255 registers at 4 warps: 2; 168: 3; 127: 4; 95 and 84: 5
+    (88 after the warp's rounding)."""
+    per_warp = -(-registers * 32 // 256) * 256
+    return min(SM90_REGISTERS // (per_warp * warps), SM90_SHARED // (shared + 1024), SM90_WARPS // warps,
+               SM90_PROGRAMS)
+
 
 def fused_decode_wide_splits(batch: int, kv_heads: int, device: torch.device) -> int:
     """The wide launch's split cap: its ``batch * kv_heads * splits`` programs in one wave of

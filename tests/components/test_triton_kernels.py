@@ -361,3 +361,15 @@ def test_gemv_config_override_reaches_the_tensor_core_launch_by_row_count(monkey
     monkeypatch.setenv("FLARE_GEMV_CONFIG", "4x4096x12288=16/512/4/3")
     assert gemm_rows_config(4, 4096, 12288) == {"BN": 16, "BK": 512, "num_warps": 4, "num_stages": 3}
     assert gemm_rows_config(8, 4096, 12288) == table
+
+
+def test_programs_per_sm_follows_registers_shared_memory_and_warps():
+    """sm90 residency: registers per warp rounded up to 256 (8 per thread), 65,536 per SM; shared memory with 1 KiB
+    per program of 228 KiB; 64 warps; at most 32 programs -- the counts the measured launch notes rely on."""
+    pytest.importorskip("triton")
+    from ignition.components.triton_kernels import programs_per_sm
+
+    assert [programs_per_sm(r, 4) for r in (255, 176, 168, 154, 127, 128, 95, 84, 64)] == [2, 2, 3, 3, 4, 4, 5, 5, 8]
+    assert programs_per_sm(122, 4, 147456) == 1  # shared memory binds (the tensor-core 32x512 tiles)
+    assert programs_per_sm(76, 4, 73728) == 3 and programs_per_sm(105, 8) == 2
+    assert programs_per_sm(16, 1) == 32 and programs_per_sm(32, 32) == 2  # the program and warp limits
