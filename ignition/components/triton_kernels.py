@@ -337,15 +337,13 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
     prob = tl.math.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(prob, axis=1)
     _probe_stamp(PROBE, prog, 11, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
-    if PV_SPLIT:  # P = p1 + p2 + p3 exactly (:func:`_decode_p_pieces`); bf16 x bf16 products exact in fp32
+    if PV_SPLIT:  # P = p1 + p2 + p3 exactly (:func:`_decode_p_pieces`); bf16 x bf16 products exact in fp32; the
+        # smallest piece first, into one fp32 accumulator
         p1, p2, p3 = _decode_p_pieces(prob)
         if DOT_F32:  # interpreter: fp32 operands of the bf16 values (its bf16 dot is not exact)
-            vf = v.to(tl.float32)
-            pv = tl.dot(p3.to(tl.float32), vf, input_precision="ieee")
-            pv = tl.dot(p2.to(tl.float32), vf, pv, input_precision="ieee")
-            pv = tl.dot(p1.to(tl.float32), vf, pv, input_precision="ieee")
-        else:  # the smallest piece first, into one fp32 accumulator
-            pv = tl.dot(p1, v, tl.dot(p2, v, tl.dot(p3, v)))
+            p1, p2, p3, v = p1.to(tl.float32), p2.to(tl.float32), p3.to(tl.float32), v.to(tl.float32)
+        pv = tl.dot(p1, v, tl.dot(p2, v, tl.dot(p3, v, input_precision="ieee"), input_precision="ieee"),
+                    input_precision="ieee")
     elif DOT_F32:
         pv = tl.dot(prob, v.to(tl.float32), input_precision="ieee")
     else:

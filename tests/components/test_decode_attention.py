@@ -22,19 +22,16 @@ import torch
 from ignition.components.attention import AttentionBatch, PagedKVCache
 from ignition.components.custom_ops import op_effects
 from ignition.components.decode_attention import rope_decode_attention_, rope_decode_attention_reference
-from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
+from test_triton_attention import _HAVE_TRITON, interpreter  # sets TRITON_INTERPRET before triton is imported
 
-try:  # (after test_triton_attention's import: the interpreter switch precedes Triton's)
+if _HAVE_TRITON:  # (imported after test_triton_attention: its interpreter switch precedes Triton's)
     import triton
     import triton.language as tl
 
     from ignition.components.triton_kernels import _decode_p_pieces
-except ImportError:  # no Triton here: the interpreter tests skip
-    triton = None
 
-if triton is not None:
     @triton.jit
-    def _P_PIECES(P, O1, O2, O3, N: tl.constexpr):
+    def _p_pieces_kernel(P, O1, O2, O3, N: tl.constexpr):
         """``_decode_p_pieces`` of an fp32 vector, stored (module level: Triton resolves helpers from its globals)."""
         offs = tl.arange(0, N)
         p1, p2, p3 = _decode_p_pieces(tl.load(P + offs))
@@ -228,13 +225,12 @@ def test_p_pieces_sum_to_the_fp32_probabilities_exactly():
     """``_decode_p_pieces`` (``FLARE_DECODE_PV_SPLIT``): three bf16 pieces whose sum is each fp32 probability exactly
     (fp64 sums), over probabilities from 2^-60 to 1, 0 and 1 themselves; and no piece is redundant -- the first two
     alone miss some."""
-    pieces = _P_PIECES
     gen = torch.Generator().manual_seed(3)
     n = 4096
     prob = torch.exp2(-60 * torch.rand(n, generator=gen, dtype=torch.float64)).float()
     prob[:2] = torch.tensor([0.0, 1.0])
     out = [torch.empty(n, dtype=torch.bfloat16) for _ in range(3)]
-    pieces[(1,)](prob, *out, N=n)
+    _p_pieces_kernel[(1,)](prob, *out, N=n)
     p1, p2, p3 = (o.double() for o in out)
     assert torch.equal(p1 + p2 + p3, prob.double())
     assert not torch.equal(p1 + p2, prob.double())
@@ -260,7 +256,7 @@ def test_pv_split_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, kv
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
     assert (got[lens == 0] == 0).all()
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0")
-    (plain, kp2, vp2), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    (_, kp2, vp2), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
     assert _bits(kp2, kp) and _bits(vp2, vp)
 
 
