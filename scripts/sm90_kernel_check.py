@@ -82,16 +82,17 @@ def cases(tk):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST)
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.DECODE_PV_SPLIT)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         wide = " wide" if bn == 32 else ""
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
-        if heads == 32:  # Qwen3-8B's launches with P V from P's bf16 pieces (FLARE_DECODE_PV_SPLIT=1)
-            out.append((f"fused decode {heads}x8 splits {splits} pv-split", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "PROBE": None, "PV_SPLIT": True}, dict(num_warps=4)))
+        if heads == 32:  # Qwen3-8B's launches with P V the other way (FLARE_DECODE_PV_SPLIT flipped)
+            other = "tf32x3" if tk.DECODE_PV_SPLIT else "pv-split"
+            out.append((f"fused decode {heads}x8 splits {splits} {other}", "_rope_decode_kernel", DECODE_SIG,
+                        {**c, "PROBE": None, "PV_SPLIT": not tk.DECODE_PV_SPLIT}, dict(num_warps=4)))
         if wide:
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -665,12 +665,15 @@ def decode_new_key_apart() -> bool:
 #: V as it is in the pool, instead of one tf32x3 product of fp32 P and V widened to fp32 (``FLARE_DECODE_PV_SPLIT=1``
 #: / ``0``; read at each launch, for side-by-side runs).  Both are ~fp32 exact: P's pieces hold all 24 bits (tf32x3
 #: 22); every bf16 product is exact in fp32.  Offline sm90 (ptxas; the widened V and its tf32 halves were what held the
-#: registers): Qwen3-8B's one-row launch (64-key blocks, 17 splits, the K/V prefetch) 255 -> 154 registers, no spills,
-#: so an SM running it would hold two of o_proj's early programs (168 registers each) beside it instead of one (65,536
-#: registers per SM); Qwen3-0.6B's wide one-row launch 202 -> 126 (4 programs per SM instead of
-#: :data:`FUSED_DECODE_WIDE_PER_SM`'s 2); batch 4's 16-key launch 95 -> 84.  Another fp32 sum order than tf32x3: not
-#: its bits (deterministic either way; the same bound against fp64).  Not measured on the GPU yet: off.
-DECODE_PV_SPLIT = False
+#: registers): Qwen3-8B's one-row launch (64-key blocks, 17 splits, the K/V prefetch) 255 -> 154 registers, no spills;
+#: Qwen3-0.6B's wide one-row launch 202 -> 126; batch 4's 16-key launch 95 -> 84.  Another fp32 sum order than
+#: tf32x3: not its bits (deterministic either way; the same bound against fp64).  On since run 141: Qwen3-8B side by
+#: side in one process with the null on the H200, 1024-token context (``results/20261204T133200Z-sm90-run141``):
+#: batch 1 0.9961x (paired blocks 10/10 faster against A and A2; the attention 9.79 -> 9.28 us and its reduce 2.29 ->
+#: 1.86 per layer in the critical path), batch 4 0.9802x (B faster by the min-max rule; the attention 14.94 -> 12.58
+#: us per layer).  ``FLARE_DECODE_MAXNREG=176`` on the tf32x3 kernel instead (the same two o_proj programs per SM
+#: beside it) was 1.032x / 1.042x slower there.
+DECODE_PV_SPLIT = True
 
 
 def decode_pv_split() -> bool:

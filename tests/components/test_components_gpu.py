@@ -186,7 +186,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     - the same bits over repeated launches and CUDA-graph replays;
     - the new key's partial from a program of its own (``FLARE_DECODE_NEW_KEY_APART=1``): the same pools, its own
       bits launch after launch (also on pools already holding the new K/V), within the bound below;
-    - P V from P's bf16 pieces (``FLARE_DECODE_PV_SPLIT=1``): the same pools, its own bits twice, within the bound;
+    - P V the other way (``FLARE_DECODE_PV_SPLIT`` flipped from its default: the tf32x3 product with V widened when the
+      default takes P's bf16 pieces): the same pools, its own bits twice, within the bound;
     - the pools: values copied bit for bit, keys within the rope kernel's bound of transformers' modules, every
       other slot untouched;
     - the output within a derived bound of the three-launch path's (rope_write + the two-pass decode kernels): the
@@ -269,13 +270,13 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     assert bits(run(kpa.clone(), vpa.clone()), apart), "the new key's program read its slot before its write"
     assert bits(run(kp.clone(), vp.clone()), apart)
     monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
-    # P V from P's bf16 pieces (FLARE_DECODE_PV_SPLIT): the same pools, its own bits launch after launch, within the
-    # bound below
-    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1")
+    # P V the other way (FLARE_DECODE_PV_SPLIT flipped from its default): the same pools, its own bits launch after
+    # launch, within the bound below
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0" if tk.DECODE_PV_SPLIT else "1")
     kps, vps = kp.clone(), vp.clone()
-    pieces = run(kps, vps)
-    assert bits(kps, kp1) and bits(vps, vp1), "the split P V changed the pools"
-    assert bits(run(kp.clone(), vp.clone()), pieces)
+    other_pv = run(kps, vps)
+    assert bits(kps, kp1) and bits(vps, vp1), "the other P V changed the pools"
+    assert bits(run(kp.clone(), vp.clone()), other_pv)
     monkeypatch.delenv("FLARE_DECODE_PV_SPLIT")
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)
@@ -313,7 +314,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
                      + kc.amax(-1).T[:, None, :] * qa[row].sum(-1)[..., None])  # [KV, G, n]
             e[row] = (scaling * 2.0 ** -6 * cross).amax(-1).reshape(heads)
     bound = torch.expm1(2 * e)[..., None] * pv_abs + 2 * (2.0 ** -8 * x.abs() + 1e-5)
-    for got in (out, apart, pieces):
+    for got in (out, apart, other_pv):
         diff = (got.cpu().view_as(two).double() - two.double()).abs()
         assert (diff <= bound).all(), (diff - bound).max()
 
