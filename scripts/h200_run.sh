@@ -32,7 +32,8 @@
 #                   $AB_IN (each NAME=VALUE[:NAME=VALUE...], the B side; A is the environment as started; AB_ARGS more
 #                   gpu_replay arguments -- AB_ARGS=--timeline: A's and B's decode timelines at B=1/4 and B's critical
 #                   path against A's per layer position, give it REPLAYIN_S=300; AB_NULL=1: --ab-null, A built again
-#                   after B) -- the order and machine effects of separate processes cancel
+#                   after B; AB_IN_8B, AB_IN_0_6B: the entries of that model's stage instead) -- the order and
+#                   machine effects of separate processes cancel
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -92,7 +93,7 @@ for s in ${STAGES:?set STAGES}; do
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin-*) i=0; for v in ${AB_IN:?set AB_IN}; do i=$((i + 1)); n=$i-$(slug "$v")
+    replayin-*) i=0; k=AB_IN_${g//./_}; for v in ${!k:-${AB_IN:?set AB_IN}}; do i=$((i + 1)); n=$i-$(slug "$v")
           timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
             --out $R/replayin-$g-$n 2>&1 | log \
