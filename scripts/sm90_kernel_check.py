@@ -82,7 +82,7 @@ def cases(tk):
         g = heads // 8
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.DECODE_PV_SPLIT)
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=bn == 32))
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}

@@ -672,13 +672,19 @@ def decode_new_key_apart() -> bool:
 #: batch 1 0.9961x (paired blocks 10/10 faster against A and A2; the attention 9.79 -> 9.28 us and its reduce 2.29 ->
 #: 1.86 per layer in the critical path), batch 4 0.9802x (B faster by the min-max rule; the attention 14.94 -> 12.58
 #: us per layer).  ``FLARE_DECODE_MAXNREG=176`` on the tf32x3 kernel instead (the same two o_proj programs per SM
-#: beside it) was 1.032x / 1.042x slower there.
+#: beside it) was 1.032x / 1.042x slower there.  Except the wide one-row launch (:func:`fused_decode_wide`, Qwen3-0.6B),
+#: which keeps tf32x3 unless the switch says otherwise: Qwen3-0.6B side by side in one process with the null
+#: (``results/20261204T134100Z-sm90-run142``), tf32x3 against the pieces at batch 1 0.9526x against A, 0.9860x against
+#: A2 (paired blocks 10/10 faster against both; the critical path per layer 21.36 -> 20.03 us, the reduce after the
+#: attention 3.42 -> 1.70), at batch 4 (the pipelined launch) 1.0615x slower -- and the wide launch's cap at 4 programs
+#: per SM (its 126 registers with the pieces) 1.013x slower at batch 1 (:data:`FUSED_DECODE_WIDE_PER_SM`).
 DECODE_PV_SPLIT = True
 
 
-def decode_pv_split() -> bool:
-    """:data:`DECODE_PV_SPLIT` (``FLARE_DECODE_PV_SPLIT``, read at each launch)."""
-    return switch("FLARE_DECODE_PV_SPLIT", DECODE_PV_SPLIT)
+def decode_pv_split(wide: bool = False) -> bool:
+    """:data:`DECODE_PV_SPLIT` (``FLARE_DECODE_PV_SPLIT=1`` / ``0`` forces it for every launch, read at each launch);
+    unset, off for the ``wide`` launches (:func:`fused_decode_wide`)."""
+    return switch("FLARE_DECODE_PV_SPLIT", DECODE_PV_SPLIT and not wide)
 
 
 def decode_pipelined() -> bool:
@@ -971,10 +977,11 @@ FUSED_DECODE_MAX_SPLITS = 64
 
 
 def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: int) -> int:
-    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 512 programs, at most
+    """Splits per (row, KV head) of the fused decode kernel, from static shapes only: about 544 programs, at most
     :data:`FUSED_DECODE_MAX_SPLITS` splits and at most ``128 / GP`` (GP: the group size rounded up to a power of two
     -- the reduce kernel reads ``splits * GP`` partial rows per group), never more than the block-table width's key
-    blocks.  Fit to the H200 side by side (1024-token contexts, per layer in a 36-layer graph):
+    blocks (:data:`FUSED_DECODE_PROGRAMS`).  Fit to the H200 side by side (1024-token contexts, per layer in a
+    36-layer graph):
 
     - ``results/20261201T031427Z-sm90-run9`` (before the pre-wait K/V prefetch): Qwen3-8B (G=4) B=1: 32 splits
       10.3 us (64: 11.6), B=4: 16 splits 17.1 us (8: 20.5, 32: 21.3); Qwen3-0.6B (G=2) B=1: 64 splits 9.3 us (32:
@@ -993,8 +1000,13 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 #: waves (run 9: 32 splits at batch 4 21.3 us per layer against 17.1 for 16).  A register cap that fits more programs
 #: lost (Qwen3-8B side by side in one process, ``results/20261201T142844Z-sm90-run38``): 64 registers and 1024
 #: programs 1.090x slower at batch 1, 1.056x at batch 4; 64 registers alone 1.092x / 1.025x (the spills); 80
-#: registers and 768 programs 1.039x at batch 1, within noise at batch 4.
-FUSED_DECODE_PROGRAMS = 512
+#: registers and 768 programs 1.039x at batch 1, within noise at batch 4.  544 since run 142 (with
+#: :data:`DECODE_PV_SPLIT`'s 84 registers, 5 programs per SM, one wave up to 660): at batch 4 and a 1024-token context
+#: 65 pages over 17 splits make a 4-page chain instead of 16 splits' 5 -- Qwen3-8B side by side in one process with the
+#: null (``results/20261204T134100Z-sm90-run142``): batch 4 0.9939x (paired blocks 10/10 faster against A and A2, within
+#: noise by the min-max rule; the attention 12.61 -> 11.36 us per layer in the critical path, the layer 121.63 ->
+#: 120.19), 640 programs (20 splits) alike (0.9940x); batch 1 unchanged (its group cap, 1.0011x).
+FUSED_DECODE_PROGRAMS = 544
 
 
 def fused_decode_launch_options() -> dict:
@@ -1050,7 +1062,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
-        **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(),
+        **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
     if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](

@@ -245,12 +245,14 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
         monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
         monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", str(geo["SPLITS"]))  # the knobs' launch has no one-wave cap
+        monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1" if tk.decode_pv_split(wide=True) else "0")  # nor its P V
         kp8, vp8 = kp.clone(), vp.clone()
         assert bits(run(kp8, vp8), wide) and bits(kp8, kp7) and bits(vp8, vp7), "the wide blocks are not the knobs'"
         assert bits(kp7, kp1) and bits(vp7, vp1), "the wide blocks changed the pools"
         monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
         monkeypatch.delenv("FLARE_DECODE_PIPELINE")
         monkeypatch.delenv("FLARE_DECODE_MAX_SPLITS")
+        monkeypatch.delenv("FLARE_DECODE_PV_SPLIT")
     monkeypatch.delenv("FLARE_DECODE_WIDE")
     stamps = 2 * tk.PROBE_STAMPS.value
     probe = (torch.zeros(len(seq_lens) * kv_heads * 64, stamps, dtype=torch.int64, device="cuda"),
@@ -272,7 +274,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
     # P V the other way (FLARE_DECODE_PV_SPLIT flipped from its default): the same pools, its own bits launch after
     # launch, within the bound below
-    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0" if tk.DECODE_PV_SPLIT else "1")
+    pv_default = tk.decode_pv_split(wide=tk.fused_decode_wide(len(seq_lens), heads // kv_heads))  # this launch's
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0" if pv_default else "1")
     kps, vps = kp.clone(), vp.clone()
     other_pv = run(kps, vps)
     assert bits(kps, kp1) and bits(vps, vp1), "the other P V changed the pools"

@@ -264,13 +264,27 @@ def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64  # 512 programs, 8 KV heads
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64  # 544 programs, 8 KV heads: 68 capped
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "32")
     assert tk.fused_decode_num_splits(1, 8, 2, 256) == 32
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "64")
     assert tk.fused_decode_num_splits(1, 8, 2, 256) == 64  # G=2 allows 64
     assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
-    assert tk.fused_decode_num_splits(4, 8, 2, 256) == 16 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
+    assert tk.fused_decode_num_splits(4, 8, 2, 256) == 17 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
+
+
+def test_pv_split_default_per_launch_and_forced(monkeypatch):
+    """``FLARE_DECODE_PV_SPLIT`` unset: the pieces for every launch but the wide one-row launch (measured slower
+    there); ``1`` / ``0`` force it for every launch."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+
+    monkeypatch.delenv("FLARE_DECODE_PV_SPLIT", raising=False)
+    assert tk.decode_pv_split() is tk.DECODE_PV_SPLIT is True and tk.decode_pv_split(wide=True) is False
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1")
+    assert tk.decode_pv_split() and tk.decode_pv_split(wide=True)
+    monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0")
+    assert not tk.decode_pv_split() and not tk.decode_pv_split(wide=True)
 
 
 def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
@@ -280,7 +294,7 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
-    assert tk.FUSED_DECODE_PROGRAMS == 512 and tk.fused_decode_num_splits(4, 8, 4, 256) == 16
+    assert tk.FUSED_DECODE_PROGRAMS == 544 and tk.fused_decode_num_splits(4, 8, 4, 256) == 17  # 544 / 32 rounded up
     monkeypatch.setenv("FLARE_DECODE_PROGRAMS", "1024")
     assert tk.fused_decode_num_splits(4, 8, 4, 256) == 32 and tk.fused_decode_num_splits(4, 8, 2, 256) == 32
     assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
