@@ -26,10 +26,16 @@ def _git(*args: str) -> str | None:
 
 
 def git_sha() -> str:
-    return _git("rev-parse", "--short", "HEAD") or "nogit"
+    """The checkout's commit -- or ``FLARE_GIT_SHA``, set where the tree was copied from a commit its own ``.git``
+    does not know (the device machine's copy: ``scripts/h200_run.sh`` reads it from ``.tree-commit``)."""
+    return os.environ.get("FLARE_GIT_SHA", "").strip() or _git("rev-parse", "--short", "HEAD") or "nogit"
 
 
 def git_dirty() -> bool | None:
+    """Whether tracked files differ from the checkout's commit; None when unknown (no git, or ``FLARE_GIT_SHA`` names
+    the commit instead: the local ``.git`` cannot tell)."""
+    if os.environ.get("FLARE_GIT_SHA", "").strip():
+        return None
     out = _git("status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out)
 

@@ -60,7 +60,10 @@ pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
 slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
-git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null
+# the device copy's .git may name an older commit than the tree it runs: the caller writes the tree's commit to
+# .tree-commit (git-ignored; `git rev-parse --short HEAD > .tree-commit`, carried) -- archives and commit.txt take it
+if [ -s .tree-commit ]; then export FLARE_GIT_SHA=$(cat .tree-commit); echo "$FLARE_GIT_SHA (.tree-commit)" > "$OUT/commit.txt"
+else git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null; fi
 for s in ${STAGES:?set STAGES}; do
   stage "$s"; t0=$(date +%s); g=${s#*-}
   case $s in
