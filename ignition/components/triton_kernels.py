@@ -723,8 +723,10 @@ DECODE_WIDE = True
 
 #: Programs per SM of the wide launch (201 registers per thread at 4 warps, offline sm90 ptxas:
 #: ``scripts/sm90_kernel_check.py``): :func:`fused_decode_wide_splits` keeps its programs in one wave
-#: (``FLARE_DECODE_WIDE_PER_SM=N`` sets it, read at each launch: with :data:`DECODE_PV_SPLIT` the launch holds 126
-#: registers, 4 programs per SM -- not measured yet).
+#: (``FLARE_DECODE_WIDE_PER_SM=N`` sets it, read at each launch).  With P V from P's pieces the launch would hold 126
+#: registers, 4 programs per SM: that cap was 1.013x slower at Qwen3-0.6B batch 1 side by side in one process
+#: (``results/20261204T134100Z-sm90-run142``), and the pieces themselves slower there than tf32x3, which this launch
+#: keeps (:data:`DECODE_PV_SPLIT`).
 FUSED_DECODE_WIDE_PER_SM = 2
 
 #: SMs assumed where the device has none to report (the interpreter): the H200's.
