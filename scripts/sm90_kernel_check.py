@@ -106,6 +106,7 @@ def cases(tk):
                                              ("8B qkv (norm in it)", 6144, 4096, True, False, False, False),
                                              ("8B o_proj", 4096, 4096, False, False, True, False),
                                              ("8B gate_up", 24576, 4096, True, True, False, False),
+                                             ("8B gate_up (norm apart)", 24576, 4096, False, True, False, False),
                                              ("8B down", 4096, 12288, False, False, True, True),
                                              ("0.6B qkv (norm apart)", 4096, 1024, False, False, False, False)):
         cfg = tk.gemm_rows_config(4, n, k, gated)

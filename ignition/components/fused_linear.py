@@ -192,11 +192,22 @@ GEMM_ROWS_NORM = False
 GEMM_ROWS_GATED_IN = False
 
 
+#: Whether a gated projection of 2..16 rows (the packed ``[gate; up]`` weight, ``silu(gate) * up`` in the epilogue)
+#: behind an RMSNorm takes the norm apart and then the tensor-core variant with the gated output (one launch after the
+#: norm) instead of cuBLAS's packed product and the activation kernel (``FLARE_GEMM_ROWS_GATED=1`` / ``0``; read at
+#: trace and at launch time).  At batch 4 it would remove Qwen3-8B's activation kernel (1.6 us per layer in run 143's
+#: critical path) and let the launch after the norm start early (PDL) instead of cuBLAS's.  Run 23 measured this
+#: output only with the norm in the prologue (then synchronous): 61.3 us alone against cuBLAS's 48.9 -- before the
+#: 512-column tiles that took Qwen3-8B's down from 30.27 to 27.97 us (run 137).  Not measured in this form yet: off.
+GEMM_ROWS_GATED = False
+
+
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
     ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm
     -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`, the gated input -- a prologue without ``norm`` -- only with
-    :data:`GEMM_ROWS_GATED_IN`) and an ungated output -- the only launches where it beat cuBLAS
+    :data:`GEMM_ROWS_GATED_IN`) and an ungated output (a gated one only with :data:`GEMM_ROWS_GATED`) -- the only
+    launches where it beat cuBLAS
     in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
     residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0
     against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with
@@ -206,7 +217,8 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
     ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it. Read at trace and at launch time alike."""
     plain = (not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
              or (not norm and switch("FLARE_GEMM_ROWS_GATED_IN", GEMM_ROWS_GATED_IN)))
-    return rows in DOT_ROWS and not gated and plain and switch("FLARE_GEMV_DOT", True)
+    output = not gated or switch("FLARE_GEMM_ROWS_GATED", GEMM_ROWS_GATED)
+    return rows in DOT_ROWS and output and plain and switch("FLARE_GEMV_DOT", True)
 
 
 def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False,
@@ -247,7 +259,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     One ``flare::fused_linear`` launch when the projection is plain bf16 and :func:`prefers_fused` says so; an
     ungated projection of 2..16 rows behind a norm (unless ``FLARE_GEMV_DOT=0``) takes the norm apart and the
     projection (+ residual) as one tensor-core launch (that kernel takes plain inputs only: :func:`uses_dot_kernel`)
-    -- the qkv projection of a decode batch then launches
+    -- with :data:`GEMM_ROWS_GATED` a gated one too, its SiLU gate in the epilogue --; the qkv projection of a decode
+    batch then launches
     from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
@@ -262,9 +275,9 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
-    if weight is not None and norm is not None and not gated and uses_dot_kernel(rows):
-        y = fused_linear(norm(x), weight, None, 0.0, residual, False, False, early)
-        return y.split(parts, dim=-1) if parts is not None else y
+    if weight is not None and norm is not None and fusable_act and uses_dot_kernel(rows, gated=gated):
+        y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
+        return y.split(parts, dim=-1) if parts is not None and not gated else y
     h = x if norm is None else norm(x)
     y = projection(h)
     if gated:

@@ -522,11 +522,14 @@ def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
                                                          (4, 4096, 12288, False, False, True),
                                                          (8, 4096, 12288, False, False, True),
                                                          (8, 24576, 4096, True, True, False),
+                                                         (4, 24576, 4096, False, True, False),
+                                                         (4, 6144, 1024, False, True, False),
                                                          (16, 1024, 3072, False, False, True)])
 def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residual):
     """The tensor-core variant (forced; the step takes it for plain inputs unless ``FLARE_GEMV_DOT=0``) at Qwen3
-    shapes of a few rows, against the reference within the interpreter tests' bound, and the same bits on a second
-    launch; with the norm prologue the same bits as its plain (synchronous) loops."""
+    shapes of a few rows -- the gated gate/up after the norm at both models' shapes (``FLARE_GEMM_ROWS_GATED=1``'s
+    launches) among them --, against the reference within the interpreter tests' bound, and the same bits on a
+    second launch; with the norm prologue the same bits as its plain (synchronous) loops."""
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference

@@ -289,6 +289,12 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     assert not uses_dot_kernel(4, prologue=True, norm=True) and not uses_dot_kernel(1, prologue=True)
     assert not uses_dot_kernel(4, gated=True, prologue=True)
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_IN")
+    # a gated output (SiLU gate in the epilogue) only with GEMM_ROWS_GATED (FLARE_GEMM_ROWS_GATED=1), plain input only
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
+    assert uses_dot_kernel(4, gated=True) and prefers_fused(8, gated_w, True) and not uses_dot_kernel(1, gated=True)
+    assert not uses_dot_kernel(4, gated=True, prologue=True, norm=True) and not prefers_fused(4, gated_w, True,
+                                                                                              prologue=True, norm=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}

@@ -141,19 +141,22 @@ def test_one_row_head_is_one_fused_launch_with_the_final_norm(ckpt, reference, m
     assert calls == []  # four rows: the canonical norm and projection
 
 
-@pytest.mark.parametrize("switch,prologue", [("FLARE_GEMM_ROWS_NORM", 1), ("FLARE_GEMM_ROWS_GATED_IN", 2)])
+@pytest.mark.parametrize("switch,prologue", [("FLARE_GEMM_ROWS_NORM", 1), ("FLARE_GEMM_ROWS_GATED_IN", 2),
+                                             ("FLARE_GEMM_ROWS_GATED", 3)])
 def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monkeypatch, switch, prologue):
     """``FLARE_GEMM_ROWS_NORM=1`` (``GEMM_ROWS_NORM``): an 8-token prefill chunk's qkv projection takes the norm in
     its fused launch (the tensor-core variant's prologue) instead of the norm module before a plain-input launch;
     ``FLARE_GEMM_ROWS_GATED_IN=1`` (``GEMM_ROWS_GATED_IN``): its down takes the packed gate/up output and the SiLU gate
-    in its launch instead of the activation module before a plain-input launch.  Off (the default), the norm and
-    the activation run apart.  o_proj is a plain-input launch either way."""
+    in its launch instead of the activation module before a plain-input launch; ``FLARE_GEMM_ROWS_GATED=1``
+    (``GEMM_ROWS_GATED``): its gate/up is one launch after the norm with the SiLU gate in its epilogue instead of the
+    packed product and the activation module.  Off (the default), the norm and the activation run apart.  o_proj is a
+    plain-input launch either way."""
     from ignition.components import fused_linear as fl
 
     calls = []
 
     def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
-        calls.append((x.numel() // x.shape[-1], norm_weight is not None, gated_input))
+        calls.append((x.numel() // x.shape[-1], norm_weight is not None, gated_input, gated))
         return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
 
     real = fl.fused_linear
@@ -166,8 +169,21 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
         calls.clear()
         prefill(graphs, Row(list(PAGES), PAGE), PROMPT[:8], chunk=8)
         chunk = [c for c in calls if c[0] == 8]
-        assert len(chunk) == 3 * layers  # qkv, o_proj, down per layer
+        gate_up = on and switch == "FLARE_GEMM_ROWS_GATED"
+        assert len(chunk) == (4 if gate_up else 3) * layers  # qkv, o_proj, down per layer (and gate/up)
         assert sum(1 for c in chunk if c[prologue]) == (layers if on else 0)  # the launches with the prologue
+        assert not any(c[1] for c in chunk if c[3])  # a gated launch never takes the norm in its prologue
+
+
+def test_gated_tensor_core_chunks_keep_the_canonical_greedy_run(ckpt, reference, monkeypatch):
+    """``FLARE_GEMM_ROWS_GATED=1``: 8-token prefill chunks with gate/up as one gated launch after the norm -- greedy
+    tokens and logits within the bound of the canonical forward's."""
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
+    tokens, logits = prepared_greedy(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT,
+                                     STEPS, chunk=8)
+    ref_tokens, ref_logits = reference
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
 
 
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
