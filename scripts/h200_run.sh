@@ -62,7 +62,8 @@ slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 # the device copy's .git may name an older commit than the tree it runs: the caller writes the tree's commit to
 # .tree-commit (git-ignored; `git rev-parse --short HEAD > .tree-commit`, carried) -- archives and commit.txt take it
-if [ -s .tree-commit ]; then export FLARE_GIT_SHA=$(cat .tree-commit); echo "$FLARE_GIT_SHA (.tree-commit)" > "$OUT/commit.txt"
+if [ -s .tree-commit ]; then
+  export FLARE_GIT_SHA=$(cat .tree-commit); echo "$FLARE_GIT_SHA (.tree-commit)" > "$OUT/commit.txt"
 else git log -1 --format="%H %s" > "$OUT/commit.txt" 2>/dev/null; fi
 for s in ${STAGES:?set STAGES}; do
   stage "$s"; t0=$(date +%s); g=${s#*-}

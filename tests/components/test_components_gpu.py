@@ -245,7 +245,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
         monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
         monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", str(geo["SPLITS"]))  # the knobs' launch has no one-wave cap
-        monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1" if tk.decode_pv_split(wide=True) else "0")  # nor its P V
+        monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1" if tk.decode_pv_split(wide=True) else "0")  # nor its P V rule
         kp8, vp8 = kp.clone(), vp.clone()
         assert bits(run(kp8, vp8), wide) and bits(kp8, kp7) and bits(vp8, vp7), "the wide blocks are not the knobs'"
         assert bits(kp7, kp1) and bits(vp7, vp1), "the wide blocks changed the pools"

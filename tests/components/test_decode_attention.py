@@ -264,7 +264,8 @@ def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64  # 544 programs, 8 KV heads: 68 capped
+    # 544 programs over 8 KV heads would be 68 splits: capped
+    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "32")
     assert tk.fused_decode_num_splits(1, 8, 2, 256) == 32
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "64")
