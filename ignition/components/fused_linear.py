@@ -195,11 +195,13 @@ GEMM_ROWS_GATED_IN = False
 #: Whether a gated projection of 2..16 rows (the packed ``[gate; up]`` weight, ``silu(gate) * up`` in the epilogue)
 #: behind an RMSNorm takes the norm apart and then the tensor-core variant with the gated output (one launch after the
 #: norm) instead of cuBLAS's packed product and the activation kernel (``FLARE_GEMM_ROWS_GATED=1`` / ``0``; read at
-#: trace and at launch time).  At batch 4 it would remove Qwen3-8B's activation kernel (1.6 us per layer in run 143's
-#: critical path) and let the launch after the norm start early (PDL) instead of cuBLAS's.  Run 23 measured this
-#: output only with the norm in the prologue (then synchronous): 61.3 us alone against cuBLAS's 48.9 -- before the
-#: 512-column tiles that took Qwen3-8B's down from 30.27 to 27.97 us (run 137).  Not measured in this form yet: off.
-GEMM_ROWS_GATED = False
+#: trace and at launch time).  On since run 145 (``results/20261204T145000Z-sm90-run145``, side by side in one process
+#: with the null, 1024-token context, ``--timeline``): Qwen3-8B batch 4 **0.9736x** (B faster by the min-max rule,
+#: paired blocks 10/10 against A and A2; per layer 120.13 -> 116.38 us in the critical path: the activation kernel
+#: gone, down 27.62 -> 25.31 us as it now launches early behind a PDL launch, gate/up 48.56 -> 48.64), batch 1 (no
+#: such launch) within noise; Qwen3-0.6B batch 4 0.9976x (paired 10/10 faster against A and A2, within noise by
+#: min-max).  The 32x256 w4 s4 config instead of the heuristic 32x128 w4 s4: 0.9955x -- less than the heuristic's.
+GEMM_ROWS_GATED = True
 
 
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:

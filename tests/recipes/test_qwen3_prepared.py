@@ -149,8 +149,9 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
     ``FLARE_GEMM_ROWS_GATED_IN=1`` (``GEMM_ROWS_GATED_IN``): its down takes the packed gate/up output and the SiLU gate
     in its launch instead of the activation module before a plain-input launch; ``FLARE_GEMM_ROWS_GATED=1``
     (``GEMM_ROWS_GATED``): its gate/up is one launch after the norm with the SiLU gate in its epilogue instead of the
-    packed product and the activation module.  Off (the default), the norm and the activation run apart.  o_proj is a
-    plain-input launch either way."""
+    packed product and the activation module.  Off, the norm and the activation run apart (the first two off by default;
+    the gated output, on by default, is turned off for them -- with it the down's input is no longer the packed
+    output).  o_proj is a plain-input launch either way."""
     from ignition.components import fused_linear as fl
 
     calls = []
@@ -163,6 +164,8 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
     monkeypatch.setattr(fl, "fused_linear", counting)
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
     layers = AutoConfig.from_pretrained(ckpt).num_hidden_layers
+    if switch != "FLARE_GEMM_ROWS_GATED":
+        monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")
     for on in (False, True):
         monkeypatch.setenv(switch, "1" if on else "0")
         graphs = prepare(ckpt, decode=(1,), prefill=(8,))[1]
@@ -176,8 +179,8 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
 
 
 def test_gated_tensor_core_chunks_keep_the_canonical_greedy_run(ckpt, reference, monkeypatch):
-    """``FLARE_GEMM_ROWS_GATED=1``: 8-token prefill chunks with gate/up as one gated launch after the norm -- greedy
-    tokens and logits within the bound of the canonical forward's."""
+    """``FLARE_GEMM_ROWS_GATED=1`` (the default): 8-token prefill chunks with gate/up as one gated launch after the
+    norm -- greedy tokens and logits within the bound of the canonical forward's."""
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
     tokens, logits = prepared_greedy(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT,
                                      STEPS, chunk=8)
