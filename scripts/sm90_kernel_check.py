@@ -56,10 +56,6 @@ ONE_ROW = [
 ]
 
 
-#: Qwen3-8B's one-row down split over K: (splits, BN, BK) -- each slice whole tiles, at most 4, preloaded.
-SPLIT_DOWN = [(3, 4, 1024), (6, 8, 1024), (6, 8, 512), (3, 8, 1024)]
-
-
 def cases(tk):
     """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile."""
     out = []
@@ -77,16 +73,6 @@ def cases(tk):
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    # Qwen3-8B's one-row down (gated input) with K split (FLARE_GEMV_SPLIT, side-by-side candidates): (splits, BN, BK)
-    for split, bn, bk in SPLIT_DOWN:
-        k = 12288 // split
-        c = dict(K=12288, MP=1, BN=bn, BK=bk, HAS_NORM=False, HAS_RES=True, GATED=False, EVEN_K=True, GATED_IN=True,
-                 USE_PDL=True, PREFETCH=0, PF_LINES=max(1, bk // 64), PRELOAD=tk.gemv_preload_tiles(1, k, bk, False),
-                 SPLIT=split, FENCE=True)
-        c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
-        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST)
-        out.append((f"gemv 8B down (gated input) split {split} {bn}x{bk} preload {c['PRELOAD']}", "_fused_gemv_kernel",
-                    {**GEMV_SIG, "WS": "*fp32", "TICKETS": "*i32"}, c, dict(num_warps=4, num_stages=2)))
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (tk.fused_decode_wide, 33 splits on 132 SMs)
     # and its FLARE_DECODE_WIDE=0 one
     # (8B: 64-key blocks, tk.fused_decode_one_row_blocks -- 17 splits at 1025 keys; every one prefetches its K/V),

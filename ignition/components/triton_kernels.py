@@ -1339,38 +1339,6 @@ def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.cons
 
 
 @triton.jit
-def _gpu_fence(FENCE: tl.constexpr):
-    """``fence.acq_rel.gpu`` in every thread (compiled kernels; the interpreter runs programs one after another)."""
-    if FENCE:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [tl.program_id(0)], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
-def _gemv_split_epilogue(y, r, Y, WS, TICKETS, N_OUT, offs_m, offs_n, m_mask, n_mask, stride_y, HAS_RES: tl.constexpr,
-                         SPLIT: tl.constexpr, FENCE: tl.constexpr):
-    """A split program's end (one row): its fp32 partial ``y [1, BN]`` to ``WS[split, columns]``, then a ticket for
-    its column block; the program that draws the last ticket sums the SPLIT partials in split order -- ``((p0 + p1)
-    + p2) ...``, whichever arrived last, so the same bits in every run -- and finishes as the unsplit epilogue
-    (round, ``+ residual``, store), then puts the ticket back to 0 for the next launch.  The partials are published
-    (every thread's fence, a CTA barrier, the acq_rel ticket at GPU scope) before the ticket and read through L2."""
-    pid_n = tl.program_id(0)
-    cols = offs_n[None, :]
-    cmask = n_mask[None, :]
-    tl.store(WS + tl.program_id(2) * N_OUT + cols, y, mask=cmask)
-    _gpu_fence(FENCE)
-    tl.debug_barrier()
-    ticket = tl.atomic_add(TICKETS + pid_n, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLIT - 1:
-        _gpu_fence(FENCE)
-        total = tl.load(WS + cols, mask=cmask, other=0.0, cache_modifier=".cg")
-        for s in tl.static_range(1, SPLIT):
-            total += tl.load(WS + s * N_OUT + cols, mask=cmask, other=0.0, cache_modifier=".cg")
-        tl.store(TICKETS + pid_n, 0)
-        _gemv_epilogue(total, None, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, False, HAS_RES)
-
-
-@triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                        HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
@@ -1378,14 +1346,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
-                       SPLIT: tl.constexpr = 1, WS=None, TICKETS=None, FENCE: tl.constexpr = True):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
-    # SPLIT > 1 (one row, plain or gated input, ungated output; ``gemv_split``): program (n, 0, s) takes K's columns
-    # s * KL .. s * KL + KL - 1 -- its weight rows and input shifted there (the gated input's up half stays K
-    # further on) -- and the last of a column block's SPLIT programs to arrive sums their fp32 partials in split
-    # order (``_gemv_split_epilogue``).
-    KL: tl.constexpr = K // SPLIT
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
@@ -1394,10 +1356,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w  # the up half: rows N_OUT + n
     else:
         u_rows = w_rows  # unused
-    if SPLIT > 1:
-        w_rows += tl.program_id(2) * KL
-        x_rows += tl.program_id(2) * KL
-        W += tl.program_id(2) * KL  # the L2 prefetch's base
 
     # PRELOAD (EVEN_K; up to 4): the program's first PRELOAD weight tiles (and their up halves when gated) are loaded
     # into registers before the wait -- weights are never written in a step, so this is legal whatever the
@@ -1413,7 +1371,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if PRELOAD >= 4:
         w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
-        _gemv_prefetch(W, offs_n, N_OUT, stride_w, KL, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
+        _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
     if HAS_PROBE and PRELOAD >= 1:  # stamp 1: the preloaded tiles arrived (the first and the last of them)
         if PRELOAD >= 4:
             w_last = w_p3
@@ -1482,7 +1440,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
-    for k0 in tl.range(PRELOAD * BK, KL, BK, num_stages=STREAM_STAGES):
+    for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
@@ -1496,10 +1454,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                  HAS_PROBE)
     if not early:  # no preloaded tiles: the residual after the loop (held across it, it spilled in 8B down)
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
-    if SPLIT > 1:
-        _gemv_split_epilogue(_gemv_acc_sum(acc, FLAT), res, Y, WS, TICKETS, N_OUT, offs_m, offs_n, m_mask, n_mask,
-                             stride_y, HAS_RES, SPLIT, FENCE)
-    elif GATED:
+    if GATED:
         _gemv_epilogue(_gemv_acc_sum(acc, FLAT), _gemv_acc_sum(acc_u, FLAT), res, Y, offs_m, offs_n, m_mask, n_mask,
                        stride_y, GATED, HAS_RES)
     else:
@@ -1640,6 +1595,13 @@ GEMV_PRELOAD_EVICT_FIRST = True
 #: us per layer in the critical path; 4x1024 w4 with 4 (128 registers, 1024 programs) 1.0527x, 34.11 us; 8x1024 w4
 #: with 2 (168 registers, 3 programs per SM) 1.0567x, 35.23 us.  Nor its wider tiles alone: 4x2048 w4 1.0265x slower
 #: (``results/20261204T103500Z-sm90-run136``).
+#: Tried and removed: Qwen3-8B's one-row down (gated input) split over K (``FLARE_GEMV_SPLIT``): program (n, s) preloads
+#: its whole slice of 1..4 tiles before its wait, as the qkv does, and the last of a column block's programs to take a
+#: ticket (an acq_rel atomic after a GPU-scope fence) sums the fp32 partials in split order -- deterministic, correct
+#: on the GPU (50 launches and 50 graph replays bitwise alike) -- but side by side in one process with the null
+#: (``results/20261204T150400Z-sm90-run146``, batch 1): 3 splits 4x1024 w4 (126 registers) 1.0469x slower, 6 splits
+#: 8x512 w4 1.0432x, 6 splits 8x1024 w4 1.0855x (paired blocks 0/10); in the critical path down 28.00 -> 32.32 us and
+#: gate/up 45.73 -> 48.10 (its 3072 programs fill the SMs: the next qkv's early launch lead fell from 27.1 to 4.9 us).
 #: Tried and removed: each iteration of a one-row GEMV's streamed loop (Qwen3-8B's down, 3.58 TB/s in run 126's
 #: critical path) prefetching into L2 the tile N ahead (``FLARE_GEMV_STREAM_PREFETCH=N``), so that lines keep coming
 #: without registers -- Qwen3-8B batch 1 side by side in one process with the null
@@ -1726,54 +1688,6 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: (run 65, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``: at Qwen3-8B 241 of o_proj's 512 programs are
 #: resident before the reduce ends, 2 per SM at 255 registers; the 271 late ones stream 6 us after the first wave).
 GEMV_PRELOAD_TILES = 4
-
-
-#: Split-K of one-row GEMVs, ``(N, K) -> splits``: program (n, 0, s) streams K's s-th slice, and the last of a
-#: column block's programs to finish sums the fp32 partials in split order (:func:`gemv_split`).  Empty: no launch
-#: splits until one is measured faster in the step (``FLARE_GEMV_SPLIT`` sets it per shape for side-by-side runs).
-GEMV_SPLIT_MEASURED: dict[tuple[int, int], int] = {}
-
-
-def gemv_split(m: int, n: int, k: int, bk: int, *, norm: bool, gated: bool) -> int:
-    """Splits of K for a ``_fused_gemv_kernel`` launch (1: none): the :data:`GEMV_SPLIT_MEASURED` entry, or
-    ``FLARE_GEMV_SPLIT="1xNxK=S;..."`` (read at each launch; side-by-side runs).  Only one row, no norm prologue (its
-    row statistics need the whole K), an ungated output, and slices of whole ``bk`` tiles, at most 4 -- each program
-    then preloads its whole slice before its wait, as the qkv projection does (:func:`gemv_preload_tiles`); an
-    override that breaks these raises, naming the item."""
-    split = GEMV_SPLIT_MEASURED.get((n, k), 1) if m == 1 and not (norm or gated) else 1
-    spec = os.environ.get("FLARE_GEMV_SPLIT", "").strip()
-    for item in filter(None, (i.strip() for i in spec.split(";"))):
-        key, _, value = item.partition("=")
-        try:
-            shape, want = tuple(int(v) for v in key.split("x")), int(value)
-        except ValueError:
-            shape, want = (), 0
-        if len(shape) != 3 or want < 1:
-            raise ValueError(f"FLARE_GEMV_SPLIT item {item!r}: expected MxNxK=SPLITS")
-        if shape != (m, n, k):
-            continue
-        if want > 1 and (m != 1 or norm or gated or k % (want * bk) or k // (want * bk) > 4):
-            raise ValueError(f"FLARE_GEMV_SPLIT item {item!r}: splits need one row, no norm, an ungated output and "
-                             f"K={k} in {want} slices of 1..4 whole {bk}-column tiles")
-        split = want
-    return split
-
-
-_SPLIT_TICKETS: dict[tuple[str, int], torch.Tensor] = {}
-
-
-def gemv_split_tickets(device: torch.device, blocks: int) -> torch.Tensor:
-    """The split launches' ticket counters on ``device`` (int32, zeros; every launch leaves them at zero): one
-    persistent buffer per device, grown to ``blocks`` outside a CUDA graph capture (during one, a fresh zeroed buffer
-    is captured, its zeroing a node of the graph, and not kept)."""
-    key = (device.type, device.index if device.index is not None else -1)
-    have = _SPLIT_TICKETS.get(key)
-    if have is not None and have.numel() >= blocks:
-        return have
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.zeros(blocks, dtype=torch.int32, device=device)
-    _SPLIT_TICKETS[key] = torch.zeros(max(blocks, 1024), dtype=torch.int32, device=device)
-    return _SPLIT_TICKETS[key]
 
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
@@ -1968,29 +1882,20 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
-    split = gemv_split(m, n, k, bk, norm=norm_weight is not None, gated=gated)
-    if split > 1 and probe is not None:
-        raise ValueError("fused_linear_triton: probe is for unsplit launches (FLARE_GEMV_SPLIT)")
-    grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp), split)
-    kl = k // split
-    preload = gemv_preload_tiles(m, kl, bk, norm_weight is None and not gated and not gated_input)
-    flat, stream_stages = gemv_flat(mp, kl, bk, preload)
-    split_args = {}
-    if split > 1:
-        ws = torch.empty((split, n_out), dtype=torch.float32, device=x.device)
-        split_args = {"SPLIT": split, "WS": ws, "TICKETS": gemv_split_tickets(x.device, grid[0]),
-                      "FENCE": not _interpreting()}
+    grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
+    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
+    flat, stream_stages = gemv_flat(mp, k, bk, preload)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         float(eps), K=k, MP=mp, BN=bn, BK=bk, HAS_NORM=norm_weight is not None, HAS_RES=residual is not None,
         GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-        PREFETCH=gemv_prefetch_tiles(weight, bk) if split == 1 else 0, PF_LINES=max(1, bk // 64), PRELOAD=preload,
+        PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **split_args,
-        **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1] * grid[2]))
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
+        **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
 
 

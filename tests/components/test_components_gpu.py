@@ -553,44 +553,6 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
         assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
-@pytest.mark.parametrize("split,bn,bk", [(3, 4, 1024), (6, 8, 512), (6, 8, 1024)])
-def test_split_k_down_on_this_gpu(monkeypatch, split, bn, bk):
-    """``FLARE_GEMV_SPLIT`` at Qwen3-8B's one-row down (the gated input, the residual; the side-by-side candidates):
-    within the reference's bound, the same bits on every one of 50 launches and 50 replays of a captured graph (the
-    tickets, persistent and outside the graph's pool, back at zero after each; the partials in the pool)."""
-    import triton
-    from gemv_cases import _gated_input_tolerance, _gemv_inputs
-
-    from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_split_tickets
-
-    n, k = 4096, 12288
-    x, w, _, r = _gemv_inputs(1, n, 2 * k, norm=False, gated=False, residual=True, seed=split + bn + bk)
-    w = w[:, :k].contiguous()
-    cuda = [t.cuda() for t in (x, w, r)]
-    monkeypatch.setenv("FLARE_GEMV_SPLIT", f"1x{n}x{k}={split}")
-    cfg = {"BN": bn, "BK": bk, "num_warps": 4, "num_stages": 2}
-    run = lambda: fused_linear_triton(cuda[0], cuda[1], residual=cuda[2], gated_input=True, config=cfg)  # noqa
-    got = run().cpu()
-    tickets = gemv_split_tickets(cuda[0].device, triton.cdiv(n, bn))
-    for _ in range(50):
-        assert torch.equal(run().cpu().view(torch.int16), got.view(torch.int16))
-    assert not tickets.any()
-    ref = fused_linear_reference(x, w, None, 1e-6, r, False, True)
-    y_ref = fused_linear_reference(x, w, None, 1e-6, None, False, True)
-    tol = _gated_input_tolerance(x, w, y_ref) + 2 * 2.0 ** -7 * ref.float().abs()
-    err = (got.float() - ref.float()).abs()
-    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    for _ in range(50):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out.cpu().view(torch.int16), got.view(torch.int16))
-        assert not tickets.any()
-
-
 @pytest.mark.parametrize("m,n,k", [(4, 4096, 12288), (4, 1024, 3072)])
 def test_tensor_core_gated_input_on_this_gpu(m, n, k):
     """The tensor-core variant with the SiLU-gated input (the launch ``FLARE_GEMM_ROWS_GATED_IN=1`` gives Qwen3's down

@@ -111,60 +111,6 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-@pytest.mark.parametrize("gated_input,split,bn,bk", [(True, 3, 16, 128), (True, 2, 8, 128), (False, 4, 16, 64)])
-def test_split_k_gemv_matches_the_reference_and_repeats_its_bits(monkeypatch, gated_input, split, bn, bk):
-    """``FLARE_GEMV_SPLIT``: a one-row GEMV (plain or gated input, with the residual) whose K is split over programs
-    -- each its slice preloaded, the last to finish summing the fp32 partials in split order -- stays within the
-    unsplit launch's bound of the reference, gives the same bits on every launch, leaves its tickets at zero, and an
-    unsplittable request raises naming the item."""
-    import torch.nn.functional as F
-    import triton
-
-    from ignition.components import triton_kernels as tk
-    from ignition.components.fused_linear import fused_linear_reference
-
-    n, k = 48, 768
-    gen = torch.Generator().manual_seed(split * 100 + bn)
-    x = (torch.randn(1, 2 * k if gated_input else k, generator=gen) * 2).to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
-    r = torch.randn(1, n, generator=gen).to(torch.bfloat16)
-    cfg = {"BN": bn, "BK": bk}
-    monkeypatch.setenv("FLARE_GEMV_SPLIT", f"1x{n}x{k}={split}")
-    grids = []
-    real = tk._fused_gemv_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(tk, "_fused_gemv_kernel", Spy())
-    got = tk.fused_linear_triton(x, w, residual=r, gated_input=gated_input, config=cfg)
-    again = tk.fused_linear_triton(x.clone(), w.clone(), residual=r.clone(), gated_input=gated_input, config=cfg)
-    assert grids == [(triton.cdiv(n, bn), 1, split)] * 2  # the launch did split
-    assert torch.equal(got.view(torch.int16), again.view(torch.int16))
-    assert not tk.gemv_split_tickets(x.device, triton.cdiv(n, bn)).any()  # every ticket back at zero
-    ref = fused_linear_reference(x, w, None, 0.0, r, False, gated_input)
-    act = F.silu(x[:, :k]) * x[:, k:] if gated_input else x
-    y = fused_linear_reference(act, w)
-    tol = (_gated_input_tolerance(x, w, y) if gated_input else _gemv_tolerance(x, w, None, False, y))
-    tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
-    err = (got.float() - ref.float()).abs()
-    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-    for bad in (f"1x{n}x{k}=5", f"1x{n}x{k}=1.5", f"1x{n}=2"):  # 768 is not 5 slices of whole tiles; malformed
-        monkeypatch.setenv("FLARE_GEMV_SPLIT", bad)
-        with pytest.raises(ValueError, match="FLARE_GEMV_SPLIT item"):
-            tk.fused_linear_triton(x, w, residual=r, gated_input=gated_input, config=cfg)
-    monkeypatch.setenv("FLARE_GEMV_SPLIT", f"2x{n}x{k}={split}")
-    with pytest.raises(ValueError, match="splits need one row"):  # two rows do not split
-        tk.gemv_split(2, n, k, bk, norm=False, gated=False)
-    monkeypatch.setenv("FLARE_GEMV_SPLIT", f"1x{n}x{k}={split}")
-    with pytest.raises(ValueError, match="splits need one row"):  # nor does a norm prologue
-        tk.gemv_split(1, n, k, bk, norm=True, gated=False)
-    monkeypatch.delenv("FLARE_GEMV_SPLIT")
-    assert tk.gemv_split(1, n, k, bk, norm=False, gated=False) == 1  # no table entry: unsplit
-
-
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
     from ignition.components.triton_kernels import fused_linear_triton
@@ -334,14 +280,19 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     monkeypatch.setenv("FLARE_GEMM_ROWS_NORM", "1")
     assert uses_dot_kernel(4, prologue=True, norm=True) and prefers_fused(4, wide, False, prologue=True, norm=True)
     assert not uses_dot_kernel(4, prologue=True) and not uses_dot_kernel(1, prologue=True, norm=True)
+    assert uses_dot_kernel(4, gated=True, prologue=True, norm=True)  # the gated gate/up's norm too (GEMM_ROWS_GATED)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")
     assert not uses_dot_kernel(4, gated=True, prologue=True, norm=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
     monkeypatch.delenv("FLARE_GEMM_ROWS_NORM")
     # the gated input (a prologue without a norm) only with GEMM_ROWS_GATED_IN (FLARE_GEMM_ROWS_GATED_IN=1): then
-    # Qwen3-8B's down at 4 rows behind cuBLAS's packed gate/up is one tensor-core launch; never a gated output
+    # Qwen3-8B's down at 4 rows behind cuBLAS's packed gate/up is one tensor-core launch; a gated output only with GEMM_ROWS_GATED
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_IN", "1")
     assert uses_dot_kernel(4, prologue=True) and prefers_fused(4, wide, False, prologue=True)
     assert not uses_dot_kernel(4, prologue=True, norm=True) and not uses_dot_kernel(1, prologue=True)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")  # a gated output only with GEMM_ROWS_GATED
     assert not uses_dot_kernel(4, gated=True, prologue=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_IN")
     # a gated output (SiLU gate in the epilogue) only with GEMM_ROWS_GATED (default on; FLARE_GEMM_ROWS_GATED=0 turns
     # it off), plain input only
