@@ -286,7 +286,8 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
     monkeypatch.delenv("FLARE_GEMM_ROWS_NORM")
     # the gated input (a prologue without a norm) only with GEMM_ROWS_GATED_IN (FLARE_GEMM_ROWS_GATED_IN=1): then
-    # Qwen3-8B's down at 4 rows behind cuBLAS's packed gate/up is one tensor-core launch; a gated output only with GEMM_ROWS_GATED
+    # Qwen3-8B's down at 4 rows behind cuBLAS's packed gate/up is one tensor-core launch; a gated output only with
+    # GEMM_ROWS_GATED
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_IN", "1")
     assert uses_dot_kernel(4, prologue=True) and prefers_fused(4, wide, False, prologue=True)
     assert not uses_dot_kernel(4, prologue=True, norm=True) and not uses_dot_kernel(1, prologue=True)
