@@ -199,16 +199,28 @@ GEMM_ROWS_GATED_IN = False
 #: with the null, 1024-token context, ``--timeline``): Qwen3-8B batch 4 **0.9736x** (B faster by the min-max rule,
 #: paired blocks 10/10 against A and A2; per layer 120.13 -> 116.38 us in the critical path: the activation kernel
 #: gone, down 27.62 -> 25.31 us as it now launches early behind a PDL launch, gate/up 48.56 -> 48.64), batch 1 (no
-#: such launch) within noise; Qwen3-0.6B batch 4 0.9976x (paired 10/10 faster against A and A2, within noise by
-#: min-max).  The 32x256 w4 s4 config instead of the heuristic 32x128 w4 s4: 0.9955x -- less than the heuristic's.
+#: such launch) within noise; Qwen3-0.6B batch 4 0.9976x (within noise by min-max; no such launch there either: its
+#: narrow packed path).  The 32x256 w4 s4 config instead of the heuristic 32x128 w4 s4: 0.9955x -- less than the
+#: heuristic's.  Only for gated weights of at least :data:`GEMM_ROWS_GATED_MIN_ELEMENTS`.
 GEMM_ROWS_GATED = True
 
+#: The smallest packed ``[gate; up]`` weight (elements) :data:`GEMM_ROWS_GATED` takes
+#: (``FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS`` overrides it; read at trace and at launch time): 2^26, between Qwen3-0.6B's
+#: 6.3M and Qwen3-8B's 100.7M.  Qwen3-0.6B's speculative rounds of 8 and 16 rows took the gated launch in run 147's
+#: replay of record (``results/20261204T151200Z-sm90-run147``, ``report-0.6B-vs-run143``) and were slower than run 143's
+#: cuBLAS product and activation kernel by the min-max rule: batch 1 width 8 1.047x, width 2 1.010x, batch 4 width 2
+#: 1.034x, width 4 1.031x (its 3072 gated columns make 96-192 programs on 132 SMs); Qwen3-8B's rounds were faster
+#: (0.957-0.985x).
+GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 
-def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False) -> bool:
+
+def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False,
+                    elements: int | None = None) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
     ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm
     -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`, the gated input -- a prologue without ``norm`` -- only with
-    :data:`GEMM_ROWS_GATED_IN`) and an ungated output (a gated one only with :data:`GEMM_ROWS_GATED`) -- the only
+    :data:`GEMM_ROWS_GATED_IN`) and an ungated output (a gated one only with :data:`GEMM_ROWS_GATED`, for a weight
+    of ``elements`` at least :data:`GEMM_ROWS_GATED_MIN_ELEMENTS` -- None: not checked) -- the only
     launches where it beat cuBLAS
     in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
     residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0
@@ -219,7 +231,8 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
     ``results/20261201T114209Z-sm90-run27``); batch 1 never takes it. Read at trace and at launch time alike."""
     plain = (not prologue or (norm and switch("FLARE_GEMM_ROWS_NORM", GEMM_ROWS_NORM))
              or (not norm and switch("FLARE_GEMM_ROWS_GATED_IN", GEMM_ROWS_GATED_IN)))
-    output = not gated or switch("FLARE_GEMM_ROWS_GATED", GEMM_ROWS_GATED)
+    output = not gated or (switch("FLARE_GEMM_ROWS_GATED", GEMM_ROWS_GATED) and (
+        elements is None or elements >= number("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", GEMM_ROWS_GATED_MIN_ELEMENTS)))
     return rows in DOT_ROWS and output and plain and switch("FLARE_GEMV_DOT", True)
 
 
@@ -248,7 +261,7 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
         return not (gated and weight.numel() > limit)
     if rows <= 4 and not gated and n_out <= 1024:
         return True
-    return uses_dot_kernel(rows, gated=gated, prologue=prologue, norm=norm)
+    return uses_dot_kernel(rows, gated=gated, prologue=prologue, norm=norm, elements=weight.numel())
 
 
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
@@ -277,7 +290,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
-    if weight is not None and norm is not None and fusable_act and uses_dot_kernel(rows, gated=gated):
+    if (weight is not None and norm is not None and fusable_act
+            and uses_dot_kernel(rows, gated=gated, elements=weight.numel())):
         y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     h = x if norm is None else norm(x)

@@ -804,7 +804,12 @@ def decode_block_n(page: int, block_n: int | None = None) -> int:
       at batch 4 16-key blocks won, 64-key blocks lost everywhere;
     - but in the decode step (``results/20261201T070650Z-sm90-run21``, side by side) they did not help: Qwen3-0.6B
       batch 1 1.1216 ms against 1.1021 with 16-key blocks (within noise by the min-max rule, the median 1.8 %
-      slower), Qwen3-8B 4.7312 against 4.7301."""
+      slower), Qwen3-8B 4.7312 against 4.7301;
+    - Qwen3-8B batch 4 (17 splits of 4 pages, the split P V) side by side in one process with the null: 32-key blocks
+      0.9869x (paired blocks 10/10 faster against A and A2, within noise by the min-max rule; per layer 118.18 -> 116.42
+      us; ``results/20261204T151200Z-sm90-run147``) -- but 1.008x slower at batch 1, where they replace the 64-key
+      one-row blocks --, 64-key blocks 1.0233x slower (``results/20261204T152000Z-sm90-run148``).  A batch-4 rule for
+      32-key blocks is not adopted yet: not measured in a replay of record."""
     if block_n is None:
         env = number("FLARE_DECODE_BLOCK_N")
         if env is None:
@@ -923,6 +928,9 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- but the prefetch still
 #: loses there: Qwen3-8B side by side in one process with the null (``results/20261201T125309Z-sm90-run32``, 4 rows
 #: prefetching): batch 4 1.0211x slower (decode_topk 1.0223x; A rebuilt after B: 1.0020x), batch 1 within noise.
+#: Again with the evict-last priority, the split P V, 17 splits and the gated gate/up
+#: (``results/20261204T145000Z-sm90-run145``): batch 4 1.0257x slower (paired blocks 0/10; 120.06 -> 123.39 us per
+#: layer).
 DECODE_KV_PREFETCH_ROWS = 1
 
 
@@ -1859,7 +1867,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         raise ValueError("fused_linear_triton: K must be positive")
     if dot is None:
         dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input,
-                              norm=norm_weight is not None and not gated_input)
+                              norm=norm_weight is not None and not gated_input, elements=weight.numel())
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")

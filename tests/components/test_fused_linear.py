@@ -88,12 +88,12 @@ def test_op_declares_no_writes_and_rejects_an_odd_gated_weight():
 
 @pytest.mark.parametrize("rows", [8, 16])
 def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, rows):
-    """The tensor-core variant (default; ``FLARE_GEMV_DOT=0`` turns it off) at 2..16 rows (beyond the narrow
-    few-row rule): a wide MLP (1100-column output) runs
-    gate/up and the SiLU gate as separate modules (with ``FLARE_GEMM_ROWS_GATED=0``; by default gate/up is one gated
+    """The tensor-core variant (default; ``FLARE_GEMV_DOT=0`` turns it off) at 2..16 rows (beyond the narrow few-row
+    rule): a wide MLP (1100-column output) runs gate/up and the SiLU gate as separate modules (with
+    ``FLARE_GEMM_ROWS_GATED=0``, or a gate/up below ``GEMM_ROWS_GATED_MIN_ELEMENTS``; else gate/up is one gated
     launch after the norm) and down + residual as one ``flare::fused_linear`` with a plain input -- never down's
-    gated-input prologue, never a norm prologue (a qkv projection's norm runs apart, the projection as one launch) --
-    with the canonical result, bit for bit."""
+    gated-input prologue, never a norm prologue (a qkv projection's norm runs apart, the projection as one launch)
+    -- with the canonical result, bit for bit."""
     from ignition.components import fused_linear as fl
     from ignition.components.norms import RMSNorm
     from ignition.components.projections import BF16, PackedProjection, UnquantizedProjection
@@ -128,12 +128,18 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
         gate, up = gate_up(h)
         want = x + down(F.silu(gate) * up)
     assert _bits_equal(plain, want) and _bits_equal(got, want)
-    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")  # the default: gate/up one gated launch after the norm, then down
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")  # the default: this gate/up is below GEMM_ROWS_GATED_MIN_ELEMENTS
+    calls.clear()
+    with torch.no_grad():
+        assert _bits_equal(run(), want)
+    assert calls == [(False, True, False, False)]
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")  # then gate/up one gated launch after the norm
     calls.clear()
     with torch.no_grad():
         gated = run()
     assert calls == [(False, False, True, False), (False, True, False, False)]
     assert _bits_equal(gated, want)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS")
     # a packed qkv-like projection behind the norm: the norm apart, the projection one launch on its output
     qkv = PackedProjection(hidden, [1024, 64, 64], BF16)
     with torch.no_grad():

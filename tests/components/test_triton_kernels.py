@@ -272,7 +272,7 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     assert uses_dot_kernel(4) and uses_dot_kernel(16) and not uses_dot_kernel(1) and not uses_dot_kernel(17)
     assert not uses_dot_kernel(4, prologue=True) and uses_dot_kernel(4, gated=True)  # gated output: GEMM_ROWS_GATED
     assert prefers_fused(4, wide, False) and prefers_fused(8, wide, False)  # o_proj, down after the activation
-    assert not prefers_fused(4, wide, False, prologue=True) and prefers_fused(8, gated_w, True)  # qkv; gate/up gated
+    assert not prefers_fused(4, wide, False, prologue=True)  # qkv
     assert prefers_fused(4, narrow, False, prologue=True)  # the CUDA-core few-row rule, prologue or not
     # behind a norm only with GEMM_ROWS_NORM (FLARE_GEMM_ROWS_NORM=1); never with the gated input
     assert not uses_dot_kernel(4, prologue=True, norm=True) and not prefers_fused(4, wide, False, prologue=True,
@@ -300,9 +300,16 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")
     assert not uses_dot_kernel(4, gated=True) and not prefers_fused(8, gated_w, True)
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
-    assert uses_dot_kernel(4, gated=True) and prefers_fused(8, gated_w, True) and not uses_dot_kernel(1, gated=True)
+    assert uses_dot_kernel(4, gated=True) and not uses_dot_kernel(1, gated=True)
+    # ... for gated weights of at least GEMM_ROWS_GATED_MIN_ELEMENTS (2^26): Qwen3-8B's gate/up, not Qwen3-0.6B's
+    assert uses_dot_kernel(8, gated=True, elements=24576 * 4096) and not uses_dot_kernel(8, gated=True,
+                                                                                         elements=6144 * 1024)
+    assert not prefers_fused(8, gated_w, True)  # 24576 x 8: below the bound
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")
+    assert prefers_fused(8, gated_w, True) and uses_dot_kernel(8, gated=True, elements=6144 * 1024)
     assert not uses_dot_kernel(4, gated=True, prologue=True, norm=True) and not prefers_fused(4, gated_w, True,
                                                                                               prologue=True, norm=True)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS")
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs

@@ -166,6 +166,8 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
     layers = AutoConfig.from_pretrained(ckpt).num_hidden_layers
     if switch != "FLARE_GEMM_ROWS_GATED":
         monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")
+    else:  # this checkpoint's gate/up is below GEMM_ROWS_GATED_MIN_ELEMENTS
+        monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")
     for on in (False, True):
         monkeypatch.setenv(switch, "1" if on else "0")
         graphs = prepare(ckpt, decode=(1,), prefill=(8,))[1]
@@ -179,9 +181,10 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
 
 
 def test_gated_tensor_core_chunks_keep_the_canonical_greedy_run(ckpt, reference, monkeypatch):
-    """``FLARE_GEMM_ROWS_GATED=1`` (the default): 8-token prefill chunks with gate/up as one gated launch after the
-    norm -- greedy tokens and logits within the bound of the canonical forward's."""
+    """``FLARE_GEMM_ROWS_GATED=1`` (the default, here with no size bound): 8-token prefill chunks with gate/up as one
+    gated launch after the norm -- greedy tokens and logits within the bound of the canonical forward's."""
     monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")  # this checkpoint's gate/up is below the bound
     tokens, logits = prepared_greedy(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT,
                                      STEPS, chunk=8)
     ref_tokens, ref_logits = reference
@@ -388,7 +391,7 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     and -- ``PACKED_GATE_UP_FUSED`` -- gate/up's packed product with the norm prologue: at most 1024 columns here),
     down then taking gate/up's packed output with the SiLU gate in its prologue; an 8-token prefill
     chunk, within the tensor-core variant's 2..16 rows (on unless ``FLARE_GEMV_DOT=0``), takes it for its
-    plain-input projections and its gated gate/up (longer chunks fuse nothing).  The greedy-vs-canonical tests above check the results."""
+    plain-input projections (longer chunks fuse nothing).  The greedy-vs-canonical tests above check the results."""
     from ignition.components import fused_linear as fl
 
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
@@ -410,13 +413,13 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     row = Row(list(PAGES), PAGE)
     prefill(graphs, row, PROMPT[:8], chunk=8)
     # an 8-token chunk is within the tensor-core kernel's 2..16 rows: its plain-input projections take it (qkv after
-    # its norm, o_proj + residual, down + residual) and gate/up after its norm with the SiLU gate in the epilogue
-    # (``GEMM_ROWS_GATED``) (the last field: ``early`` -- the qkv projection, whose successor is the attention, never;
-    # o_proj and the MLP's launches always: their successors read only weights before their wait)
+    # its norm, o_proj + residual, down + residual after the SiLU gate); gate/up stays cuBLAS (this checkpoint's is
+    # below ``GEMM_ROWS_GATED_MIN_ELEMENTS``)
+    # (the last field: ``early`` -- the qkv projection, whose successor is the attention, never; o_proj and the MLP's
+    # launches always: their successors read only weights before their wait)
     # and the head: one row (the chunk's last token), the final norm in its prologue (``HEAD_FUSED``)
-    assert len(calls) == 4 * layers + 1 and calls[-1] == (1, True, False, False, False, False)
-    assert set(calls[:-1]) == {(8, False, False, False, False, False), (8, False, True, False, False, True),
-                               (8, False, False, True, False, True)}
+    assert len(calls) == 3 * layers + 1 and calls[-1] == (1, True, False, False, False, False)
+    assert set(calls[:-1]) == {(8, False, False, False, False, False), (8, False, True, False, False, True)}
     calls.clear()
     width = graphs.steps[0].max_pages
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], width))
