@@ -219,10 +219,10 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
     ``FLARE_GEMV_DOT=0`` turns it off): 2..16 rows, a plain input (``prologue``: a norm or the gated input; a norm
     -- ``norm`` -- only with :data:`GEMM_ROWS_NORM`, the gated input -- a prologue without ``norm`` -- only with
-    :data:`GEMM_ROWS_GATED_IN`) and an ungated output (a gated one only with :data:`GEMM_ROWS_GATED`, for a weight
-    of ``elements`` at least :data:`GEMM_ROWS_GATED_MIN_ELEMENTS` -- None: not checked) -- the only
-    launches where it beat cuBLAS
-    in isolation on the H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
+    :data:`GEMM_ROWS_GATED_IN`) and an ungated output (a gated one only with :data:`GEMM_ROWS_GATED`, for a packed
+    weight of ``elements`` at least :data:`GEMM_ROWS_GATED_MIN_ELEMENTS`; every launch passes its weight's, None --
+    routing checks without a weight -- skips the bound) -- the only launches where it beat cuBLAS in isolation on the
+    H200 (``results/20261201T102332Z-sm90-run23``, Qwen3-8B, 4 and 8 rows: o_proj with the
     residual 12.1 us against cuBLAS 13.2 -- whose step adds a split-K reduce and the add, ~4.6 us -- and down 30.0
     against 28.6 + the same two; with a prologue its input loads are not pipelined: qkv 26.1 against 14.3, down with
     the gated input 165.7 against 28.7; gated gate/up 61.3 against 49.0). In the step, side by side in one process
@@ -274,8 +274,9 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     One ``flare::fused_linear`` launch when the projection is plain bf16 and :func:`prefers_fused` says so; an
     ungated projection of 2..16 rows behind a norm (unless ``FLARE_GEMV_DOT=0``) takes the norm apart and the
     projection (+ residual) as one tensor-core launch (that kernel takes plain inputs only: :func:`uses_dot_kernel`)
-    -- with :data:`GEMM_ROWS_GATED` a gated one too, its SiLU gate in the epilogue --; the qkv projection of a decode
-    batch then launches
+    -- with :data:`GEMM_ROWS_GATED` a gated one too (a packed weight of at least
+    :data:`GEMM_ROWS_GATED_MIN_ELEMENTS`), its SiLU gate in the epilogue --; the qkv projection of a decode batch then
+    launches
     from a kernel with programmatic dependent launch instead of cuBLAS, so the attention after it can start early;
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
