@@ -791,6 +791,23 @@ def fused_decode_one_row_blocks(batch: int, groups: int) -> bool:
             and switch("FLARE_DECODE_ONE_ROW_BLOCKS", True) and number("FLARE_DECODE_BLOCK_N") is None)
 
 
+#: Keys per block of the fused decode kernel's launches of more rows for a group above 2 heads (Qwen3-8B's 4 at batch
+#: 4: 17 splits of four 16-key pages each, the busiest split's chain of 4 dependent page rounds -> 2 rounds of 32 keys).
+#: Side by side in one process with the null (``results/20261204T151200Z-sm90-run147``, ``FLARE_DECODE_BLOCK_N=32``):
+#: Qwen3-8B batch 4 0.9869x (paired blocks 10/10 faster against A and A2, within noise by the min-max rule; per layer
+#: 118.18 -> 116.42 us in the critical path); 64-key blocks there 1.0233x slower (``...T152000Z-sm90-run148``).
+#: ``FLARE_DECODE_MULTI_ROW_BLOCKS=0`` restores whole pages; an explicit ``FLARE_DECODE_BLOCK_N`` replaces it.
+FUSED_DECODE_MULTI_ROW_BLOCK_N = 32
+
+
+def fused_decode_multi_row_blocks(batch: int, groups: int) -> bool:
+    """Whether a fused decode launch takes :data:`FUSED_DECODE_MULTI_ROW_BLOCK_N`-key blocks: more than one row, a group
+    above 2 heads (rounded up to a power of two), ``FLARE_DECODE_MULTI_ROW_BLOCKS`` on (default) and no explicit
+    ``FLARE_DECODE_BLOCK_N`` (read at each launch, for side-by-side runs)."""
+    return (batch > 1 and triton.next_power_of_2(max(1, groups)) > 2
+            and switch("FLARE_DECODE_MULTI_ROW_BLOCKS", True) and number("FLARE_DECODE_BLOCK_N") is None)
+
+
 def decode_block_n(page: int, block_n: int | None = None) -> int:
     """Keys per block of the decode kernels for pages of ``page`` keys: ``block_n`` when given (a power of two, a
     multiple of the page size and >= 16 -- a block gathers ``block_n / page`` pages, one page id per key), else
@@ -808,8 +825,8 @@ def decode_block_n(page: int, block_n: int | None = None) -> int:
     - Qwen3-8B batch 4 (17 splits of 4 pages, the split P V) side by side in one process with the null: 32-key blocks
       0.9869x (paired blocks 10/10 faster against A and A2, within noise by the min-max rule; per layer 118.18 -> 116.42
       us; ``results/20261204T151200Z-sm90-run147``) -- but 1.008x slower at batch 1, where they replace the 64-key
-      one-row blocks --, 64-key blocks 1.0233x slower (``results/20261204T152000Z-sm90-run148``).  A batch-4 rule for
-      32-key blocks is not adopted yet: not measured in a replay of record."""
+      one-row blocks --, 64-key blocks 1.0233x slower (``results/20261204T152000Z-sm90-run148``): the rule of
+      :func:`fused_decode_multi_row_blocks`."""
     if block_n is None:
         env = number("FLARE_DECODE_BLOCK_N")
         if env is None:
@@ -839,6 +856,8 @@ def _decode_geometry(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: t
         block_n = max(FUSED_DECODE_WIDE_BLOCK_N, page)
     elif fused and block_n is None and fused_decode_one_row_blocks(b, g):
         block_n = max(FUSED_DECODE_ONE_ROW_BLOCK_N, page)
+    elif fused and block_n is None and fused_decode_multi_row_blocks(b, g):
+        block_n = max(FUSED_DECODE_MULTI_ROW_BLOCK_N, page)
     block_n = decode_block_n(page, block_n)
     max_blocks = triton.cdiv(block_tables.shape[1] * page, block_n)
     splits = num_splits or (fused_decode_num_splits(b, kvh, g, max_blocks) if fused

@@ -407,13 +407,20 @@ def test_wide_blocks_rule(monkeypatch):
     big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
     assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
 
-    # larger groups at one row: 64-key blocks (fused_decode_one_row_blocks); more rows, FLARE_DECODE_ONE_ROW_BLOCKS=0,
-    # an explicit block_n or FLARE_DECODE_BLOCK_N, the two-kernel path: whole pages (or what was asked)
-    for b, expect in ((1, 64), (2, 16)):
+    # larger groups at one row: 64-key blocks (fused_decode_one_row_blocks), at more rows 32-key blocks
+    # (fused_decode_multi_row_blocks); FLARE_DECODE_ONE_ROW_BLOCKS=0 / FLARE_DECODE_MULTI_ROW_BLOCKS=0, an explicit
+    # block_n or FLARE_DECODE_BLOCK_N, the two-kernel path: whole pages (or what was asked)
+    for b, expect in ((1, 64), (2, 32), (4, 32)):
         q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,) * b, seed=3)
         assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == expect, b
+        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16, b
+        monkeypatch.setenv("FLARE_DECODE_MULTI_ROW_BLOCKS", "0")
+        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == (64 if b == 1 else 16)
+        monkeypatch.delenv("FLARE_DECODE_MULTI_ROW_BLOCKS")
     assert [tk.fused_decode_one_row_blocks(b, g) for b, g in ((1, 4), (1, 8), (1, 2), (4, 4))] == [
         True, True, False, False]
+    assert [tk.fused_decode_multi_row_blocks(b, g) for b, g in ((1, 4), (4, 8), (4, 2), (4, 4), (2, 3))] == [
+        False, True, False, True, True]
     q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,), seed=3)
     assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True, block_n=32)["BLOCK_N"] == 32
     assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16
