@@ -115,15 +115,6 @@ def cases(tk):
                  DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0)
         out.append((f"tensor-core {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-        taking = ("taking published statistics", {"S_IN": "*fp32"}, dict(IN_PARTS=128, IN_PP=128))
-        stats = {"8B o_proj": ("publishing its statistics", {"S_OUT": "*fp32"}, dict(OUT_PARTS=4096 // cfg["BN"])),
-                 "8B gate_up": taking, "8B qkv (norm in it)": taking}.get(name)  # FLARE_GEMM_ROWS_NORM_STATS's
-        if stats:
-            programs = -(-(n // 2 if gated else n) // cfg["BN"])
-            stages = (tk.gemm_rows_stats_stages(cfg["num_stages"], programs) if "S_IN" in stats[1]
-                      else cfg["num_stages"])
-            out.append((f"tensor-core {name} {stats[0]}", "_fused_gemm_rows_kernel", {**GEMV_SIG, **stats[1]},
-                        {**c, **stats[2]}, dict(num_warps=cfg["num_warps"], num_stages=stages)))
     cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
     out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
                 dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,

@@ -48,9 +48,8 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 from ignition.components.switches import number, switch
 
-__all__ = ["carries_norm_stats", "fused_linear", "fused_linear_reference", "fused_linear_stats", "gated_mlp_block",
-           "head_block", "linear_block", "mlp_publishes_stats", "mlp_takes_norm_stats", "prefers_fused",
-           "publishes_stats", "reorder_bound", "row_statistics", "takes_norm_stats"]
+__all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "head_block", "linear_block",
+           "prefers_fused", "reorder_bound"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
 #: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).  Again with the
@@ -127,20 +126,17 @@ def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Op
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
           residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
-          early: bool = False, norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+          early: bool = False) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
 @opaque_op("fused_linear", mutates_args=(), fake=_fake)
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
                  residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
-                 early: bool = False, norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 early: bool = False) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
     ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
-    wait (``triton_kernels.fused_linear_triton``); the result is the same either way.  ``norm_stats``: x's row
-    statistics as :func:`fused_linear_stats` published them with x (:data:`GEMM_ROWS_NORM_STATS`): on CUDA the
-    norm prologue takes its rstd from them (the same statistics, summed in another order); the CPU path computes the
-    canonical norm of x as always."""
+    wait (``triton_kernels.fused_linear_triton``); the result is the same either way."""
     if x.is_cuda:
         from ignition.components.triton_kernels import fused_linear_triton
 
@@ -149,48 +145,9 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
         lead = x.shape[:-1]
         res2 = residual.reshape(-1, n_out) if residual is not None else None
         out = fused_linear_triton(x.reshape(-1, k), weight, norm_weight=norm_weight, eps=eps, residual=res2,
-                                  gated=gated, gated_input=gated_input, early=early, norm_stats=norm_stats)
+                                  gated=gated, gated_input=gated_input, early=early)
         return out.view(*lead, n_out)
     return fused_linear_reference(x, weight, norm_weight, eps, residual, gated, gated_input)
-
-
-def _stats_parts(x: torch.Tensor, weight: torch.Tensor) -> int:
-    """Column blocks whose statistics :func:`fused_linear_stats` publishes per row: the tensor-core launch's programs
-    on CUDA (its config is a pure function of the shapes), one whole row on the CPU."""
-    if x.device.type != "cuda":
-        return 1
-    from ignition.components.triton_kernels import gemm_rows_config
-
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    bn = int(gemm_rows_config(rows, weight.shape[0], weight.shape[1])["BN"])
-    return -(-weight.shape[0] // bn)
-
-
-def _fake_stats(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = x.numel() // x.shape[-1]
-    return (x.new_empty((*x.shape[:-1], weight.shape[0])),
-            x.new_empty((rows, _stats_parts(x, weight)), dtype=torch.float32))
-
-
-@opaque_op("fused_linear_stats", mutates_args=(), fake=_fake_stats)
-def fused_linear_stats(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                       early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """A plain, ungated :func:`fused_linear` (``x [..., K]`` -> ``out [..., N]``, ``+ residual``) that also publishes
-    its output rows' RMSNorm statistics, ``stats [rows, P]`` fp32: the sums of ``out ** 2`` over P column blocks
-    (:data:`GEMM_ROWS_NORM_STATS`), for the next launch's norm prologue (``fused_linear(..., norm_stats=stats)``).
-    CUDA: the tensor-core launch (2..16 rows), each program summing its own output tile; CPU: the canonical
-    composition and each row's whole sum (P = 1)."""
-    n = weight.shape[0]
-    if x.is_cuda:
-        from ignition.components.triton_kernels import fused_linear_triton
-
-        res2 = residual.reshape(-1, n) if residual is not None else None
-        out, stats = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, residual=res2, early=early, dot=True,
-                                         publish_stats=True)
-        return out.view(*x.shape[:-1], n), stats
-    out = fused_linear_reference(x, weight, None, 0.0, residual)
-    return out, out.reshape(-1, n).float().pow(2).sum(dim=-1, keepdim=True)
 
 
 _ENABLED = [True]
@@ -257,21 +214,6 @@ GEMM_ROWS_GATED = True
 GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 
 
-#: Whether a projection of 2..16 rows behind an RMSNorm that runs as the norm kernel and then the tensor-core launch
-#: (:func:`linear_block`'s second path: Qwen3-8B's gate/up at batch 4) takes the norm into that launch's prologue with
-#: the statistics the launch before it published (:func:`fused_linear_stats`: the output projection + residual, which
-#: wrote x, sums its own output tile's squares per row in its epilogue) -- one launch less, and no statistics pass
-#: over x as :data:`GEMM_ROWS_NORM`'s prologue makes (``FLARE_GEMM_ROWS_NORM_STATS=1`` / ``0``; read at trace time).
-#: The same rounding points; the statistics summed in another order.
-GEMM_ROWS_NORM_STATS = False
-
-#: With :data:`GEMM_ROWS_NORM_STATS`: the decoder layers' down projection (+ residual) publishes its output's statistics
-#: too, for the next layer's qkv launch behind its input norm (the model's body carries them from layer to layer; the
-#: first layer's come from :func:`row_statistics` of the embeddings).  ``FLARE_GEMM_ROWS_NORM_STATS_CARRY=0`` keeps
-#: them within the layer (read at trace time).
-GEMM_ROWS_NORM_STATS_CARRY = True
-
-
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False,
                     elements: int | None = None) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
@@ -322,50 +264,8 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
     return uses_dot_kernel(rows, gated=gated, prologue=prologue, norm=norm, elements=weight.numel())
 
 
-def _norm_apart_dot(rows: int, weight: Optional[torch.Tensor], gated: bool) -> bool:
-    """Whether :func:`linear_block` runs a projection behind a norm as the norm kernel and then the tensor-core
-    launch (its second path)."""
-    return (weight is not None and not prefers_fused(rows, weight, gated, prologue=True, norm=True)
-            and uses_dot_kernel(rows, gated=gated, elements=weight.numel()))
-
-
-def takes_norm_stats(rows: int, projection, *, gated: bool = False, act_name: str | None = None) -> bool:
-    """Whether :func:`linear_block` on ``rows`` rows through ``projection`` behind a norm would take published row
-    statistics (:data:`GEMM_ROWS_NORM_STATS`; ``norm_stats``) -- so that the launch writing its input publishes them
-    only where they are read."""
-    return (switch("FLARE_GEMM_ROWS_NORM_STATS", GEMM_ROWS_NORM_STATS) and _ENABLED[0]
-            and (not gated or act_name == "silu") and _norm_apart_dot(rows, projection.plain_weight(), gated))
-
-
-def carries_norm_stats() -> bool:
-    """Whether row statistics cross decoder layers (:data:`GEMM_ROWS_NORM_STATS_CARRY`, with the statistics on)."""
-    return (switch("FLARE_GEMM_ROWS_NORM_STATS", GEMM_ROWS_NORM_STATS)
-            and switch("FLARE_GEMM_ROWS_NORM_STATS_CARRY", GEMM_ROWS_NORM_STATS_CARRY))
-
-
-def row_statistics(x: torch.Tensor, projection) -> torch.Tensor:
-    """The row statistics of ``x [..., N]`` as a :func:`fused_linear_stats` launch through ``projection`` (N output
-    columns) would publish them with x (the same ``[rows, P]`` shape; fp32 sums of x^2 over P column blocks) -- for
-    a first consumer whose input no launch wrote (the embeddings)."""
-    n = x.shape[-1]
-    rows = x.numel() // n
-    parts = _stats_parts(x, projection.plain_weight())
-    width = -(-n // parts)
-    xf = F.pad(x.reshape(rows, n).float(), (0, parts * width - n))
-    return xf.view(rows, parts, width).pow(2).sum(dim=-1)
-
-
-def publishes_stats(rows: int, projection) -> bool:
-    """Whether :func:`linear_block` (no norm, ungated) asked to ``publish_stats`` runs :func:`fused_linear_stats`:
-    a fused tensor-core launch."""
-    weight = projection.plain_weight()
-    return (weight is not None and prefers_fused(rows, weight, False)
-            and uses_dot_kernel(rows, elements=weight.numel()))
-
-
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
-                 gated: bool = False, act_fn=None, act_name: str | None = None, early: bool = False,
-                 norm_stats: Optional[torch.Tensor] = None, publish_stats: bool = False):
+                 gated: bool = False, act_fn=None, act_name: str | None = None, early: bool = False):
     """``[norm ->] projection [-> act_fn(gate) * up] [-> residual +]`` on ``x [..., K]``.
 
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
@@ -381,33 +281,19 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
     path).  ``early``: what comes next reads nothing but weights before its wait (not the fused decode attention):
-    a fused launch may let it start before its own wait (``flare::fused_linear``).
-    ``publish_stats`` (no norm, ungated): return ``(y, stats)``, the output rows' norm statistics when the launch is
-    a fused tensor-core one (:func:`publishes_stats`, :func:`fused_linear_stats`), else None.  ``norm_stats``: those
-    statistics of ``x``, which the second path above then takes into its launch instead of the norm kernel
-    (:data:`GEMM_ROWS_NORM_STATS`; ignored on the other paths)."""
+    a fused launch may let it start before its own wait (``flare::fused_linear``)."""
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
-    parts = getattr(projection, "part_sizes", None)
-    if publish_stats:
-        if norm is not None or gated:
-            raise ValueError("linear_block: publish_stats is for a plain, ungated projection")
-        if publishes_stats(rows, projection):
-            y, stats = fused_linear_stats(x, weight, residual, early)
-            return (y.split(parts, dim=-1) if parts is not None else y), stats
-        return linear_block(x, projection, residual=residual, early=early), None
     fusable_act = not gated or act_name == "silu"
+    parts = getattr(projection, "part_sizes", None)
     if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None,
                                                             norm=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
-    if weight is not None and norm is not None and fusable_act and uses_dot_kernel(rows, gated=gated,
-                                                                                   elements=weight.numel()):
-        if norm_stats is not None:
-            y = fused_linear(x, weight, norm.weight, norm.variance_epsilon, residual, gated, False, early, norm_stats)
-        else:
-            y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
+    if (weight is not None and norm is not None and fusable_act
+            and uses_dot_kernel(rows, gated=gated, elements=weight.numel())):
+        y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     h = x if norm is None else norm(x)
     y = projection(h)
@@ -417,30 +303,8 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     return y if residual is None else residual + y
 
 
-def _gate_into_down(rows: int, gu_w, down_w, act_name: str | None, norm) -> bool:
-    """Whether :func:`gated_mlp_block` hands gate/up's packed output to down's gated-input launch (its first path)."""
-    return (act_name == "silu" and gu_w is not None and down_w is not None
-            and not prefers_fused(rows, gu_w, True, prologue=norm is not None)
-            and prefers_fused(rows, down_w, False, prologue=True))
-
-
-def mlp_publishes_stats(rows: int, gate_up, down, act_name: str | None) -> bool:
-    """Whether :func:`gated_mlp_block` (behind a norm) asked to ``publish_stats`` publishes its output's statistics
-    (down's launch: :func:`publishes_stats`, not the gated-input one)."""
-    return (not _gate_into_down(rows, gate_up.plain_weight(), down.plain_weight(), act_name, True)
-            and publishes_stats(rows, down))
-
-
-def mlp_takes_norm_stats(rows: int, gate_up, down, act_name: str | None) -> bool:
-    """Whether :func:`gated_mlp_block` behind a norm would take published row statistics of its input
-    (``norm_stats``: :func:`takes_norm_stats` for its gate/up)."""
-    return (not _gate_into_down(rows, gate_up.plain_weight(), down.plain_weight(), act_name, True)
-            and takes_norm_stats(rows, gate_up, gated=True, act_name=act_name))
-
-
 def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Optional[torch.Tensor] = None,
-                    act_fn=None, act_name: str | None = None, early: bool = False,
-                    norm_stats: Optional[torch.Tensor] = None, publish_stats: bool = False):
+                    act_fn=None, act_name: str | None = None, early: bool = False) -> torch.Tensor:
     """``[norm ->] gate_up -> act_fn(gate) * up -> down [-> residual +]`` (the canonical ``Qwen3MLP`` with the
     decoder layer's norm and skip connection) on ``x [..., K]``, by the measured rule of :func:`prefers_fused`:
 
@@ -451,23 +315,21 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     - otherwise the separate modules (two :func:`linear_block` calls).
 
     ``early`` (:func:`linear_block`): what comes after the block reads nothing but weights before its wait; the
-    launch inside the block is early in any case (its successor is the block's own next launch).
-    ``norm_stats``: the input's published row statistics (:func:`mlp_takes_norm_stats`), for gate/up's norm;
-    ``publish_stats``: return ``(out, stats)``, down's output statistics (:func:`mlp_publishes_stats`; else None)."""
+    launch inside the block is early in any case (its successor is the block's own next launch)."""
     gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
     rows = x.numel() // x.shape[-1]
-    if _gate_into_down(rows, gu_w, down_w, act_name, norm):
+    if (act_name == "silu" and gu_w is not None and down_w is not None
+            and not prefers_fused(rows, gu_w, True, prologue=norm is not None)
+            and prefers_fused(rows, down_w, False, prologue=True)):
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False, False, True)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
-        out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
-        return (out, None) if publish_stats else out
-    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True,
-                       norm_stats=norm_stats)
-    return linear_block(act, down, residual=residual, early=early, publish_stats=publish_stats)
+        return fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
+    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True)
+    return linear_block(act, down, residual=residual, early=early)
 
 
 def head_block(x: torch.Tensor, projection, norm) -> torch.Tensor:

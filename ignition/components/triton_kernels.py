@@ -1267,8 +1267,7 @@ def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, B
 def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: tl.constexpr,
                    HAS_RES: tl.constexpr):
     """From the fp32 sums ``y`` (and ``u``, the up half, when gated) ``[MP, BN]``: round; gated,
-    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` (``r``, :func:`_gemv_residual`) rounded once; store.  Returns
-    the stored tile."""
+    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` (``r``, :func:`_gemv_residual`) rounded once; store."""
     out_ty = Y.dtype.element_ty
     y = y.to(out_ty)  # [MP, BN]: the projection, rounded
     if GATED:
@@ -1280,7 +1279,6 @@ def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: 
     if HAS_RES:
         y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
     tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
-    return y
 
 
 @triton.jit
@@ -1506,32 +1504,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # the step 1.41x slower at batch 4 (Qwen3-8B side by side in one process, ``results/20261201T141644Z-sm90-run37``).
 
 @triton.jit
-def _stats_rstd(S_IN, offs_m, m_mask, eps, K: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr):
-    """``rstd [MP]`` of the RMSNorm prologue from the row statistics a previous launch published
-    (:func:`_stats_store`: ``S_IN [rows, PARTS]`` fp32 sums of x^2 over column blocks), summed in block order."""
-    offs_p = tl.arange(0, PP)
-    part = tl.load(S_IN + offs_m[:, None] * PARTS + offs_p[None, :], mask=m_mask[:, None] & (offs_p < PARTS)[None, :],
-                   other=0.0)
-    return tl.math.rsqrt(tl.sum(part, axis=1) / K + eps)
-
-
-@triton.jit
-def _stats_store(S_OUT, y, offs_m, m_mask, n_mask, PARTS: tl.constexpr):
-    """This program's share of its output rows' statistics: the fp32 sum of squares of its stored tile ``y [MP, BN]``
-    (columns past N zero), to ``S_OUT [rows, PARTS]`` at column ``program_id(0)`` -- the next launch's norm prologue
-    sums a row's PARTS in order (:func:`_stats_rstd`)."""
-    yf = tl.where(n_mask[None, :], y.to(tl.float32), 0.0)
-    tl.store(S_OUT + offs_m * PARTS + tl.program_id(0), tl.sum(yf * yf, axis=1), mask=m_mask)
-
-
-@triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                             K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                             PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
-                            NORM_STAGES: tl.constexpr = 0, S_IN=None, S_OUT=None, IN_PARTS: tl.constexpr = 0,
-                            IN_PP: tl.constexpr = 1, OUT_PARTS: tl.constexpr = 0):
+                            NORM_STAGES: tl.constexpr = 0):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -1539,10 +1517,7 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
-    if IN_PARTS > 0:  # the norm's statistics published by the launch that wrote x (no statistics pass over x)
-        rstd = _stats_rstd(S_IN, offs_m, m_mask, eps, K, IN_PARTS, IN_PP)
-    else:
-        rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
+    rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
@@ -1572,11 +1547,9 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
 
     res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
-        y = _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
+        _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     else:
-        y = _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
-    if OUT_PARTS > 0:
-        _stats_store(S_OUT, y, offs_m, m_mask, n_mask, OUT_PARTS)
+        _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
@@ -1782,20 +1755,6 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 #: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
 GEMM_ROWS_NORM_STAGES = 3
 
-#: The most pipeline stages of a tensor-core launch of more programs than SMs that takes published row statistics
-#: (``norm_stats``; ``FLARE_GEMM_ROWS_STATS_STAGES=N`` sets it, 0: its config's): each stage also holds the norm
-#: weights' tile, so Qwen3-8B's gated gate/up (384 programs) at its config's 4 stages needs 76 KiB of shared memory,
-#: 2 programs per SM -- two waves --, at 3 stages 52 KiB, 4 per SM (offline sm90, ``scripts/sm90_kernel_check.py``).
-#: A launch of at most one program per SM (Qwen3-8B's qkv: 96) keeps its config's stages.
-GEMM_ROWS_STATS_STAGES = 3
-
-
-def gemm_rows_stats_stages(stages: int, programs: int) -> int:
-    """The pipeline stages of a launch of ``programs`` programs taking published row statistics
-    (:data:`GEMM_ROWS_STATS_STAGES`) whose config has ``stages``."""
-    cap = whole("FLARE_GEMM_ROWS_STATS_STAGES", GEMM_ROWS_STATS_STAGES, low=0)
-    return min(stages, cap) if cap and programs > GEMV_TARGET_SMS else stages
-
 
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The tensor-core kernel's launch config, a pure function of the shapes: the :data:`GEMM_ROWS_MEASURED` entry,
@@ -1881,8 +1840,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
                         gated_input: bool = False, config: dict | None = None,
                         dot: bool | None = None, probe: torch.Tensor | None = None,
-                        early: bool = False, norm_stats: torch.Tensor | None = None,
-                        publish_stats: bool = False):
+                        early: bool = False) -> torch.Tensor:
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -1894,10 +1852,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
     the fused decode attention): the one-row kernel then lets it launch before its own wait
     (:func:`gemv_early_enabled`).
-    ``norm_stats`` (the tensor-core kernel, with ``norm_weight``): the row statistics of x that the launch which wrote
-    x published (``publish_stats``), ``[M, P]`` fp32 sums of x^2 over its P column blocks -- the norm prologue then
-    takes rstd from them instead of a statistics pass over x.  ``publish_stats`` (the tensor-core kernel): also return
-    those statistics of this launch's output, ``(out, stats)``.
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
     the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``."""
@@ -1930,46 +1884,28 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
-    if norm_stats is not None and (norm_weight is None or gated_input):
-        raise ValueError("fused_linear_triton: norm_stats are the norm prologue's statistics (needs norm_weight)")
     if dot is None:
-        dot = uses_dot_kernel(m, gated=gated, prologue=(norm_weight is not None and norm_stats is None) or gated_input,
+        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input,
                               norm=norm_weight is not None and not gated_input, elements=weight.numel())
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
     if dot and probe is not None:
         raise ValueError("fused_linear_triton: probe is for the one-row kernel (dot=False)")
-    if (norm_stats is not None or publish_stats) and not dot:
-        raise ValueError(f"fused_linear_triton: row statistics are the tensor-core kernel's ({DOT_ROWS.start}.."
-                         f"{DOT_ROWS.stop - 1} rows), this launch ({m} rows) takes the one-row kernel")
-    if norm_stats is not None and (norm_stats.dim() != 2 or norm_stats.shape[0] != m
-                                   or norm_stats.dtype != torch.float32 or not norm_stats.is_contiguous()):
-        raise ValueError(f"fused_linear_triton: norm_stats {tuple(norm_stats.shape)} {norm_stats.dtype}: expected "
-                         f"contiguous fp32 [{m}, parts]")
     if dot:
         cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
         bn, bk = int(cfg["BN"]), int(cfg["BK"])
         if bn < 16 or bk < 16:
             raise ValueError(f"fused_linear_triton: the tensor-core kernel needs BN, BK >= 16, got {bn}, {bk}")
-        parts = triton.cdiv(n_out, bn)
-        stats = torch.empty((m, parts), dtype=torch.float32, device=x.device) if publish_stats else None
-        stat_args = {}
-        if norm_stats is not None:
-            stat_args.update(S_IN=norm_stats, IN_PARTS=norm_stats.shape[1],
-                             IN_PP=triton.next_power_of_2(norm_stats.shape[1]))
-            cfg["num_stages"] = gemm_rows_stats_stages(int(cfg["num_stages"]), parts * triton.cdiv(m, GEMV_MAX_ROWS))
-        if stats is not None:
-            stat_args.update(S_OUT=stats, OUT_PARTS=parts)
-        _fused_gemm_rows_kernel[(parts, triton.cdiv(m, GEMV_MAX_ROWS))](
+        _fused_gemm_rows_kernel[(triton.cdiv(n_out, bn), triton.cdiv(m, GEMV_MAX_ROWS))](
             x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
             m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(GEMV_PREFETCH_TILES, triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
-            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **stat_args)
-        return (out, stats) if publish_stats else out
+            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
+        return out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)

@@ -259,63 +259,6 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
 
 
-@pytest.mark.parametrize("m,n,k,n1,gated", [(4, 96, 64, 64, True), (3, 40, 64, 48, False), (16, 64, 128, 32, True)])
-def test_published_row_statistics_feed_the_norm_prologue(m, n, k, n1, gated):
-    """``publish_stats`` (``GEMM_ROWS_NORM_STATS``): the tensor-core launch's output is the same bits with or without
-    publishing, its statistics are each column block's sum of squares of the stored output (fp64 reference), and
-    the next launch's norm prologue on them is within the reference's bound of the canonical norm + projection
-    (two configs: the producer's blocks of 16 and 32 columns, N not a multiple of one)."""
-    from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
-
-    x, w, _, r = _gemv_inputs(m, n, k, norm=False, gated=False, residual=True, seed=m + n)
-    _, w1, nw, _ = _gemv_inputs(m, 2 * n1 if gated else n1, n, norm=True, gated=gated, residual=False, seed=n1)
-    for bn in (16, 32):
-        cfg = {"BN": bn, "BK": 64}
-        out, stats = fused_linear_triton(x, w, residual=r, config=cfg, dot=True, publish_stats=True)
-        plain = fused_linear_triton(x, w, residual=r, config=cfg, dot=True)
-        assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
-        parts = -(-n // bn)
-        assert stats.shape == (m, parts) and stats.dtype == torch.float32
-        blocks = torch.nn.functional.pad(out.double(), (0, parts * bn - n)).view(m, parts, bn)
-        want = (blocks * blocks).sum(dim=-1)
-        assert torch.allclose(stats.double(), want, rtol=2.0 ** -20, atol=0.0)
-        got = fused_linear_triton(out, w1, norm_weight=nw, eps=1e-6, gated=gated, norm_stats=stats,
-                                  config={"BN": 16, "BK": 64}, dot=True)
-        ref = fused_linear_reference(out, w1, nw, 1e-6, None, gated)
-        err = (got.float() - ref.float()).abs()
-        tol = _gemv_tolerance(out, w1, nw, gated, ref)
-        assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-        if not gated:  # the prologue reads them: four times the sums halve rstd, so the (linear) output halves
-            quarter = fused_linear_triton(out, w1, norm_weight=nw, eps=1e-6, norm_stats=stats * 4,
-                                          config={"BN": 16, "BK": 64}, dot=True)
-            assert ((quarter.float() - ref.float() / 2).abs() <= tol / 2).all()
-            assert not torch.equal(quarter, got)
-
-
-def test_published_row_statistics_are_checked(monkeypatch):
-    """Row statistics name what is wrong: for the tensor-core kernel only, with a norm, of the input's rows, fp32.
-    A launch taking them over more programs than SMs caps its stages (``GEMM_ROWS_STATS_STAGES``)."""
-    from ignition.components.triton_kernels import fused_linear_triton, gemm_rows_stats_stages
-
-    assert (gemm_rows_stats_stages(4, 384), gemm_rows_stats_stages(5, 96), gemm_rows_stats_stages(2, 384)) == (3, 5, 2)
-    monkeypatch.setenv("FLARE_GEMM_ROWS_STATS_STAGES", "0")
-    assert gemm_rows_stats_stages(4, 384) == 4
-
-    x, w, nw, _ = _gemv_inputs(4, 32, 64, norm=True, gated=False, residual=False, seed=5)
-    stats = torch.ones(4, 2)
-    with pytest.raises(ValueError, match="needs norm_weight"):
-        fused_linear_triton(x, w, norm_stats=stats, dot=True)
-    with pytest.raises(ValueError, match="norm_stats"):
-        fused_linear_triton(x, w, norm_weight=nw, norm_stats=torch.ones(3, 2), dot=True)
-    with pytest.raises(ValueError, match="norm_stats"):
-        fused_linear_triton(x, w, norm_weight=nw, norm_stats=stats.double(), dot=True)
-    with pytest.raises(ValueError, match="one-row kernel"):
-        fused_linear_triton(x[:1], w, publish_stats=True)
-    with pytest.raises(ValueError, match="one-row kernel"):
-        fused_linear_triton(x, w, norm_weight=nw, norm_stats=stats, dot=False)
-
-
 def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     """The tensor-core kernel (default; ``FLARE_GEMV_DOT=0`` turns it off) takes 2..16 rows of plain-input, ungated
     projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""

@@ -192,54 +192,6 @@ def test_gated_tensor_core_chunks_keep_the_canonical_greedy_run(ckpt, reference,
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
 
-@pytest.mark.parametrize("carry", [True, False], ids=["carried", "within-layer"])
-def test_published_norm_statistics_keep_the_canonical_greedy_run(ckpt, reference, monkeypatch, carry):
-    """``FLARE_GEMM_ROWS_NORM_STATS=1`` (``GEMM_ROWS_NORM_STATS``) with the gated gate/up launch (no size bound here):
-    in 8-token prefill chunks each layer's o_proj publishes its output's norm statistics (``fused_linear_stats``) and
-    the gate/up launch takes them with the post-attention norm's weight (no norm module); carried
-    (``GEMM_ROWS_NORM_STATS_CARRY``, default) each layer's down publishes too and the next layer's qkv takes them with
-    its input norm's weight (the first layer's from the embeddings); one-row steps publish nothing.  Greedy tokens and
-    logits match the canonical forward (the CPU path computes the canonical norm); off, nothing is published."""
-    from ignition.components import fused_linear as fl
-
-    published, taken = [], []
-    real_stats, real = fl.fused_linear_stats, fl.fused_linear
-
-    def publishing(x, weight, residual, early=False):
-        published.append((x.numel() // x.shape[-1], weight.shape[0]))
-        return real_stats(x, weight, residual, early)
-
-    def taking(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, norm_stats=None):
-        if norm_stats is not None:
-            rows = x.numel() // x.shape[-1]
-            assert norm_weight is not None and residual is None and norm_stats.shape[0] == rows
-            taken.append((rows, gated))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, norm_stats)
-
-    monkeypatch.setattr(fl, "fused_linear_stats", publishing)
-    monkeypatch.setattr(fl, "fused_linear", taking)
-    monkeypatch.setenv("FLARE_GEMM_ROWS_NORM_STATS", "1")
-    monkeypatch.setenv("FLARE_GEMM_ROWS_NORM_STATS_CARRY", "1" if carry else "0")
-    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
-    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")  # this checkpoint's gate/up is below the bound
-    config = AutoConfig.from_pretrained(ckpt)
-    layers, hidden = config.num_hidden_layers, config.hidden_size
-    tokens, logits = prepared_greedy(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT,
-                                     STEPS, chunk=8)
-    ref_tokens, ref_logits = reference
-    assert tokens == ref_tokens
-    assert_close(logits, ref_logits, logit_bound(ref_logits))
-    chunks = -(-len(PROMPT) // 8)
-    per_layer = [(8, hidden)] * (2 if carry else 1)  # o_proj (and down), both hidden-wide outputs
-    assert published == per_layer * (chunks * layers)
-    assert taken == ([(8, False), (8, True)] if carry else [(8, True)]) * (chunks * layers)  # qkv, gate/up
-    monkeypatch.setenv("FLARE_GEMM_ROWS_NORM_STATS", "0")
-    published.clear()
-    taken.clear()
-    prefill(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT[:8], chunk=8)
-    assert published == [] and taken == []
-
-
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
     """The "triton" attention backend through the whole model (eager, CPU: decode runs the CPU implementation
     of flare::paged_decode_attention -- fp32 softmax and P @ V, keys < seq_lens only -- prefill the reference

@@ -44,9 +44,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
-from ignition.components.fused_linear import (carries_norm_stats, gated_mlp_block, head_block, linear_block,
-                                              mlp_publishes_stats, mlp_takes_norm_stats, row_statistics,
-                                              takes_norm_stats)
+from ignition.components.fused_linear import gated_mlp_block, head_block, linear_block
 from ignition.components.norms import RMSNorm
 from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
@@ -102,22 +100,17 @@ class PagedQwen3Attention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None,
                 kv_layer: int | None = None, input_norm: nn.Module | None = None,
-                residual: torch.Tensor | None = None, publish_stats: bool = False,
-                norm_stats: torch.Tensor | None = None, **_):
+                residual: torch.Tensor | None = None, **_):
         """``kv_layer``: the layer of ``paged_batch.cache`` holding this layer's K/V (default ``layer_idx``);
         regional compilation passes a one-layer view of the pool and ``kv_layer=0`` so that no
         layer-specific integer is traced (one compiled layer graph then serves every layer).
         ``input_norm`` (applied to ``hidden_states`` first) and ``residual`` (added to the output) are the
         decoder layer's, handed in so that the QKV and output projections may fuse them
-        (:func:`ignition.components.fused_linear.linear_block`).  ``publish_stats``: the output projection also
-        returns its output rows' norm statistics in place of the attention weights (None where its launch does not
-        publish them), for the post-attention norm's projection (``linear_block``'s ``norm_stats``); ``norm_stats``: those of
-        ``hidden_states``, for the QKV projection behind ``input_norm`` (:meth:`takes_norm_stats`)."""
+        (:func:`ignition.components.fused_linear.linear_block`)."""
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
-        q, k, v = (x.view(b, t, -1, self.head_dim)
-                   for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm, norm_stats=norm_stats))
+        q, k, v = (x.view(b, t, -1, self.head_dim) for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm))
         cos, sin = position_embeddings
         layer = self.layer_idx if kv_layer is None else kv_layer
         # q_norm / k_norm, the canonical rotary on the [B, T, heads, D] layout (cos/sin [B, T, D] broadcast over
@@ -128,13 +121,7 @@ class PagedQwen3Attention(nn.Module):
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
                                        cos, sin, paged_batch, overlap_bytes=self.qkv_bytes)
         # early: the post-attention norm / MLP after it reads only weights before its wait
-        if publish_stats:
-            return linear_block(out, self.o_proj, residual=residual, early=True, publish_stats=True)
         return linear_block(out, self.o_proj, residual=residual, early=True), None
-
-    def takes_norm_stats(self, rows: int) -> bool:
-        """Whether :meth:`forward` on ``rows`` rows would take its input's published norm statistics (QKV)."""
-        return takes_norm_stats(rows, self.qkv_proj)
 
 
 class PackedQwen3MLP(nn.Module):
@@ -148,23 +135,11 @@ class PackedQwen3MLP(nn.Module):
         self.act_name = act_name
 
     def forward(self, x: torch.Tensor, input_norm: nn.Module | None = None,
-                residual: torch.Tensor | None = None, norm_stats: torch.Tensor | None = None,
-                publish_stats: bool = False):
-        """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention);
-        ``norm_stats``: x's published norm statistics (:meth:`takes_norm_stats`); ``publish_stats``: return
-        ``(out, stats)`` (:meth:`publishes_stats`)."""
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention)."""
         # early: what follows (the next layer's qkv projection, or the final norm) reads only weights before its wait
         return gated_mlp_block(x, self.gate_up_proj, self.down_proj, norm=input_norm, residual=residual,
-                               act_fn=self.act_fn, act_name=self.act_name, early=True, norm_stats=norm_stats,
-                               publish_stats=publish_stats)
-
-    def takes_norm_stats(self, rows: int) -> bool:
-        """Whether :meth:`forward` on ``rows`` rows behind its norm would take x's published norm statistics."""
-        return mlp_takes_norm_stats(rows, self.gate_up_proj, self.down_proj, self.act_name)
-
-    def publishes_stats(self, rows: int) -> bool:
-        """Whether :meth:`forward` on ``rows`` rows asked to ``publish_stats`` publishes its output's statistics."""
-        return mlp_publishes_stats(rows, self.gate_up_proj, self.down_proj, self.act_name)
+                               act_fn=self.act_fn, act_name=self.act_name, early=True)
 
 
 class PreparedQwen3DecoderLayer(nn.Module):
@@ -187,23 +162,10 @@ class PreparedQwen3DecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                paged_batch: AttentionBatch | None = None, kv_layer: int | None = None,
-                norm_stats: torch.Tensor | None = None, **_):
-        """The layer's output; with ``norm_stats`` (``hidden_states``' published norm statistics, carried from the
-        layer before: :meth:`carries_norm_stats`) ``(output, its statistics)``."""
-        # the output projection publishes h's norm statistics where the MLP's gate/up takes them (no norm kernel)
-        publish = self.mlp.takes_norm_stats(hidden_states.numel() // hidden_states.shape[-1])
-        h, stats = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
-                                  input_norm=self.input_layernorm, residual=hidden_states, publish_stats=publish,
-                                  norm_stats=norm_stats)
-        return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h, norm_stats=stats,
-                        publish_stats=norm_stats is not None)
-
-    def carries_norm_stats(self, rows: int) -> bool:
-        """Whether a step of ``rows`` rows carries norm statistics through its layers (:func:`carries_norm_stats`):
-        the QKV launch takes them and the MLP's down launch publishes them."""
-        return (carries_norm_stats() and self.self_attn.takes_norm_stats(rows)
-                and self.mlp.publishes_stats(rows))
+                paged_batch: AttentionBatch | None = None, kv_layer: int | None = None, **_) -> torch.Tensor:
+        h, _ = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
+                              input_norm=self.input_layernorm, residual=hidden_states)
+        return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h)
 
 
 def validate_config(config: Qwen3Config) -> None:
@@ -370,18 +332,11 @@ class PreparedQwen3(nn.Module):
         m = self.hf.model
         hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
         position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
-        # norm statistics carried from each layer's down launch to the next one's QKV (the first layer's from the
-        # embeddings), where the layers take and publish them (GEMM_ROWS_NORM_STATS_CARRY)
-        first = m.layers[0] if len(m.layers) else None
-        stats = (row_statistics(hidden, first.mlp.down_proj)
-                 if first is not None and first.carries_norm_stats(hidden.numel() // hidden.shape[-1]) else None)
         for i, layer in enumerate(m.layers):
             if layer_fn is None:
-                out = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch,
-                            norm_stats=stats)
+                hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)
             else:
-                out = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i), stats)
-            hidden, stats = out if stats is not None else (out, None)
+                hidden = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i))
         return batch, hidden
 
     @staticmethod
@@ -392,13 +347,11 @@ class PreparedQwen3(nn.Module):
                                                              c.max_pages_per_row))
 
     @staticmethod
-    def run_layer(layer: nn.Module, hidden: torch.Tensor, position_embeddings, layer_batch: AttentionBatch,
-                  norm_stats: torch.Tensor | None = None):
+    def run_layer(layer: nn.Module, hidden: torch.Tensor, position_embeddings, layer_batch: AttentionBatch):
         """One canonical decoder layer on a :meth:`layer_batch` view -- the repeated region: nothing in it
-        depends on the layer index, so one compiled graph per shape serves every layer (``norm_stats``: the
-        statistics carried between layers, given to every layer of a step or to none)."""
+        depends on the layer index, so one compiled graph per shape serves every layer."""
         return layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=layer_batch,
-                     kv_layer=0, norm_stats=norm_stats)
+                     kv_layer=0)
 
     def head_all(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Every position: final norm -> vocabulary projection, fp32 logits ``[B, T, V]`` (speculative
