@@ -175,6 +175,15 @@ DOT_ROWS = range(2, 17)
 #: spills).  At batch 4 it would remove the layer's qkv norm kernel (1.70 us per layer in Qwen3-8B's critical path, run
 #: 114) and, where the packed gate/up feeds down's gated input (Qwen3-0.6B), the gate/up's.
 GEMM_ROWS_NORM = False
+#: Tried and removed (commit 590bec8, reverted): the row statistics published by the launch that wrote x -- o_proj +
+#: residual (and down + residual, carried to the next layer's qkv; the first layer's from the embeddings) summing its
+#: output tile's squares per row in its epilogue -- so that the next tensor-core launch takes the norm into its
+#: prologue without a statistics pass: no norm kernel at all.  Side by side in one process with the null on the H200
+#: (``results/20261204T161200Z-sm90-run149``, Qwen3-8B, 1024-token context): batch 4 **1.158x slower** within the
+#: layer, 1.263x carried (paired blocks 0/10) -- the gated gate/up with the norm prologue took 68.93 us per layer in
+#: the critical path against the norm kernel's 1.66 + 49.31 (3 stages to stay in one wave; the normed input tile is
+#: formed in registers each K step), o_proj with the statistics epilogue 13.12 against 10.46; batch 1 (no such launch)
+#: within noise.
 
 
 #: Whether a projection of 2..16 rows with the SiLU-gated input (the packed ``[gate; up]`` output of the previous

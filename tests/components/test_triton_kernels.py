@@ -311,6 +311,15 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
                                                                                               prologue=True, norm=True)
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS")
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
+    from ignition.components.triton_kernels import GEMV_PREFETCH_TILES, gemm_rows_prefetch_tiles
+
+    assert gemm_rows_prefetch_tiles() == GEMV_PREFETCH_TILES == 2  # L2 prefetch before the wait: side-by-side switch
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "8")
+    assert gemm_rows_prefetch_tiles() == 8
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "-1")
+    with pytest.raises(ValueError, match="FLARE_GEMM_ROWS_PREFETCH"):
+        gemm_rows_prefetch_tiles()
+    monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}
