@@ -78,6 +78,10 @@ def _pdl(device: torch.device, early_rows: int | None = None) -> dict:
 #: in one process (``results/20261201T131618Z-sm90-run34``), 2.02 ms with EARLY against 0.7457x that without -- the
 #: o_proj's critical-path share went from 5.4 to 24.0 us per layer once the qkv before it ran run 31's 32x128 w4 s5
 #: config (``results/20261201T130837Z-sm90-run33``; either change alone undoes it).
+#: Again at 4 rows with the tensor-core o_proj, side by side in one process with the null (``FLARE_PDL_EARLY_ROWS=4``):
+#: Qwen3-8B batch 4 0.9926x (paired blocks 10/10 faster against A and A2; the reduce 2.59 -> 1.82 us per layer in the
+#: critical path; ``results/20261204T162300Z-sm90-run150``), but Qwen3-0.6B batch 4 1.4114x slower (its o_proj 5.34 ->
+#: 23.90 us; ``results/20261204T163100Z-sm90-run151``) -- not adopted, the cause of the loss not diagnosed.
 PDL_EARLY_ROWS = 1
 
 
