@@ -76,24 +76,25 @@ def cases(tk):
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (tk.fused_decode_wide, 33 splits on 132 SMs)
     # and its FLARE_DECODE_WIDE=0 one
     # (8B: 64-key blocks, tk.fused_decode_one_row_blocks -- 17 splits at 1025 keys; every one prefetches its K/V),
-    # and Qwen3-8B's batch-4 launch (whole pages, 16 splits, no prefetch)
+    # and Qwen3-8B's batch-4 launch (32-key blocks, tk.fused_decode_multi_row_blocks; 17 splits, no prefetch)
     for heads, splits, prefetch, bn, pipe in ((32, 17, 64, 64, True), (16, 64, 64, 16, True), (16, 33, 64, 32, False),
-                                              (32, 16, 0, 16, True)):
+                                              (32, 17, 0, tk.FUSED_DECODE_MULTI_ROW_BLOCK_N, True)):
         g = heads // 8
+        is_wide = not pipe  # the wide launch (tk.fused_decode_wide) runs the plain key loop
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=bn == 32))
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=is_wide))
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
-        wide = " wide" if bn == 32 else ""
+        wide = " wide" if is_wide else (f" {bn}-key blocks" if prefetch == 0 else "")
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # Qwen3-8B's launches with P V the other way (FLARE_DECODE_PV_SPLIT flipped)
             other = "tf32x3" if tk.DECODE_PV_SPLIT else "pv-split"
-            out.append((f"fused decode {heads}x8 splits {splits} {other}", "_rope_decode_kernel", DECODE_SIG,
+            out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not tk.DECODE_PV_SPLIT}, dict(num_warps=4)))
-        if wide:
+        if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
