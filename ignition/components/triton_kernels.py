@@ -800,7 +800,9 @@ def fused_decode_one_row_blocks(batch: int, groups: int) -> bool:
 #: Side by side in one process with the null (``results/20261204T151200Z-sm90-run147``, ``FLARE_DECODE_BLOCK_N=32``):
 #: Qwen3-8B batch 4 0.9869x (paired blocks 10/10 faster against A and A2, within noise by the min-max rule; per layer
 #: 118.18 -> 116.42 us in the critical path); 64-key blocks there 1.0233x slower (``...T152000Z-sm90-run148``).
-#: ``FLARE_DECODE_MULTI_ROW_BLOCKS=0`` restores whole pages; an explicit ``FLARE_DECODE_BLOCK_N`` replaces it.
+#: Off in the replay of record's side by side (``results/20261204T161200Z-sm90-run149``): 1.0117x slower at batch 4
+#: (the attention 9.86 -> 11.20 us per layer).  Measured at a 1024-token context only; other contexts and batch 8 not
+#: measured.  ``FLARE_DECODE_MULTI_ROW_BLOCKS=0`` restores whole pages; an explicit ``FLARE_DECODE_BLOCK_N`` replaces it.
 FUSED_DECODE_MULTI_ROW_BLOCK_N = 32
 
 
