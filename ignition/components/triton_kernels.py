@@ -786,13 +786,19 @@ def fused_decode_wide(batch: int, groups: int) -> bool:
 FUSED_DECODE_ONE_ROW_BLOCK_N = 64
 
 
+def _large_group_blocks(groups: int, name: str) -> bool:
+    """The shared part of the fused decode kernel's block rules for groups above 2 heads (rounded up to a power of
+    two): the rule's switch ``name`` on (default) and no explicit ``FLARE_DECODE_BLOCK_N`` (read at each launch)."""
+    return (triton.next_power_of_2(max(1, groups)) > 2 and switch(name, True)
+            and number("FLARE_DECODE_BLOCK_N") is None)
+
+
 def fused_decode_one_row_blocks(batch: int, groups: int) -> bool:
     """Whether a fused decode launch takes :data:`FUSED_DECODE_ONE_ROW_BLOCK_N`-key blocks: at one row, for a group
     above 2 heads (rounded up to a power of two; the smaller ones are :func:`fused_decode_wide`'s, whole pages with
     ``FLARE_DECODE_WIDE=0``), ``FLARE_DECODE_ONE_ROW_BLOCKS`` on (default) and no explicit ``FLARE_DECODE_BLOCK_N``
     (read at each launch, for side-by-side runs)."""
-    return (batch == 1 and triton.next_power_of_2(max(1, groups)) > 2
-            and switch("FLARE_DECODE_ONE_ROW_BLOCKS", True) and number("FLARE_DECODE_BLOCK_N") is None)
+    return batch == 1 and _large_group_blocks(groups, "FLARE_DECODE_ONE_ROW_BLOCKS")
 
 
 #: Keys per block of the fused decode kernel's launches of more rows for a group above 2 heads (Qwen3-8B's 4 at batch
@@ -810,8 +816,7 @@ def fused_decode_multi_row_blocks(batch: int, groups: int) -> bool:
     """Whether a fused decode launch takes :data:`FUSED_DECODE_MULTI_ROW_BLOCK_N`-key blocks: more than one row, a group
     above 2 heads (rounded up to a power of two), ``FLARE_DECODE_MULTI_ROW_BLOCKS`` on (default) and no explicit
     ``FLARE_DECODE_BLOCK_N`` (read at each launch, for side-by-side runs)."""
-    return (batch > 1 and triton.next_power_of_2(max(1, groups)) > 2
-            and switch("FLARE_DECODE_MULTI_ROW_BLOCKS", True) and number("FLARE_DECODE_BLOCK_N") is None)
+    return batch > 1 and _large_group_blocks(groups, "FLARE_DECODE_MULTI_ROW_BLOCKS")
 
 
 def decode_block_n(page: int, block_n: int | None = None) -> int:
@@ -1764,7 +1769,8 @@ GEMM_ROWS_NORM_STAGES = 3
 
 def gemm_rows_prefetch_tiles() -> int:
     """Weight tiles each tensor-core program prefetches into L2 before its PDL wait: :data:`GEMV_PREFETCH_TILES`
-    (``FLARE_GEMM_ROWS_PREFETCH=N`` sets it, read at each launch: side-by-side runs), never more than its K's."""
+    (``FLARE_GEMM_ROWS_PREFETCH=N`` sets it, read at each launch: side-by-side runs); the launch clamps it to its K's
+    tiles."""
     return whole("FLARE_GEMM_ROWS_PREFETCH", GEMV_PREFETCH_TILES, low=0)
 
 
