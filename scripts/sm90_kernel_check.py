@@ -109,6 +109,7 @@ def cases(tk):
                                              ("8B gate_up", 24576, 4096, True, True, False, False),
                                              ("8B gate_up (norm apart)", 24576, 4096, False, True, False, False),
                                              ("8B down", 4096, 12288, False, False, True, True),
+                                             ("8B down (plain)", 4096, 12288, False, False, True, False),
                                              ("0.6B qkv (norm apart)", 4096, 1024, False, False, False, False)):
         cfg = tk.gemm_rows_config(4, n, k, gated)
         c = dict(K=k, MP=tk.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
@@ -116,6 +117,15 @@ def cases(tk):
                  DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0)
         out.append((f"tensor-core {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+        opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        parts = -(-(n // 2 if gated else n) // cfg["BN"])
+        if name in ("8B o_proj", "8B down (plain)"):  # fused_linear.GEMM_ROWS_PRENORM's publishing launches
+            out.append((f"tensor-core {name} publishing the next norm", "_fused_gemm_rows_kernel",
+                        {**GEMV_SIG, "NW_OUT": P, "XW": P, "S_OUT": "*fp32", "stride_xw": "i32"},
+                        {**c, "OUT_PARTS": parts}, opts))
+        if name in ("8B qkv (norm apart)", "8B gate_up (norm apart)"):  # ... and the launches taking it
+            out.append((f"tensor-core {name} taking the published norm", "_fused_gemm_rows_kernel",
+                        {**GEMV_SIG, "S_IN": "*fp32"}, {**c, "IN_PARTS": 128, "IN_PP": 128}, opts))
     cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
     out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
                 dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,

@@ -48,8 +48,9 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
 from ignition.components.switches import number, switch
 
-__all__ = ["fused_linear", "fused_linear_reference", "gated_mlp_block", "head_block", "linear_block",
-           "prefers_fused", "reorder_bound"]
+__all__ = ["carries_prenorm", "fused_linear", "fused_linear_publish", "fused_linear_reference", "gated_mlp_block",
+           "head_block", "linear_block", "mlp_publishes_prenorm", "mlp_takes_prenorm", "prefers_fused",
+           "published_norm", "publishes_prenorm", "reorder_bound", "takes_prenorm"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
 #: ``FLARE_GATED_FUSED_MAX_ELEMENTS=N`` overrides it (side-by-side runs; read when a step is traced).  Again with the
@@ -126,28 +127,93 @@ def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Op
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
           residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
-          early: bool = False) -> torch.Tensor:
+          early: bool = False, xw: Optional[torch.Tensor] = None,
+          norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
 @opaque_op("fused_linear", mutates_args=(), fake=_fake)
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
                  residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
-                 early: bool = False) -> torch.Tensor:
+                 early: bool = False, xw: Optional[torch.Tensor] = None,
+                 norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
     ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
-    wait (``triton_kernels.fused_linear_triton``); the result is the same either way."""
+    wait (``triton_kernels.fused_linear_triton``); the result is the same either way.  ``xw`` and ``norm_stats``
+    (with ``norm_weight``): x's norm as :func:`fused_linear_publish` published it with x (:data:`GEMM_ROWS_PRENORM`)
+    -- on CUDA the launch takes ``xw`` (x times the norm's weights) as its input and scales its sums by the rstd of
+    ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always."""
     if x.is_cuda:
         from ignition.components.triton_kernels import fused_linear_triton
 
-        k = x.shape[-1]
         n_out = _out_features(weight, gated)
         lead = x.shape[:-1]
         res2 = residual.reshape(-1, n_out) if residual is not None else None
-        out = fused_linear_triton(x.reshape(-1, k), weight, norm_weight=norm_weight, eps=eps, residual=res2,
-                                  gated=gated, gated_input=gated_input, early=early)
+        if norm_stats is not None:
+            if norm_weight is None or xw is None or xw.shape != x.shape:
+                raise ValueError("fused_linear: norm_stats need norm_weight and the published xw of x's shape")
+            out = fused_linear_triton(xw.reshape(-1, xw.shape[-1]), weight, eps=eps, residual=res2, gated=gated,
+                                      early=early, dot=True, norm_stats=norm_stats)
+        else:
+            out = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, norm_weight=norm_weight, eps=eps,
+                                      residual=res2, gated=gated, gated_input=gated_input, early=early)
         return out.view(*lead, n_out)
     return fused_linear_reference(x, weight, norm_weight, eps, residual, gated, gated_input)
+
+
+def _prenorm_parts(x: torch.Tensor, weight: torch.Tensor) -> int:
+    """Column blocks whose statistics :func:`fused_linear_publish` returns per row: the tensor-core launch's programs
+    on CUDA (its config is a pure function of the shapes), one whole row on the CPU."""
+    if x.device.type != "cuda":
+        return 1
+    from ignition.components.triton_kernels import gemm_rows_parts
+
+    return gemm_rows_parts(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1])
+
+
+def _fake_publish(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], next_norm: torch.Tensor,
+                  early: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    rows = x.numel() // x.shape[-1]
+    return out, torch.empty_like(out), x.new_empty((rows, _prenorm_parts(x, weight)), dtype=torch.float32)
+
+
+@opaque_op("fused_linear_publish", mutates_args=(), fake=_fake_publish)
+def fused_linear_publish(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
+                         next_norm: torch.Tensor,
+                         early: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A plain, ungated :func:`fused_linear` (``x [..., K]`` -> ``out [..., N]``, ``+ residual``) that also publishes
+    the next RMSNorm of its output (weights ``next_norm [N]``; :data:`GEMM_ROWS_PRENORM`): ``(out, xw, stats)`` with
+    ``xw = bf16(next_norm * out)`` and ``stats [rows, P]``, the fp32 sums of ``out ** 2`` over P column blocks -- the
+    next launch takes them as ``fused_linear(..., xw=xw, norm_stats=stats)``.  CUDA: the tensor-core launch (2..16
+    rows), each program publishing its own output tile; CPU: the canonical composition (P = 1)."""
+    n = weight.shape[0]
+    if x.is_cuda:
+        from ignition.components.triton_kernels import fused_linear_triton
+
+        res2 = residual.reshape(-1, n) if residual is not None else None
+        out, xw, stats = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, residual=res2, early=early, dot=True,
+                                             publish_norm=next_norm)
+        return out.view(*x.shape[:-1], n), xw.view(*x.shape[:-1], n), stats
+    out = fused_linear_reference(x, weight, None, 0.0, residual)
+    return out, *_published_norm(out, next_norm, 1)
+
+
+def _published_norm(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xw, stats)`` of ``h [..., N]`` as a publishing launch writes them (:func:`fused_linear_publish`): ``bf16(
+    norm_weight * h)`` and the fp32 sums of ``h ** 2`` over ``parts`` equal column blocks (the last one short)."""
+    n = h.shape[-1]
+    rows = h.numel() // n
+    xw = (norm_weight.float() * h.float()).to(h.dtype)
+    width = -(-n // parts)
+    hf = F.pad(h.reshape(rows, n).float(), (0, parts * width - n))
+    return xw, hf.view(rows, parts, width).pow(2).sum(dim=-1)
+
+
+def published_norm(h: torch.Tensor, norm, projection) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xw, stats)`` of ``h`` for ``norm`` as a publishing launch through ``projection`` (N output columns) would
+    write them with h -- for a first consumer whose input no launch wrote (the embeddings)."""
+    return _published_norm(h, norm.weight, _prenorm_parts(h, projection.plain_weight()))
 
 
 _ENABLED = [True]
@@ -223,6 +289,23 @@ GEMM_ROWS_GATED = True
 GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 
 
+#: Whether a projection of 2..16 rows behind an RMSNorm that runs as the norm kernel and then the tensor-core launch
+#: (:func:`linear_block`'s second path: Qwen3-8B's qkv and gate/up at batch 4) takes its norm from the launch that
+#: wrote its input instead (``FLARE_GEMM_ROWS_PRENORM=1`` / ``0``; read at trace time): that launch (o_proj +
+#: residual within the layer; with :data:`GEMM_ROWS_PRENORM_CARRY` down + residual for the next layer) also stores
+#: ``bf16(norm_weight * out)`` and its output tile's sums of squares per row (:func:`fused_linear_publish`), and the
+#: projection takes the former as a plain input -- pipelined as any plain input, unlike a prologue's -- and scales its
+#: fp32 sums by the rstd of the latter before rounding.  One launch less per norm.  Not the canonical rounding points:
+#: ``bf16(rstd * sum(w * bf16(nw * x)))`` for ``sum(w * bf16(nw * bf16(x * rstd)))`` -- the same value up to one
+#: rounding of each input element, within :func:`reorder_bound`'s norm term.
+GEMM_ROWS_PRENORM = False
+#: With :data:`GEMM_ROWS_PRENORM`: the decoder layers' down projection (+ residual) publishes the next layer's input
+#: norm too (the last layer's the final norm's, unused: every layer's graph the same), the model's body carrying it
+#: from layer to layer; the first layer's from the embeddings (:func:`published_norm`).
+#: ``FLARE_GEMM_ROWS_PRENORM_CARRY=0`` keeps it within the layer (read at trace time).
+GEMM_ROWS_PRENORM_CARRY = True
+
+
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False,
                     elements: int | None = None) -> bool:
     """Whether a ``flare::fused_linear`` launch of ``rows`` rows runs the tensor-core variant (on by default;
@@ -273,8 +356,39 @@ def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: boo
     return uses_dot_kernel(rows, gated=gated, prologue=prologue, norm=norm, elements=weight.numel())
 
 
+def _norm_apart_dot(rows: int, weight: Optional[torch.Tensor], gated: bool) -> bool:
+    """Whether :func:`linear_block` runs a projection behind a norm as the norm kernel and then the tensor-core
+    launch (its second path)."""
+    return (weight is not None and not prefers_fused(rows, weight, gated, prologue=True, norm=True)
+            and uses_dot_kernel(rows, gated=gated, elements=weight.numel()))
+
+
+def takes_prenorm(rows: int, projection, *, gated: bool = False, act_name: str | None = None) -> bool:
+    """Whether :func:`linear_block` on ``rows`` rows through ``projection`` behind a norm takes a published norm
+    (:data:`GEMM_ROWS_PRENORM`; ``prenorm``) -- so that the launch writing its input publishes one only where it is
+    read."""
+    return (switch("FLARE_GEMM_ROWS_PRENORM", GEMM_ROWS_PRENORM) and _ENABLED[0]
+            and (not gated or act_name == "silu") and _norm_apart_dot(rows, projection.plain_weight(), gated))
+
+
+def publishes_prenorm(rows: int, projection) -> bool:
+    """Whether :func:`linear_block` (no norm, ungated) asked to ``publish_norm`` publishes it: a fused tensor-core
+    launch (:func:`fused_linear_publish`)."""
+    weight = projection.plain_weight()
+    return (weight is not None and prefers_fused(rows, weight, False)
+            and uses_dot_kernel(rows, elements=weight.numel()))
+
+
+def carries_prenorm() -> bool:
+    """Whether published norms cross decoder layers (:data:`GEMM_ROWS_PRENORM_CARRY`, with :data:`GEMM_ROWS_PRENORM`)."""
+    return (switch("FLARE_GEMM_ROWS_PRENORM", GEMM_ROWS_PRENORM)
+            and switch("FLARE_GEMM_ROWS_PRENORM_CARRY", GEMM_ROWS_PRENORM_CARRY))
+
+
 def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[torch.Tensor] = None,
-                 gated: bool = False, act_fn=None, act_name: str | None = None, early: bool = False):
+                 gated: bool = False, act_fn=None, act_name: str | None = None, early: bool = False,
+                 prenorm: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                 publish_norm: Optional[torch.Tensor] = None):
     """``[norm ->] projection [-> act_fn(gate) * up] [-> residual +]`` on ``x [..., K]``.
 
     ``projection``: a ``Projection`` or ``PackedProjection`` (``plain_weight()``); ``norm``: an
@@ -290,11 +404,22 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     otherwise the separate modules, in the canonical order.  Returns what the projection returns: its output
     tensor, or for an ungated packed projection the tuple of its parts (column views of the packed output, on every
     path).  ``early``: what comes next reads nothing but weights before its wait (not the fused decode attention):
-    a fused launch may let it start before its own wait (``flare::fused_linear``)."""
+    a fused launch may let it start before its own wait (``flare::fused_linear``).
+    ``publish_norm`` (no norm, ungated; the next norm's weights): return ``(y, published)``, ``published`` the
+    ``(xw, stats)`` of :func:`fused_linear_publish` where the launch is a fused tensor-core one
+    (:func:`publishes_prenorm`), else None.  ``prenorm``: that pair for ``x``, which the second path above then takes
+    instead of the norm launch (:data:`GEMM_ROWS_PRENORM`; ignored on the other paths)."""
     weight = projection.plain_weight()
     rows = x.numel() // x.shape[-1]
-    fusable_act = not gated or act_name == "silu"
     parts = getattr(projection, "part_sizes", None)
+    if publish_norm is not None:
+        if norm is not None or gated:
+            raise ValueError("linear_block: publish_norm is for a plain, ungated projection")
+        if publishes_prenorm(rows, projection):
+            y, xw, stats = fused_linear_publish(x, weight, residual, publish_norm, early)
+            return (y.split(parts, dim=-1) if parts is not None else y), (xw, stats)
+        return linear_block(x, projection, residual=residual, early=early), None
+    fusable_act = not gated or act_name == "silu"
     if weight is not None and fusable_act and prefers_fused(rows, weight, gated, prologue=norm is not None,
                                                             norm=norm is not None):
         y = fused_linear(x, weight, None if norm is None else norm.weight,
@@ -302,7 +427,10 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     if (weight is not None and norm is not None and fusable_act
             and uses_dot_kernel(rows, gated=gated, elements=weight.numel())):
-        y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
+        if prenorm is not None:
+            y = fused_linear(x, weight, norm.weight, norm.variance_epsilon, residual, gated, False, early, *prenorm)
+        else:
+            y = fused_linear(norm(x), weight, None, 0.0, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
     h = x if norm is None else norm(x)
     y = projection(h)
@@ -312,8 +440,31 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
     return y if residual is None else residual + y
 
 
+def _gate_into_down(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -> bool:
+    """Whether :func:`gated_mlp_block` hands gate/up's packed output to down's gated-input launch (its first path)."""
+    return (act_name == "silu" and gu_w is not None and down_w is not None
+            and not prefers_fused(rows, gu_w, True, prologue=norm)
+            and prefers_fused(rows, down_w, False, prologue=True))
+
+
+def mlp_takes_prenorm(rows: int, gate_up, down, act_name: str | None) -> bool:
+    """Whether :func:`gated_mlp_block` behind a norm takes a published norm of its input (``prenorm``:
+    :func:`takes_prenorm` for its gate/up)."""
+    return (not _gate_into_down(rows, gate_up.plain_weight(), down.plain_weight(), act_name, True)
+            and takes_prenorm(rows, gate_up, gated=True, act_name=act_name))
+
+
+def mlp_publishes_prenorm(rows: int, gate_up, down, act_name: str | None) -> bool:
+    """Whether :func:`gated_mlp_block` behind a norm asked to ``publish_norm`` publishes it (down's launch:
+    :func:`publishes_prenorm`, not the gated-input one)."""
+    return (not _gate_into_down(rows, gate_up.plain_weight(), down.plain_weight(), act_name, True)
+            and publishes_prenorm(rows, down))
+
+
 def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Optional[torch.Tensor] = None,
-                    act_fn=None, act_name: str | None = None, early: bool = False) -> torch.Tensor:
+                    act_fn=None, act_name: str | None = None, early: bool = False,
+                    prenorm: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                    publish_norm: Optional[torch.Tensor] = None):
     """``[norm ->] gate_up -> act_fn(gate) * up -> down [-> residual +]`` (the canonical ``Qwen3MLP`` with the
     decoder layer's norm and skip connection) on ``x [..., K]``, by the measured rule of :func:`prefers_fused`:
 
@@ -324,21 +475,23 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     - otherwise the separate modules (two :func:`linear_block` calls).
 
     ``early`` (:func:`linear_block`): what comes after the block reads nothing but weights before its wait; the
-    launch inside the block is early in any case (its successor is the block's own next launch)."""
+    launch inside the block is early in any case (its successor is the block's own next launch).
+    ``prenorm``: the input's published norm (:func:`mlp_takes_prenorm`), for gate/up; ``publish_norm`` (the next
+    norm's weights): return ``(out, published)`` (:func:`mlp_publishes_prenorm`; else ``published`` None)."""
     gu_w, down_w = gate_up.plain_weight(), down.plain_weight()
     rows = x.numel() // x.shape[-1]
-    if (act_name == "silu" and gu_w is not None and down_w is not None
-            and not prefers_fused(rows, gu_w, True, prologue=norm is not None)
-            and prefers_fused(rows, down_w, False, prologue=True)):
+    if _gate_into_down(rows, gu_w, down_w, act_name, norm is not None):
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False, False, True)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
-        return fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
-    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True)
-    return linear_block(act, down, residual=residual, early=early)
+        out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
+        return (out, None) if publish_norm is not None else out
+    act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True,
+                       prenorm=prenorm)
+    return linear_block(act, down, residual=residual, early=early, publish_norm=publish_norm)
 
 
 def head_block(x: torch.Tensor, projection, norm) -> torch.Tensor:

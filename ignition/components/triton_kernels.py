@@ -1290,6 +1290,7 @@ def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: 
     if HAS_RES:
         y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
     tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
+    return y
 
 
 @triton.jit
@@ -1515,12 +1516,38 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # the step 1.41x slower at batch 4 (Qwen3-8B side by side in one process, ``results/20261201T141644Z-sm90-run37``).
 
 @triton.jit
+def _prenorm_rstd(S_IN, offs_m, m_mask, eps, K: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr):
+    """``rstd [MP]`` of the input's RMSNorm from the row statistics the launch that wrote it published
+    (:func:`_prenorm_store`: ``S_IN [rows, PARTS]`` fp32 sums of x^2 over its column blocks), summed in block order."""
+    offs_p = tl.arange(0, PP)
+    part = tl.load(S_IN + offs_m[:, None] * PARTS + offs_p[None, :], mask=m_mask[:, None] & (offs_p < PARTS)[None, :],
+                   other=0.0)
+    return tl.math.rsqrt(tl.sum(part, axis=1) / K + eps)
+
+
+@triton.jit
+def _prenorm_store(NW_OUT, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, PARTS: tl.constexpr):
+    """The next projection's normed input, published from this program's stored output tile ``y [MP, BN]`` (bf16):
+    ``bf16(norm_weight * y)`` to ``XW`` (the norm's weights applied, its rstd not: the next launch scales its fp32 sums
+    by rstd, :func:`_prenorm_rstd`) and the fp32 sum of ``y ** 2`` over the tile's columns to ``S_OUT [rows, PARTS]`` at
+    column ``program_id(0)``."""
+    nw = tl.load(NW_OUT + offs_n, mask=n_mask, other=0.0)
+    yf = tl.where(n_mask[None, :], y.to(tl.float32), 0.0)
+    xw = (nw.to(tl.float32)[None, :] * yf).to(y.dtype)
+    tl.store(XW + offs_m.to(tl.int64)[:, None] * stride_xw + offs_n[None, :], xw,
+             mask=m_mask[:, None] & n_mask[None, :])
+    tl.store(S_OUT + offs_m * PARTS + tl.program_id(0), tl.sum(yf * yf, axis=1), mask=m_mask)
+
+
+@triton.jit
 def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                             K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                             HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, GATED: tl.constexpr,
                             EVEN_K: tl.constexpr, GATED_IN: tl.constexpr, USE_PDL: tl.constexpr,
                             PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
-                            NORM_STAGES: tl.constexpr = 0):
+                            NORM_STAGES: tl.constexpr = 0, S_IN=None, IN_PARTS: tl.constexpr = 0,
+                            IN_PP: tl.constexpr = 1, NW_OUT=None, XW=None, S_OUT=None, stride_xw=0,
+                            OUT_PARTS: tl.constexpr = 0):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
@@ -1529,6 +1556,8 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
+    if IN_PARTS > 0:  # x is a published normed input (its norm weights applied): rstd from the published statistics
+        rstd_in = _prenorm_rstd(S_IN, offs_m, m_mask, eps, K, IN_PARTS, IN_PP)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
@@ -1556,11 +1585,17 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
             else:
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
+    if IN_PARTS > 0:  # the norm's rstd, a per-row factor of the sums: applied once, before the rounding
+        acc = acc * rstd_in[:, None]
+        if GATED:
+            acc_u = acc_u * rstd_in[:, None]
     res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
-        _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
+        y = _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     else:
-        _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
+        y = _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
+    if OUT_PARTS > 0:
+        _prenorm_store(NW_OUT, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, OUT_PARTS)
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
@@ -1789,6 +1824,12 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     return {"BN": bn, "BK": max(16, min(128, triton.next_power_of_2(K))), "num_warps": 4, "num_stages": 4}
 
 
+def gemm_rows_parts(m: int, n: int, k: int) -> int:
+    """The column blocks (programs along N) of an ungated tensor-core launch of ``m`` rows through a ``[n, k]`` weight:
+    the statistics a ``publish_norm`` launch returns per row (:func:`fused_linear_triton`)."""
+    return triton.cdiv(n, int(gemm_rows_config(max(m, DOT_ROWS.start), n, k)["BN"]))
+
+
 assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row block holds every row it takes
 
 
@@ -1854,11 +1895,38 @@ def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     return {"BN": bn, "BK": bk, "num_warps": num_warps, "num_stages": 2}
 
 
+def _prenorm_args(x: torch.Tensor, m: int, n_out: int, gated: bool, gated_input: bool,
+                  norm_weight: torch.Tensor | None, norm_stats: torch.Tensor | None,
+                  publish_norm: torch.Tensor | None, dot: bool) -> dict:
+    """The published-norm kernel arguments of a :func:`fused_linear_triton` launch taking ``norm_stats`` (checked
+    here; the publishing ones the launch adds once it knows its programs); raises naming the bad argument."""
+    if norm_stats is None and publish_norm is None:
+        return {}
+    if not dot:
+        raise ValueError(f"fused_linear_triton: norm_stats / publish_norm are the tensor-core kernel's "
+                         f"({DOT_ROWS.start}..{DOT_ROWS.stop - 1} rows); this launch ({m} rows) is the one-row kernel's")
+    if publish_norm is not None and (gated or publish_norm.shape != (n_out,) or not publish_norm.is_contiguous()):
+        raise ValueError(f"fused_linear_triton: publish_norm {tuple(publish_norm.shape)} must be the next norm's "
+                         f"contiguous weights [{n_out}] of an ungated launch")
+    if norm_stats is None:
+        return {}
+    if norm_weight is not None or gated_input:
+        raise ValueError("fused_linear_triton: norm_stats (x already normed by weight) excludes norm_weight and "
+                         "gated_input")
+    if (norm_stats.dim() != 2 or norm_stats.shape[0] != m or norm_stats.dtype != torch.float32
+            or not norm_stats.is_contiguous() or norm_stats.device != x.device):
+        raise ValueError(f"fused_linear_triton: norm_stats {tuple(norm_stats.shape)} {norm_stats.dtype}: expected "
+                         f"contiguous fp32 [{m}, parts] on {x.device}")
+    parts = norm_stats.shape[1]
+    return {"S_IN": norm_stats, "IN_PARTS": parts, "IN_PP": triton.next_power_of_2(parts)}
+
+
 def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, gated: bool = False,
                         gated_input: bool = False, config: dict | None = None,
                         dot: bool | None = None, probe: torch.Tensor | None = None,
-                        early: bool = False) -> torch.Tensor:
+                        early: bool = False, norm_stats: torch.Tensor | None = None,
+                        publish_norm: torch.Tensor | None = None):
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -1872,7 +1940,12 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     (:func:`gemv_early_enabled`).
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
-    the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``."""
+    the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``.
+    The published norm (the tensor-core kernel; ``fused_linear.GEMM_ROWS_PRENORM``): ``publish_norm [N_out]``, the
+    next RMSNorm's weights -- the launch then returns ``(out, xw, stats)``: ``xw = bf16(publish_norm * out)`` and
+    ``stats [M, P]``, the fp32 sums of ``out ** 2`` over its P column blocks; ``norm_stats`` (with ``eps``) -- x is
+    such an ``xw`` and these its statistics: the launch scales its fp32 sums by ``rsqrt(sum(stats) / K + eps)``
+    before rounding, the norm without a launch of its own (not with ``norm_weight`` or ``gated_input``)."""
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != (2 * k if gated_input else k):
         raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}"
@@ -1899,6 +1972,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             residual = residual.contiguous()
     out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
     if m == 0 or n_out == 0:
+        if publish_norm is not None:
+            return out, torch.empty_like(out), out.new_zeros((m, gemm_rows_parts(m, n, k)), dtype=torch.float32)
         return out
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
@@ -1910,20 +1985,27 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                          f"rows, got {m}")
     if dot and probe is not None:
         raise ValueError("fused_linear_triton: probe is for the one-row kernel (dot=False)")
+    prenorm = _prenorm_args(x, m, n_out, gated, gated_input, norm_weight, norm_stats, publish_norm, dot)
     if dot:
         cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
         bn, bk = int(cfg["BN"]), int(cfg["BK"])
         if bn < 16 or bk < 16:
             raise ValueError(f"fused_linear_triton: the tensor-core kernel needs BN, BK >= 16, got {bn}, {bk}")
-        _fused_gemm_rows_kernel[(triton.cdiv(n_out, bn), triton.cdiv(m, GEMV_MAX_ROWS))](
+        parts = triton.cdiv(n_out, bn)
+        published = None
+        if publish_norm is not None:
+            published = (torch.empty_like(out), torch.empty((m, parts), dtype=torch.float32, device=x.device))
+            prenorm.update(NW_OUT=publish_norm, XW=published[0], S_OUT=published[1], stride_xw=published[0].stride(0),
+                           OUT_PARTS=parts)
+        _fused_gemm_rows_kernel[(parts, triton.cdiv(m, GEMV_MAX_ROWS))](
             x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
             m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(gemm_rows_prefetch_tiles(), triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
-            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device))
-        return out
+            num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)
+        return (out, *published) if published is not None else out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)

@@ -259,6 +259,62 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
 
 
+@pytest.mark.parametrize("m,n,k,n1,gated", [(4, 96, 64, 64, True), (3, 40, 64, 48, False), (16, 64, 128, 32, True)])
+def test_published_norm_feeds_the_next_launch(m, n, k, n1, gated):
+    """``publish_norm`` (``GEMM_ROWS_PRENORM``): the tensor-core launch's output is the same bits with or without
+    publishing; its ``xw`` is ``bf16(norm_weight * out)`` (one rounding) and its statistics each column block's sum of
+    squares of the stored output (fp64 reference); the next launch on them (``norm_stats``) is within the reference's
+    bound of the canonical norm + projection (two producer configs: blocks of 16 and 32 columns, N not a multiple of
+    one), and it reads them: four times the sums halve rstd, so a linear output halves."""
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, _, r = _gemv_inputs(m, n, k, norm=False, gated=False, residual=True, seed=m + n)
+    _, w1, nw, _ = _gemv_inputs(m, 2 * n1 if gated else n1, n, norm=True, gated=gated, residual=False, seed=n1)
+    for bn in (16, 32):
+        cfg = {"BN": bn, "BK": 64}
+        out, xw, stats = fused_linear_triton(x, w, residual=r, config=cfg, dot=True, publish_norm=nw)
+        plain = fused_linear_triton(x, w, residual=r, config=cfg, dot=True)
+        assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+        want = nw.float() * out.float()  # rounded once to bf16 (the interpreter truncates: within one ulp)
+        assert xw.dtype == torch.bfloat16 and ((xw.float() - want).abs() <= 2.0 ** -7 * want.abs()).all()
+        parts = -(-n // bn)
+        assert stats.shape == (m, parts) and stats.dtype == torch.float32
+        blocks = torch.nn.functional.pad(out.double(), (0, parts * bn - n)).view(m, parts, bn)
+        assert torch.allclose(stats.double(), (blocks * blocks).sum(dim=-1), rtol=2.0 ** -20, atol=0.0)
+        cfg1 = {"BN": 16, "BK": 64}
+        got = fused_linear_triton(xw, w1, eps=1e-6, gated=gated, norm_stats=stats, config=cfg1, dot=True)
+        ref = fused_linear_reference(out, w1, nw, 1e-6, None, gated)
+        err = (got.float() - ref.float()).abs()
+        tol = _gemv_tolerance(out, w1, nw, gated, ref)
+        assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+        if not gated:
+            half = fused_linear_triton(xw, w1, eps=1e-6, norm_stats=stats * 4, config=cfg1, dot=True)
+            assert ((half.float() - ref.float() / 2).abs() <= tol / 2).all()
+            assert not torch.equal(half, got)
+
+
+def test_published_norm_arguments_are_checked():
+    """The published norm names what is wrong: the tensor-core kernel's only; the producer ungated with weights of its
+    output width; the consumer's statistics fp32 rows of x and no second norm."""
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, nw, _ = _gemv_inputs(4, 32, 64, norm=True, gated=False, residual=False, seed=5)
+    stats = torch.ones(4, 2)
+    with pytest.raises(ValueError, match="norm_stats"):
+        fused_linear_triton(x, w, norm_weight=nw, norm_stats=stats, dot=True)
+    with pytest.raises(ValueError, match="norm_stats"):
+        fused_linear_triton(x, w, norm_stats=torch.ones(3, 2), dot=True)
+    with pytest.raises(ValueError, match="norm_stats"):
+        fused_linear_triton(x, w, norm_stats=stats.double(), dot=True)
+    with pytest.raises(ValueError, match="one-row kernel"):
+        fused_linear_triton(x[:1], w, publish_norm=torch.ones(32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="one-row kernel"):
+        fused_linear_triton(x, w, norm_stats=stats, dot=False)
+    with pytest.raises(ValueError, match="publish_norm"):
+        fused_linear_triton(x, w, publish_norm=torch.ones(31, dtype=torch.bfloat16), dot=True)
+
+
 def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     """The tensor-core kernel (default; ``FLARE_GEMV_DOT=0`` turns it off) takes 2..16 rows of plain-input, ungated
     projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""

@@ -192,6 +192,63 @@ def test_gated_tensor_core_chunks_keep_the_canonical_greedy_run(ckpt, reference,
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
 
+@pytest.mark.parametrize("carry", [True, False], ids=["carried", "within-layer"])
+def test_published_norms_keep_the_canonical_greedy_run(ckpt, reference, monkeypatch, carry):
+    """``FLARE_GEMM_ROWS_PRENORM=1`` (``GEMM_ROWS_PRENORM``) with the gated gate/up launch (no size bound here): in
+    8-token prefill chunks each layer's o_proj publishes the post-attention norm of its output
+    (``fused_linear_publish``, with that norm's weights) and the gate/up launch takes it (no norm module); carried
+    (``GEMM_ROWS_PRENORM_CARRY``, default) each layer's down publishes the next layer's input norm (the last layer's
+    the final norm's) and the next qkv takes it (the first layer's from the embeddings); one-row steps publish nothing.
+    Greedy tokens and logits match the canonical forward (the CPU path computes the canonical norm); off, nothing is
+    published."""
+    from ignition.components import fused_linear as fl
+
+    published, taken = [], []
+    real_publish, real = fl.fused_linear_publish, fl.fused_linear
+
+    def publishing(x, weight, residual, next_norm, early=False):
+        published.append((x.numel() // x.shape[-1], weight.shape[0], next_norm.data_ptr()))
+        return real_publish(x, weight, residual, next_norm, early)
+
+    def taking(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, xw=None,
+               norm_stats=None):
+        if norm_stats is not None:
+            rows = x.numel() // x.shape[-1]
+            assert norm_weight is not None and residual is None and norm_stats.shape[0] == rows
+            assert xw.shape == x.shape
+            taken.append((rows, gated, norm_weight.data_ptr()))
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, xw, norm_stats)
+
+    monkeypatch.setattr(fl, "fused_linear_publish", publishing)
+    monkeypatch.setattr(fl, "fused_linear", taking)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "1")
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM_CARRY", "1" if carry else "0")
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "1")
+    monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")  # this checkpoint's gate/up is below the bound
+    model, graphs = prepare(ckpt, decode=(1,), prefill=(8,))
+    tokens, logits = prepared_greedy(graphs, Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=8)
+    ref_tokens, ref_logits = reference
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+    m = model.hf.model
+    layers = list(m.layers)
+    post = [layer.post_attention_layernorm.weight.data_ptr() for layer in layers]
+    nxt = [layer.input_layernorm.weight.data_ptr() for layer in layers[1:]] + [m.norm.weight.data_ptr()]
+    hidden = model.config.hidden_size
+    per_chunk_pub = [p for i in range(len(layers)) for p in ([(8, hidden, post[i])]
+                                                              + ([(8, hidden, nxt[i])] if carry else []))]
+    per_chunk_take = [t for i in range(len(layers)) for t in (
+        ([(8, False, layers[i].input_layernorm.weight.data_ptr())] if carry else []) + [(8, True, post[i])])]
+    chunks = -(-len(PROMPT) // 8)
+    assert published == per_chunk_pub * chunks
+    assert taken == per_chunk_take * chunks
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "0")
+    published.clear()
+    taken.clear()
+    prefill(prepare(ckpt, decode=(1,), prefill=(8,))[1], Row(list(PAGES), PAGE), PROMPT[:8], chunk=8)
+    assert published == [] and taken == []
+
+
 def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
     """The "triton" attention backend through the whole model (eager, CPU: decode runs the CPU implementation
     of flare::paged_decode_attention -- fp32 softmax and P @ V, keys < seq_lens only -- prefill the reference

@@ -44,7 +44,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
-from ignition.components.fused_linear import gated_mlp_block, head_block, linear_block
+from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_block, linear_block,
+                                              mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
 from ignition.components.norms import RMSNorm
 from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
@@ -100,17 +101,22 @@ class PagedQwen3Attention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 attention_mask: torch.Tensor | None = None, paged_batch: AttentionBatch | None = None,
                 kv_layer: int | None = None, input_norm: nn.Module | None = None,
-                residual: torch.Tensor | None = None, **_):
+                residual: torch.Tensor | None = None, prenorm: tuple[torch.Tensor, torch.Tensor] | None = None,
+                publish_norm: torch.Tensor | None = None, **_):
         """``kv_layer``: the layer of ``paged_batch.cache`` holding this layer's K/V (default ``layer_idx``);
         regional compilation passes a one-layer view of the pool and ``kv_layer=0`` so that no
         layer-specific integer is traced (one compiled layer graph then serves every layer).
         ``input_norm`` (applied to ``hidden_states`` first) and ``residual`` (added to the output) are the
         decoder layer's, handed in so that the QKV and output projections may fuse them
-        (:func:`ignition.components.fused_linear.linear_block`)."""
+        (:func:`ignition.components.fused_linear.linear_block`).  ``prenorm``: ``input_norm`` of ``hidden_states`` as
+        the launch that wrote them published it (:meth:`takes_prenorm`); ``publish_norm``: the next norm's weights --
+        the output projection then returns the published norm of its output in place of the attention weights (None
+        where its launch publishes nothing)."""
         if paged_batch is None:
             raise ValueError("PagedQwen3Attention needs the step's paged_batch (call PreparedQwen3.forward)")
         b, t = hidden_states.shape[:2]
-        q, k, v = (x.view(b, t, -1, self.head_dim) for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm))
+        q, k, v = (x.view(b, t, -1, self.head_dim)
+                   for x in linear_block(hidden_states, self.qkv_proj, norm=input_norm, prenorm=prenorm))
         cos, sin = position_embeddings
         layer = self.layer_idx if kv_layer is None else kv_layer
         # q_norm / k_norm, the canonical rotary on the [B, T, heads, D] layout (cos/sin [B, T, D] broadcast over
@@ -121,7 +127,13 @@ class PagedQwen3Attention(nn.Module):
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
                                        cos, sin, paged_batch, overlap_bytes=self.qkv_bytes)
         # early: the post-attention norm / MLP after it reads only weights before its wait
+        if publish_norm is not None:
+            return linear_block(out, self.o_proj, residual=residual, early=True, publish_norm=publish_norm)
         return linear_block(out, self.o_proj, residual=residual, early=True), None
+
+    def takes_prenorm(self, rows: int) -> bool:
+        """Whether :meth:`forward` on ``rows`` rows takes its input's published norm (the QKV launch)."""
+        return takes_prenorm(rows, self.qkv_proj)
 
 
 class PackedQwen3MLP(nn.Module):
@@ -135,11 +147,23 @@ class PackedQwen3MLP(nn.Module):
         self.act_name = act_name
 
     def forward(self, x: torch.Tensor, input_norm: nn.Module | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention)."""
+                residual: torch.Tensor | None = None, prenorm: tuple[torch.Tensor, torch.Tensor] | None = None,
+                publish_norm: torch.Tensor | None = None):
+        """``input_norm`` / ``residual``: the decoder layer's, for the projections to fuse (see the attention);
+        ``prenorm``: x's published norm (:meth:`takes_prenorm`); ``publish_norm``: the next norm's weights -- return
+        ``(out, published)`` (:meth:`publishes_prenorm`)."""
         # early: what follows (the next layer's qkv projection, or the final norm) reads only weights before its wait
         return gated_mlp_block(x, self.gate_up_proj, self.down_proj, norm=input_norm, residual=residual,
-                               act_fn=self.act_fn, act_name=self.act_name, early=True)
+                               act_fn=self.act_fn, act_name=self.act_name, early=True, prenorm=prenorm,
+                               publish_norm=publish_norm)
+
+    def takes_prenorm(self, rows: int) -> bool:
+        """Whether :meth:`forward` on ``rows`` rows behind its norm takes x's published norm."""
+        return mlp_takes_prenorm(rows, self.gate_up_proj, self.down_proj, self.act_name)
+
+    def publishes_prenorm(self, rows: int) -> bool:
+        """Whether :meth:`forward` on ``rows`` rows asked to ``publish_norm`` publishes it."""
+        return mlp_publishes_prenorm(rows, self.gate_up_proj, self.down_proj, self.act_name)
 
 
 class PreparedQwen3DecoderLayer(nn.Module):
@@ -162,10 +186,25 @@ class PreparedQwen3DecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                paged_batch: AttentionBatch | None = None, kv_layer: int | None = None, **_) -> torch.Tensor:
-        h, _ = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
-                              input_norm=self.input_layernorm, residual=hidden_states)
-        return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h)
+                paged_batch: AttentionBatch | None = None, kv_layer: int | None = None,
+                prenorm: tuple[torch.Tensor, torch.Tensor] | None = None, next_norm: torch.Tensor | None = None,
+                **_):
+        """The layer's output; with ``next_norm`` (the next norm's weights, where the step carries published norms:
+        :meth:`carries_prenorm`) ``(output, its published norm)``, and ``prenorm`` this layer's input norm as the
+        layer before published it."""
+        # the output projection publishes the post-attention norm where the MLP's gate/up takes it (no norm launch)
+        rows = hidden_states.numel() // hidden_states.shape[-1]
+        mid = self.post_attention_layernorm.weight if self.mlp.takes_prenorm(rows) else None
+        h, published = self.self_attn(hidden_states, position_embeddings, paged_batch=paged_batch, kv_layer=kv_layer,
+                                      input_norm=self.input_layernorm, residual=hidden_states, prenorm=prenorm,
+                                      publish_norm=mid)
+        return self.mlp(h, input_norm=self.post_attention_layernorm, residual=h, prenorm=published,
+                        publish_norm=next_norm)
+
+    def carries_prenorm(self, rows: int) -> bool:
+        """Whether a step of ``rows`` rows carries published norms through its layers (:func:`carries_prenorm`): the
+        QKV launch takes them and the MLP's down launch publishes them."""
+        return carries_prenorm() and self.self_attn.takes_prenorm(rows) and self.mlp.publishes_prenorm(rows)
 
 
 def validate_config(config: Qwen3Config) -> None:
@@ -332,11 +371,19 @@ class PreparedQwen3(nn.Module):
         m = self.hf.model
         hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
         position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
-        for i, layer in enumerate(m.layers):
+        # published norms carried from each layer's down launch to the next one's QKV (the first layer's from the
+        # embeddings; the last layer publishes the final norm's, unused), where the layers take and publish them
+        layers = list(m.layers)
+        carry = bool(layers) and layers[0].carries_prenorm(hidden.numel() // hidden.shape[-1])
+        published = published_norm(hidden, layers[0].input_layernorm, layers[0].mlp.down_proj) if carry else None
+        for i, layer in enumerate(layers):
+            next_norm = (layers[i + 1].input_layernorm if i + 1 < len(layers) else m.norm).weight if carry else None
             if layer_fn is None:
-                hidden = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch)
+                out = layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=batch,
+                            prenorm=published, next_norm=next_norm)
             else:
-                hidden = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i))
+                out = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i), published, next_norm)
+            hidden, published = out if carry else (out, None)
         return batch, hidden
 
     @staticmethod
@@ -347,11 +394,13 @@ class PreparedQwen3(nn.Module):
                                                              c.max_pages_per_row))
 
     @staticmethod
-    def run_layer(layer: nn.Module, hidden: torch.Tensor, position_embeddings, layer_batch: AttentionBatch):
+    def run_layer(layer: nn.Module, hidden: torch.Tensor, position_embeddings, layer_batch: AttentionBatch,
+                  prenorm: tuple[torch.Tensor, torch.Tensor] | None = None, next_norm: torch.Tensor | None = None):
         """One canonical decoder layer on a :meth:`layer_batch` view -- the repeated region: nothing in it
-        depends on the layer index, so one compiled graph per shape serves every layer."""
+        depends on the layer index, so one compiled graph per shape serves every layer (``prenorm`` /
+        ``next_norm``: the published norms carried between layers, given to every layer of a step or to none)."""
         return layer(hidden, attention_mask=None, position_embeddings=position_embeddings, paged_batch=layer_batch,
-                     kv_layer=0)
+                     kv_layer=0, prenorm=prenorm, next_norm=next_norm)
 
     def head_all(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """Every position: final norm -> vocabulary projection, fp32 logits ``[B, T, V]`` (speculative
