@@ -553,6 +553,36 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
         assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
+@pytest.mark.parametrize("m", [4, 8])
+def test_published_norm_on_this_gpu(m):
+    """``GEMM_ROWS_PRENORM``'s pair at Qwen3-8B's shapes: o_proj + residual publishing the post-attention norm of its
+    output (the same output bits as without; ``xw`` = ``bf16(norm_weight * out)`` bit for bit; each column block's
+    sum of squares against fp64), then the gated gate/up taking it -- within the reference's bound of the canonical
+    norm + projection, the same bits on a second launch; and down + residual publishing for the next qkv."""
+    from gemv_cases import _gemv_inputs, _gemv_tolerance
+
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    for (n, k), (n1, gated) in (((4096, 4096), (24576, True)), ((4096, 12288), (6144, False))):
+        x, w, _, r = _gemv_inputs(m, n, k, norm=False, gated=False, residual=True, seed=m + k)
+        _, w1, nw, _ = _gemv_inputs(m, n1, n, norm=True, gated=gated, residual=False, seed=m + n1)
+        xc, wc, rc, w1c, nwc = (t.cuda() for t in (x, w, r, w1, nw))
+        out, xw, stats = fused_linear_triton(xc, wc, residual=rc, dot=True, publish_norm=nwc)
+        assert torch.equal(out.view(torch.int16), fused_linear_triton(xc, wc, residual=rc, dot=True).view(torch.int16))
+        assert torch.equal(xw.view(torch.int16), (nwc.float() * out.float()).to(torch.bfloat16).view(torch.int16))
+        parts = stats.shape[1]
+        blocks = out.double().view(m, parts, -1)
+        assert torch.allclose(stats.double(), (blocks * blocks).sum(dim=-1), rtol=2.0 ** -20, atol=0.0)
+        run = lambda: fused_linear_triton(xw, w1c, eps=1e-6, gated=gated, norm_stats=stats, dot=True).cpu()  # noqa
+        got = run()
+        assert torch.equal(got.view(torch.int16), run().view(torch.int16))
+        ref = fused_linear_reference(out.cpu(), w1, nw, 1e-6, None, gated)
+        err = (got.float() - ref.float()).abs()
+        tol = _gemv_tolerance(out.cpu(), w1, nw, gated, ref)
+        assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+
+
 @pytest.mark.parametrize("m,n,k", [(4, 4096, 12288), (4, 1024, 3072)])
 def test_tensor_core_gated_input_on_this_gpu(m, n, k):
     """The tensor-core variant with the SiLU-gated input (the launch ``FLARE_GEMM_ROWS_GATED_IN=1`` gives Qwen3's down

@@ -20,7 +20,13 @@ def _prepare(ckpt):
 
 
 @pytest.mark.gpu
-def test_captured_capacities_match_eager_and_canonical(tmp_path):
+@pytest.mark.parametrize("prenorm", [False, True], ids=["norm-launches", "published-norms"])
+def test_captured_capacities_match_eager_and_canonical(tmp_path, monkeypatch, prenorm):
+    """``published-norms``: ``FLARE_GEMM_ROWS_PRENORM=1`` with the gated gate/up launch (no size bound here), so that
+    the decode batches' gate/up and the prefill chunks' qkv and gate/up take their norms from the launch before."""
+    if prenorm:
+        monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "1")
+        monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")
     ckpt = make_checkpoint(tmp_path / "tiny", seed=0)
     eager = _prepare(ckpt)
     captured = _prepare(ckpt).compile().capture()
