@@ -210,10 +210,26 @@ def _published_norm(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> t
     return xw, hf.view(rows, parts, width).pow(2).sum(dim=-1)
 
 
+def _fake_published(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(h), h.new_empty((h.numel() // h.shape[-1], parts), dtype=torch.float32)
+
+
+@opaque_op("published_norm", mutates_args=(), fake=_fake_published)
+def published_norm_op(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xw, stats)`` of ``h [..., N]`` over ``parts`` column blocks (:func:`_published_norm`); one launch on CUDA
+    (the torch ops are seven)."""
+    if h.is_cuda:
+        from ignition.components.triton_kernels import published_norm_triton
+
+        xw, stats = published_norm_triton(h.reshape(-1, h.shape[-1]).contiguous(), norm_weight, parts)
+        return xw.view(h.shape), stats
+    return _published_norm(h, norm_weight, parts)
+
+
 def published_norm(h: torch.Tensor, norm, projection) -> tuple[torch.Tensor, torch.Tensor]:
     """``(xw, stats)`` of ``h`` for ``norm`` as a publishing launch through ``projection`` (N output columns) would
     write them with h -- for a first consumer whose input no launch wrote (the embeddings)."""
-    return _published_norm(h, norm.weight, _prenorm_parts(h, projection.plain_weight()))
+    return published_norm_op(h, norm.weight, _prenorm_parts(h, projection.plain_weight()))
 
 
 _ENABLED = [True]

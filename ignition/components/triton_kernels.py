@@ -1516,22 +1516,27 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # the step 1.41x slower at batch 4 (Qwen3-8B side by side in one process, ``results/20261201T141644Z-sm90-run37``).
 
 @triton.jit
-def _prenorm_rstd(S_IN, offs_m, m_mask, eps, K: tl.constexpr, PARTS: tl.constexpr, PP: tl.constexpr):
-    """``rstd [MP]`` of the input's RMSNorm from the row statistics the launch that wrote it published
-    (:func:`_prenorm_store`: ``S_IN [rows, PARTS]`` fp32 sums of x^2 over its column blocks), summed in block order."""
+def _prenorm_parts(S_IN, offs_m, m_mask, PARTS: tl.constexpr, PP: tl.constexpr):
+    """The row statistics the launch that wrote x published (:func:`_prenorm_store`: ``S_IN [rows, PARTS]`` fp32 sums
+    of x^2 over its column blocks), ``[MP, PP]`` -- loaded before the main loop, summed after it
+    (:func:`_prenorm_rstd`): summed before, the loop's first copies waited for them (offline sm90 PTX)."""
     offs_p = tl.arange(0, PP)
-    part = tl.load(S_IN + offs_m[:, None] * PARTS + offs_p[None, :], mask=m_mask[:, None] & (offs_p < PARTS)[None, :],
+    return tl.load(S_IN + offs_m[:, None] * PARTS + offs_p[None, :], mask=m_mask[:, None] & (offs_p < PARTS)[None, :],
                    other=0.0)
+
+
+@triton.jit
+def _prenorm_rstd(part, eps, K: tl.constexpr):
+    """``rstd [MP]`` of the input's RMSNorm from its published statistics (:func:`_prenorm_parts`), in block order."""
     return tl.math.rsqrt(tl.sum(part, axis=1) / K + eps)
 
 
 @triton.jit
-def _prenorm_store(NW_OUT, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, PARTS: tl.constexpr):
-    """The next projection's normed input, published from this program's stored output tile ``y [MP, BN]`` (bf16):
-    ``bf16(norm_weight * y)`` to ``XW`` (the norm's weights applied, its rstd not: the next launch scales its fp32 sums
-    by rstd, :func:`_prenorm_rstd`) and the fp32 sum of ``y ** 2`` over the tile's columns to ``S_OUT [rows, PARTS]`` at
-    column ``program_id(0)``."""
-    nw = tl.load(NW_OUT + offs_n, mask=n_mask, other=0.0)
+def _prenorm_store(nw, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, PARTS: tl.constexpr):
+    """The next projection's normed input, published from this program's stored output tile ``y [MP, BN]`` (bf16)
+    with the next norm's weights ``nw [BN]`` (loaded before the wait): ``bf16(nw * y)`` to ``XW`` (the norm's weights
+    applied, its rstd not: the next launch scales its fp32 sums by rstd, :func:`_prenorm_rstd`) and the fp32 sum of
+    ``y ** 2`` over the tile's columns to ``S_OUT [rows, PARTS]`` at column ``program_id(0)``."""
     yf = tl.where(n_mask[None, :], y.to(tl.float32), 0.0)
     xw = (nw.to(tl.float32)[None, :] * yf).to(y.dtype)
     tl.store(XW + offs_m.to(tl.int64)[:, None] * stride_xw + offs_n[None, :], xw,
@@ -1547,17 +1552,21 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
                             PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, DOT_F32: tl.constexpr,
                             NORM_STAGES: tl.constexpr = 0, S_IN=None, IN_PARTS: tl.constexpr = 0,
                             IN_PP: tl.constexpr = 1, NW_OUT=None, XW=None, S_OUT=None, stride_xw=0,
-                            OUT_PARTS: tl.constexpr = 0):
+                            OUT_PARTS: tl.constexpr = 0, RES_FIRST: tl.constexpr = False):
     offs_m, offs_n, offs_k, m_mask, n_mask, x_rows, w_rows = _gemv_program(X, W, M, N_OUT, stride_x, stride_w, MP,
                                                                             BN, BK)
     if GATED:
         u_rows = W + (offs_n + N_OUT).to(tl.int64)[:, None] * stride_w
+    if OUT_PARTS > 0:  # the next norm's weights (weights: before the wait)
+        nw_out = tl.load(NW_OUT + offs_n, mask=n_mask, other=0.0)
     if USE_PDL:  # before the wait: L2 prefetch of this program's first weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, GATED)
     _pdl_enter(USE_PDL)
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
     if IN_PARTS > 0:  # x is a published normed input (its norm weights applied): rstd from the published statistics
-        rstd_in = _prenorm_rstd(S_IN, offs_m, m_mask, eps, K, IN_PARTS, IN_PP)
+        part_in = _prenorm_parts(S_IN, offs_m, m_mask, IN_PARTS, IN_PP)
+    if RES_FIRST:  # the residual's load in flight during the main loop (:data:`GEMM_ROWS_RES_FIRST`)
+        res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     if GATED:
@@ -1586,16 +1595,18 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
                 acc_u = tl.dot(xv, tl.trans(wu), acc_u)
 
     if IN_PARTS > 0:  # the norm's rstd, a per-row factor of the sums: applied once, before the rounding
+        rstd_in = _prenorm_rstd(part_in, eps, K)
         acc = acc * rstd_in[:, None]
         if GATED:
             acc_u = acc_u * rstd_in[:, None]
-    res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
+    if not RES_FIRST:
+        res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
         y = _gemv_epilogue(acc, acc_u, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     else:
         y = _gemv_epilogue(acc, None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED, HAS_RES)
     if OUT_PARTS > 0:
-        _prenorm_store(NW_OUT, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, OUT_PARTS)
+        _prenorm_store(nw_out, XW, S_OUT, y, offs_m, offs_n, m_mask, n_mask, stride_xw, OUT_PARTS)
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
@@ -1798,6 +1809,12 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 }
 
 
+#: Whether the tensor-core kernel loads its residual tile right after its wait, before the main loop, instead of after
+#: it (``FLARE_GEMM_ROWS_RES_FIRST=1`` / ``0``; read at each launch): after the loop its L2/HBM round trip comes
+#: between the last product and the store (offline sm90 PTX: the epilogue's first instruction waits on it) -- once per
+#: o_proj and down launch at batch 4.  The same values, the same bits.
+GEMM_ROWS_RES_FIRST = False
+
 #: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
 GEMM_ROWS_NORM_STAGES = 3
 
@@ -1822,6 +1839,39 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     n_out = N // 2 if gated else N
     bn = 32 if triton.cdiv(n_out, 32) >= 2 * GEMV_TARGET_SMS else 16
     return {"BN": bn, "BK": max(16, min(128, triton.next_power_of_2(K))), "num_warps": 4, "num_stages": 4}
+
+
+@triton.jit
+def _published_norm_kernel(H, NW, XW, S, N, stride_h, stride_xw, PARTS: tl.constexpr, WIDTH: tl.constexpr,
+                           BW: tl.constexpr):
+    """Program (row, part): ``bf16(nw * h)`` of the part's ``WIDTH`` columns and their fp32 sum of squares -- what a
+    publishing launch (:func:`_prenorm_store`) writes, for an input no launch wrote (the embeddings)."""
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    offs = part * WIDTH + tl.arange(0, BW)
+    mask = (tl.arange(0, BW) < WIDTH) & (offs < N)
+    h = tl.load(H + row * stride_h + offs, mask=mask, other=0.0)
+    nw = tl.load(NW + offs, mask=mask, other=0.0)
+    hf = h.to(tl.float32)
+    tl.store(XW + row * stride_xw + offs, (nw.to(tl.float32) * hf).to(h.dtype), mask=mask)
+    tl.store(S + row * PARTS + part, tl.sum(hf * hf, axis=0))
+
+
+def published_norm_triton(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xw, stats)`` of ``h [rows, N]`` (rows contiguous) for the norm weights ``[N]`` over ``parts`` column blocks of
+    ``cdiv(N, parts)`` -- the pair a ``publish_norm`` launch returns (:func:`fused_linear_triton`), in one launch."""
+    rows, n = h.shape
+    if norm_weight.shape != (n,) or h.stride(-1) != 1 or parts < 1:
+        raise ValueError(f"published_norm_triton: h {tuple(h.shape)}, norm_weight {tuple(norm_weight.shape)}, "
+                         f"parts {parts}")
+    xw = torch.empty_like(h)
+    stats = torch.empty((rows, parts), dtype=torch.float32, device=h.device)
+    if rows:
+        width = triton.cdiv(n, parts)
+        _published_norm_kernel[(rows, parts)](h, norm_weight.contiguous(), xw, stats, n, h.stride(0), xw.stride(0),
+                                              PARTS=parts, WIDTH=width, BW=triton.next_power_of_2(width),
+                                              num_warps=1)
+    return xw, stats
 
 
 def gemm_rows_parts(m: int, n: int, k: int) -> int:
@@ -2004,6 +2054,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
             PREFETCH=min(gemm_rows_prefetch_tiles(), triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
+            RES_FIRST=residual is not None and switch("FLARE_GEMM_ROWS_RES_FIRST", GEMM_ROWS_RES_FIRST),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)
         return (out, *published) if published is not None else out
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}

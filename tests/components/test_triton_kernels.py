@@ -294,6 +294,45 @@ def test_published_norm_feeds_the_next_launch(m, n, k, n1, gated):
             assert not torch.equal(half, got)
 
 
+@pytest.mark.parametrize("rows,n,parts", [(4, 96, 6), (3, 40, 3), (1, 64, 1)])
+def test_published_norm_of_an_input_no_launch_wrote(rows, n, parts):
+    """``published_norm_triton`` (the first layer's, from the embeddings): the pair a publishing launch writes --
+    ``bf16(nw * h)`` within the interpreter's truncation of one rounding and each column block's sum of squares (fp64
+    reference), blocks of ``cdiv(N, parts)`` with a short last one; the CPU op computes the same."""
+    from ignition.components.fused_linear import published_norm_op
+    from ignition.components.triton_kernels import published_norm_triton
+
+    gen = torch.Generator().manual_seed(rows + n)
+    h = (torch.randn(rows, n, generator=gen) * 3).to(torch.bfloat16)
+    nw = (torch.rand(n, generator=gen) + 0.5).to(torch.bfloat16)
+    xw, stats = published_norm_triton(h, nw, parts)
+    want = nw.float() * h.float()
+    assert xw.dtype == torch.bfloat16 and ((xw.float() - want).abs() <= 2.0 ** -7 * want.abs()).all()
+    width = -(-n // parts)
+    blocks = torch.nn.functional.pad(h.double(), (0, parts * width - n)).view(rows, parts, width)
+    assert stats.shape == (rows, parts)
+    assert torch.allclose(stats.double(), (blocks * blocks).sum(dim=-1), rtol=2.0 ** -20, atol=0.0)
+    cxw, cstats = published_norm_op(h, nw, parts)
+    assert torch.equal(cxw, want.to(torch.bfloat16))
+    assert torch.allclose(cstats.double(), stats.double(), rtol=2.0 ** -20, atol=0.0)
+
+
+def test_tensor_core_residual_first_changes_no_bit(monkeypatch):
+    """``FLARE_GEMM_ROWS_RES_FIRST=1`` (``GEMM_ROWS_RES_FIRST``): the residual tile loaded before the main loop instead
+    of after it -- the same values, the same bits, with and without a published norm."""
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    x, w, nw, r = _gemv_inputs(4, 96, 128, norm=True, gated=False, residual=True, seed=11)
+    cfg = {"BN": 16, "BK": 64}
+    outs = []
+    for first in ("0", "1"):
+        monkeypatch.setenv("FLARE_GEMM_ROWS_RES_FIRST", first)
+        outs.append((fused_linear_triton(x, w, residual=r, config=cfg, dot=True),
+                     *fused_linear_triton(x, w, residual=r, config=cfg, dot=True, publish_norm=nw[:96])))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
 def test_published_norm_arguments_are_checked():
     """The published norm names what is wrong: the tensor-core kernel's only; the producer ungated with weights of its
     output width; the consumer's statistics fp32 rows of x and no second norm."""
