@@ -114,7 +114,8 @@ def cases(tk):
         cfg = tk.gemm_rows_config(4, n, k, gated)
         c = dict(K=k, MP=tk.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
                  EVEN_K=True, GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, cfg["BK"] // 64),
-                 DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0)
+                 DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0,
+                 RES_FIRST=res and tk.GEMM_ROWS_RES_FIRST)
         out.append((f"tensor-core {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

@@ -313,13 +313,22 @@ GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 #: projection takes the former as a plain input -- pipelined as any plain input, unlike a prologue's -- and scales its
 #: fp32 sums by the rstd of the latter before rounding.  One launch less per norm.  Not the canonical rounding points:
 #: ``bf16(rstd * sum(w * bf16(nw * x)))`` for ``sum(w * bf16(nw * bf16(x * rstd)))`` -- the same value up to one
-#: rounding of each input element, within :func:`reorder_bound`'s norm term.
-GEMM_ROWS_PRENORM = False
+#: rounding of each input element, within :func:`reorder_bound`'s norm term.  Side by side in one process with the
+#: null on the H200 (Qwen3-8B, 1024-token context, ``--timeline``): within the layer
+#: (``FLARE_GEMM_ROWS_PRENORM_CARRY=0``) batch 4 0.9943x (``results/20261204T173500Z-sm90-run153``; paired blocks 10/10
+#: faster against A and A2, within noise by the min-max rule: the norm kernel 1.63 + gate/up 48.64 us per layer in the
+#: critical path -> gate/up 47.23, o_proj 10.46 -> 12.86) and 0.9911x with :data:`triton_kernels.GEMM_ROWS_RES_FIRST`
+#: against 0.9934x for that alone (``results/20261204T174600Z-sm90-run154``); batch 1 (no such launch) within noise.
+#: On, within the layer.  Carried it was slower, 1.0324x / 1.0325x (with the residual first; runs 153, 154): the qkv
+#: taking the carried norm took 18.8-19.9 us per layer against the norm kernel's 1.8 + 14.1 -- launched during down
+#: (lead 24.8 us, no norm launch between) its 96 programs of 80 KiB are placed as down's free their SMs, two to an SM
+#: (the likely cause, as with the EARLY reduce at Qwen3-0.6B: ``triton_kernels.PDL_EARLY_ROWS``).
+GEMM_ROWS_PRENORM = True
 #: With :data:`GEMM_ROWS_PRENORM`: the decoder layers' down projection (+ residual) publishes the next layer's input
 #: norm too (the last layer's the final norm's, unused: every layer's graph the same), the model's body carrying it
 #: from layer to layer; the first layer's from the embeddings (:func:`published_norm`).
-#: ``FLARE_GEMM_ROWS_PRENORM_CARRY=0`` keeps it within the layer (read at trace time).
-GEMM_ROWS_PRENORM_CARRY = True
+#: ``FLARE_GEMM_ROWS_PRENORM_CARRY=1`` / ``0`` sets it (read at trace time).  Off: slower as measured above.
+GEMM_ROWS_PRENORM_CARRY = False
 
 
 def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, norm: bool = False,

@@ -1812,8 +1812,11 @@ GEMM_ROWS_MEASURED: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {
 #: Whether the tensor-core kernel loads its residual tile right after its wait, before the main loop, instead of after
 #: it (``FLARE_GEMM_ROWS_RES_FIRST=1`` / ``0``; read at each launch): after the loop its L2/HBM round trip comes
 #: between the last product and the store (offline sm90 PTX: the epilogue's first instruction waits on it) -- once per
-#: o_proj and down launch at batch 4.  The same values, the same bits.
-GEMM_ROWS_RES_FIRST = False
+#: o_proj and down launch at batch 4.  The same values, the same bits.  On since run 154: Qwen3-8B side by side in one
+#: process with the null (``results/20261204T174600Z-sm90-run154``, 1024-token context): batch 4 0.9934x (paired blocks
+#: 10/10 faster against A and A2; within noise by the min-max rule; per layer 114.91 -> 114.14 us in the critical
+#: path, o_proj 10.46 -> 9.95, down 25.34 -> 24.93), batch 1 (no such launch) 0.9991x.
+GEMM_ROWS_RES_FIRST = True
 
 #: Pipeline stages of the tensor-core kernel's row-statistics loop (the norm prologue; ``_gemv_rstd``'s ``STAGES``).
 GEMM_ROWS_NORM_STAGES = 3

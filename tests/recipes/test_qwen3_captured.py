@@ -22,10 +22,12 @@ def _prepare(ckpt):
 @pytest.mark.gpu
 @pytest.mark.parametrize("prenorm", [False, True], ids=["norm-launches", "published-norms"])
 def test_captured_capacities_match_eager_and_canonical(tmp_path, monkeypatch, prenorm):
-    """``published-norms``: ``FLARE_GEMM_ROWS_PRENORM=1`` with the gated gate/up launch (no size bound here), so that
-    the decode batches' gate/up and the prefill chunks' qkv and gate/up take their norms from the launch before."""
-    if prenorm:
-        monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "1")
+    """``published-norms``: ``FLARE_GEMM_ROWS_PRENORM=1`` (carried) with the gated gate/up launch (no size bound
+    here), so that the decode batches' gate/up and the prefill chunks' qkv and gate/up take their norms from the launch
+    before (the first layer's from ``flare::published_norm``); ``norm-launches``: ``FLARE_GEMM_ROWS_PRENORM=0``."""
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "1" if prenorm else "0")
+    if prenorm:  # carried too: the prefill chunks' qkv takes the norm down published
+        monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM_CARRY", "1")
         monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")
     ckpt = make_checkpoint(tmp_path / "tiny", seed=0)
     eager = _prepare(ckpt)
