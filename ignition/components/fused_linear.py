@@ -321,8 +321,9 @@ GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 #: against 0.9934x for that alone (``results/20261204T174600Z-sm90-run154``); batch 1 (no such launch) within noise.
 #: On, within the layer.  Carried it was slower, 1.0324x / 1.0325x (with the residual first; runs 153, 154): the qkv
 #: taking the carried norm took 18.8-19.9 us per layer against the norm kernel's 1.8 + 14.1 -- launched during down
-#: (lead 24.8 us, no norm launch between) its 96 programs of 80 KiB are placed as down's free their SMs, two to an SM
-#: (the likely cause, as with the EARLY reduce at Qwen3-0.6B: ``triton_kernels.PDL_EARLY_ROWS``).
+#: (lead 24.8 us, no norm launch between).  Not CTA packing, the hypothesis then (its 96 programs of 80 KiB placed two
+#: to an SM as down's free theirs): with 6 stages (120 KiB, one program per SM) the carried step was 1.0421x slower
+#: against the defaults within the layer (``results/20261204T175500Z-sm90-run155``).  Cause not found.
 GEMM_ROWS_PRENORM = True
 #: With :data:`GEMM_ROWS_PRENORM`: the decoder layers' down projection (+ residual) publishes the next layer's input
 #: norm too (the last layer's the final norm's, unused: every layer's graph the same), the model's body carrying it
