@@ -151,18 +151,21 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
     (``GEMM_ROWS_GATED``): its gate/up is one launch after the norm with the SiLU gate in its epilogue instead of the
     packed product and the activation module.  Off, the norm and the activation run apart (the first two off by default;
     the gated output, on by default, is turned off for them -- with it the down's input is no longer the packed
-    output).  o_proj is a plain-input launch either way."""
+    output).  o_proj is a plain-input launch either way.  The published norms (``FLARE_GEMM_ROWS_PRENORM``, on by
+    default: the gated gate/up's norm from o_proj's launch) are off here -- their own test is
+    ``test_published_norms_keep_the_canonical_greedy_run``."""
     from ignition.components import fused_linear as fl
 
     calls = []
 
-    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, *published):
         calls.append((x.numel() // x.shape[-1], norm_weight is not None, gated_input, gated))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, *published)
 
     real = fl.fused_linear
     monkeypatch.setattr(fl, "fused_linear", counting)
     monkeypatch.delenv("FLARE_GEMV_DOT", raising=False)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM", "0")
     layers = AutoConfig.from_pretrained(ckpt).num_hidden_layers
     if switch != "FLARE_GEMM_ROWS_GATED":
         monkeypatch.setenv("FLARE_GEMM_ROWS_GATED", "0")
