@@ -406,7 +406,8 @@ def publishes_prenorm(rows: int, projection) -> bool:
 
 
 def carries_prenorm() -> bool:
-    """Whether published norms cross decoder layers (:data:`GEMM_ROWS_PRENORM_CARRY`, with :data:`GEMM_ROWS_PRENORM`)."""
+    """Whether published norms cross decoder layers (:data:`GEMM_ROWS_PRENORM_CARRY`, with
+    :data:`GEMM_ROWS_PRENORM`)."""
     return (switch("FLARE_GEMM_ROWS_PRENORM", GEMM_ROWS_PRENORM)
             and switch("FLARE_GEMM_ROWS_PRENORM_CARRY", GEMM_ROWS_PRENORM_CARRY))
 

@@ -81,7 +81,9 @@ def _pdl(device: torch.device, early_rows: int | None = None) -> dict:
 #: Again at 4 rows with the tensor-core o_proj, side by side in one process with the null (``FLARE_PDL_EARLY_ROWS=4``):
 #: Qwen3-8B batch 4 0.9926x (paired blocks 10/10 faster against A and A2; the reduce 2.59 -> 1.82 us per layer in the
 #: critical path; ``results/20261204T162300Z-sm90-run150``), but Qwen3-0.6B batch 4 1.4114x slower (its o_proj 5.34 ->
-#: 23.90 us; ``results/20261204T163100Z-sm90-run151``) -- not adopted, the cause of the loss not diagnosed.
+#: 23.90 us; ``results/20261204T163100Z-sm90-run151``) -- not adopted, the cause of the loss not diagnosed.  On top of
+#: the published norms (carried, ``fused_linear.GEMM_ROWS_PRENORM``) at Qwen3-8B batch 4 no gain: 1.0324x against
+#: 1.0325x without it (``results/20261204T174600Z-sm90-run154``).
 PDL_EARLY_ROWS = 1
 
 
@@ -1822,11 +1824,15 @@ GEMM_ROWS_RES_FIRST = True
 GEMM_ROWS_NORM_STAGES = 3
 
 
-def gemm_rows_prefetch_tiles() -> int:
+def gemm_rows_prefetch_tiles(published: bool = False) -> int:
     """Weight tiles each tensor-core program prefetches into L2 before its PDL wait: :data:`GEMV_PREFETCH_TILES`
     (``FLARE_GEMM_ROWS_PREFETCH=N`` sets it, read at each launch: side-by-side runs); the launch clamps it to its K's
-    tiles."""
-    return whole("FLARE_GEMM_ROWS_PREFETCH", GEMV_PREFETCH_TILES, low=0)
+    tiles.  ``published``: a launch taking a published norm (``fused_linear.GEMM_ROWS_PRENORM``), which launches while
+    the projection before it streams -- no norm launch between -- so its prefetch competes with that stream
+    (``FLARE_GEMM_ROWS_PRENORM_PREFETCH=N`` sets it apart; not measured yet: run 155's publishing o_proj took 12.58 us
+    per layer against 9.95 without, while the gate/up after it, 384 programs, prefetched ~12 MiB)."""
+    tiles = whole("FLARE_GEMM_ROWS_PREFETCH", GEMV_PREFETCH_TILES, low=0)
+    return whole("FLARE_GEMM_ROWS_PRENORM_PREFETCH", tiles, low=0) if published else tiles
 
 
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
@@ -1957,7 +1963,8 @@ def _prenorm_args(x: torch.Tensor, m: int, n_out: int, gated: bool, gated_input:
         return {}
     if not dot:
         raise ValueError(f"fused_linear_triton: norm_stats / publish_norm are the tensor-core kernel's "
-                         f"({DOT_ROWS.start}..{DOT_ROWS.stop - 1} rows); this launch ({m} rows) is the one-row kernel's")
+                         f"({DOT_ROWS.start}..{DOT_ROWS.stop - 1} rows); this launch ({m} rows) is the one-row "
+                         f"kernel's")
     if publish_norm is not None and (gated or publish_norm.shape != (n_out,) or not publish_norm.is_contiguous()):
         raise ValueError(f"fused_linear_triton: publish_norm {tuple(publish_norm.shape)} must be the next norm's "
                          f"contiguous weights [{n_out}] of an ungated launch")
@@ -2055,7 +2062,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
             out.stride(0), float(eps), K=k, MP=GEMV_MAX_ROWS, BN=bn, BK=bk, HAS_NORM=norm_weight is not None,
             HAS_RES=residual is not None, GATED=bool(gated), EVEN_K=k % bk == 0, GATED_IN=bool(gated_input),
-            PREFETCH=min(gemm_rows_prefetch_tiles(), triton.cdiv(k, bk)), PF_LINES=max(1, bk // 64),
+            PREFETCH=min(gemm_rows_prefetch_tiles(norm_stats is not None), triton.cdiv(k, bk)),
+            PF_LINES=max(1, bk // 64),
             DOT_F32=_interpreting(), NORM_STAGES=GEMM_ROWS_NORM_STAGES if norm_weight is not None else 0,
             RES_FIRST=residual is not None and switch("FLARE_GEMM_ROWS_RES_FIRST", GEMM_ROWS_RES_FIRST),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)

@@ -415,6 +415,13 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     with pytest.raises(ValueError, match="FLARE_GEMM_ROWS_PREFETCH"):
         gemm_rows_prefetch_tiles()
     monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH")
+    # a launch taking a published norm: the same unless FLARE_GEMM_ROWS_PRENORM_PREFETCH sets it apart
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "3")
+    assert gemm_rows_prefetch_tiles(published=True) == 3
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM_PREFETCH", "0")
+    assert (gemm_rows_prefetch_tiles(published=True), gemm_rows_prefetch_tiles()) == (0, 3)
+    monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH")
+    monkeypatch.delenv("FLARE_GEMM_ROWS_PRENORM_PREFETCH")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
     monkeypatch.setenv("FLARE_GEMM_ROWS_TABLE", "0")  # the heuristic, for side-by-side runs
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 16, "BK": 128, "num_warps": 4, "num_stages": 4}
