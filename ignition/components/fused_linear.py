@@ -452,8 +452,7 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         y = fused_linear(x, weight, None if norm is None else norm.weight,
                          0.0 if norm is None else norm.variance_epsilon, residual, gated, False, early)
         return y.split(parts, dim=-1) if parts is not None and not gated else y
-    if (weight is not None and norm is not None and fusable_act
-            and uses_dot_kernel(rows, gated=gated, elements=weight.numel())):
+    if norm is not None and fusable_act and _norm_apart_dot(rows, weight, gated):
         if prenorm is not None:
             y = fused_linear(x, weight, norm.weight, norm.variance_epsilon, residual, gated, False, early, *prenorm)
         else:

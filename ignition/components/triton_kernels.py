@@ -1851,19 +1851,19 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
 
 
 @triton.jit
-def _published_norm_kernel(H, NW, XW, S, N, stride_h, stride_xw, PARTS: tl.constexpr, WIDTH: tl.constexpr,
-                           BW: tl.constexpr):
-    """Program (row, part): ``bf16(nw * h)`` of the part's ``WIDTH`` columns and their fp32 sum of squares -- what a
-    publishing launch (:func:`_prenorm_store`) writes, for an input no launch wrote (the embeddings)."""
-    row = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    offs = part * WIDTH + tl.arange(0, BW)
-    mask = (tl.arange(0, BW) < WIDTH) & (offs < N)
-    h = tl.load(H + row * stride_h + offs, mask=mask, other=0.0)
-    nw = tl.load(NW + offs, mask=mask, other=0.0)
-    hf = h.to(tl.float32)
-    tl.store(XW + row * stride_xw + offs, (nw.to(tl.float32) * hf).to(h.dtype), mask=mask)
-    tl.store(S + row * PARTS + part, tl.sum(hf * hf, axis=0))
+def _published_norm_kernel(H, NW, XW, S, M, N, stride_h, stride_xw, PARTS: tl.constexpr, WIDTH: tl.constexpr,
+                           MP: tl.constexpr, BW: tl.constexpr):
+    """Program (part, row block): what a publishing launch's program writes for its output tile
+    (:func:`_prenorm_store`, the same code), here for the part's ``WIDTH`` columns of an input no launch wrote (the
+    embeddings)."""
+    offs_m = tl.program_id(1) * MP + tl.arange(0, MP)
+    offs_n = tl.program_id(0) * WIDTH + tl.arange(0, BW)
+    m_mask = offs_m < M
+    n_mask = (tl.arange(0, BW) < WIDTH) & (offs_n < N)
+    h = tl.load(H + offs_m.to(tl.int64)[:, None] * stride_h + offs_n[None, :], mask=m_mask[:, None] & n_mask[None, :],
+                other=0.0)
+    nw = tl.load(NW + offs_n, mask=n_mask, other=0.0)
+    _prenorm_store(nw, XW, S, h, offs_m, offs_n, m_mask, n_mask, stride_xw, PARTS)
 
 
 def published_norm_triton(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1877,9 +1877,10 @@ def published_norm_triton(h: torch.Tensor, norm_weight: torch.Tensor, parts: int
     stats = torch.empty((rows, parts), dtype=torch.float32, device=h.device)
     if rows:
         width = triton.cdiv(n, parts)
-        _published_norm_kernel[(rows, parts)](h, norm_weight.contiguous(), xw, stats, n, h.stride(0), xw.stride(0),
-                                              PARTS=parts, WIDTH=width, BW=triton.next_power_of_2(width),
-                                              num_warps=1)
+        mp = min(triton.next_power_of_2(rows), GEMV_MAX_ROWS)
+        _published_norm_kernel[(parts, triton.cdiv(rows, mp))](
+            h, norm_weight.contiguous(), xw, stats, rows, n, h.stride(0), xw.stride(0), PARTS=parts, WIDTH=width,
+            MP=mp, BW=triton.next_power_of_2(width), num_warps=1)
     return xw, stats
 
 
