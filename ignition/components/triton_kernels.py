@@ -64,12 +64,13 @@ def pdl_enabled(device: torch.device) -> bool:
     return _sm90_or_newer(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _pdl(device: torch.device, early_rows: int | None = None) -> dict:
+def _pdl(device: torch.device, early_rows: int | None = None, overlap_bytes: int | None = None) -> dict:
     """Launch options and the ``USE_PDL`` constexpr of one launch (nothing extra when PDL is off); ``early_rows``:
-    the kernel takes an ``EARLY`` constexpr too, on when :func:`pdl_early_enabled` for that many rows."""
+    the kernel takes an ``EARLY`` constexpr too, on when :func:`pdl_early_enabled` for that many rows (and
+    ``overlap_bytes``)."""
     opts = {"USE_PDL": True, "launch_pdl": True} if pdl_enabled(device) else {"USE_PDL": False}
     if early_rows is not None:
-        opts["EARLY"] = opts["USE_PDL"] and pdl_early_enabled(early_rows)
+        opts["EARLY"] = opts["USE_PDL"] and pdl_early_enabled(early_rows, overlap_bytes)
     return opts
 
 
@@ -86,12 +87,32 @@ def _pdl(device: torch.device, early_rows: int | None = None) -> dict:
 #: 1.0325x without it (``results/20261204T174600Z-sm90-run154``).
 PDL_EARLY_ROWS = 1
 
+#: The largest batch whose decode reduce kernel is ``EARLY`` behind a large stream: when the projection before the
+#: attention (``overlap_bytes``, the QKV weight) reaches :data:`PDL_EARLY_LARGE_MIN_BYTES`
+#: (``FLARE_PDL_EARLY_LARGE_ROWS=N``, ``FLARE_PDL_EARLY_LARGE_MIN_MB=N`` set them) -- Qwen3-8B's 48 MiB, not
+#: Qwen3-0.6B's 8 MiB, whose o_proj stalled with it (above).  1: no more than :data:`PDL_EARLY_ROWS`.
+PDL_EARLY_LARGE_ROWS = 1
+PDL_EARLY_LARGE_MIN_BYTES = 24 << 20
 
-def pdl_early_enabled(rows: int = 1) -> bool:
+
+def pdl_early_rows(overlap_bytes: int | None = None) -> int:
+    """The largest batch whose ``EARLY`` kernels let their dependents launch before their wait:
+    :data:`PDL_EARLY_ROWS`, or :data:`PDL_EARLY_LARGE_ROWS` when larger and ``overlap_bytes`` (the stream before the
+    attention; None: unknown) reaches :data:`PDL_EARLY_LARGE_MIN_BYTES`.  Read at each launch."""
+    rows = switch_rows("FLARE_PDL_EARLY_ROWS", PDL_EARLY_ROWS)
+    least = number("FLARE_PDL_EARLY_LARGE_MIN_MB", PDL_EARLY_LARGE_MIN_BYTES / (1 << 20))
+    if least < 0:
+        raise ValueError(f"FLARE_PDL_EARLY_LARGE_MIN_MB={least:g}: expected a size in MiB >= 0")
+    if overlap_bytes is not None and overlap_bytes >= least * (1 << 20):
+        rows = max(rows, switch_rows("FLARE_PDL_EARLY_LARGE_ROWS", PDL_EARLY_LARGE_ROWS))
+    return rows
+
+
+def pdl_early_enabled(rows: int = 1, overlap_bytes: int | None = None) -> bool:
     """Whether the kernels that may let their dependents launch before their own wait do so for ``rows`` rows: up to
-    :data:`PDL_EARLY_ROWS` (``FLARE_PDL_EARLY_ROWS``) unless ``FLARE_PDL_EARLY=0``; read at each launch, for
-    side-by-side runs."""
-    return rows <= switch_rows("FLARE_PDL_EARLY_ROWS", PDL_EARLY_ROWS) and switch("FLARE_PDL_EARLY", True)
+    :func:`pdl_early_rows` (``overlap_bytes``: the stream before the attention, for its reduce kernel) unless
+    ``FLARE_PDL_EARLY=0``; read at each launch, for side-by-side runs."""
+    return rows <= pdl_early_rows(overlap_bytes) and switch("FLARE_PDL_EARLY", True)
 
 
 @triton.jit
@@ -1109,7 +1130,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,
-            SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b), **_probe_args(probe, 1, b * h))
+            SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b, overlap_bytes=overlap_bytes),
+            **_probe_args(probe, 1, b * h))
     return out
 
 
@@ -1824,15 +1846,25 @@ GEMM_ROWS_RES_FIRST = True
 GEMM_ROWS_NORM_STAGES = 3
 
 
+#: Weight tiles each program of a tensor-core launch taking a published norm (``fused_linear.GEMM_ROWS_PRENORM``:
+#: Qwen3-8B's gate/up at batch 4) prefetches before its wait.  It launches while the projection before it streams --
+#: no norm launch between -- so its prefetch competes with that stream: run 155's publishing o_proj took 12.58 us per
+#: layer against 9.95 without publishing while the gate/up's 384 programs prefetched 2 tiles each (~12 MiB).  Side by
+#: side in one process with the null (``results/20261204T184500Z-sm90-run156``, Qwen3-8B batch 4, 1024-token
+#: context): 1 tile 0.9960x (paired blocks 10/10 faster against A and A2; per layer 115.14 -> 114.56 us, o_proj
+#: 12.67 -> 11.58, gate/up 48.26 -> 48.83), none 0.9980x (o_proj 10.81, gate/up 49.66).
+GEMM_ROWS_PRENORM_PREFETCH_TILES = 1
+
+
 def gemm_rows_prefetch_tiles(published: bool = False) -> int:
     """Weight tiles each tensor-core program prefetches into L2 before its PDL wait: :data:`GEMV_PREFETCH_TILES`
     (``FLARE_GEMM_ROWS_PREFETCH=N`` sets it, read at each launch: side-by-side runs); the launch clamps it to its K's
-    tiles.  ``published``: a launch taking a published norm (``fused_linear.GEMM_ROWS_PRENORM``), which launches while
-    the projection before it streams -- no norm launch between -- so its prefetch competes with that stream
-    (``FLARE_GEMM_ROWS_PRENORM_PREFETCH=N`` sets it apart; not measured yet: run 155's publishing o_proj took 12.58 us
-    per layer against 9.95 without, while the gate/up after it, 384 programs, prefetched ~12 MiB)."""
+    tiles.  ``published``: a launch taking a published norm, :data:`GEMM_ROWS_PRENORM_PREFETCH_TILES`
+    (``FLARE_GEMM_ROWS_PRENORM_PREFETCH=N``)."""
     tiles = whole("FLARE_GEMM_ROWS_PREFETCH", GEMV_PREFETCH_TILES, low=0)
-    return whole("FLARE_GEMM_ROWS_PRENORM_PREFETCH", tiles, low=0) if published else tiles
+    if published:
+        return whole("FLARE_GEMM_ROWS_PRENORM_PREFETCH", min(tiles, GEMM_ROWS_PRENORM_PREFETCH_TILES), low=0)
+    return tiles
 
 
 def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:

@@ -377,6 +377,18 @@ def test_early_reduce_rows_switch(monkeypatch):
         monkeypatch.setenv("FLARE_PDL_EARLY_ROWS", bad)
         with pytest.raises(ValueError, match="FLARE_PDL_EARLY_ROWS"):
             tk.pdl_early_enabled(1)
+    monkeypatch.delenv("FLARE_PDL_EARLY_ROWS")
+    # behind a large stream (the reduce's overlap_bytes: the QKV weight) FLARE_PDL_EARLY_LARGE_ROWS more rows
+    mib = 1 << 20
+    monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_ROWS", "4")
+    early = [tk.pdl_early_enabled(b, n * mib) for b, n in ((1, 8), (4, 8), (4, 23), (4, 24), (4, 48), (8, 48))]
+    assert early == [True, False, False, True, True, False]
+    assert not tk.pdl_early_enabled(4) and not tk.pdl_early_enabled(4, None)  # unknown stream: the rows decide
+    monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_MIN_MB", "64")
+    assert not tk.pdl_early_enabled(4, 48 * mib)
+    monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_MIN_MB", "-1")
+    with pytest.raises(ValueError, match="FLARE_PDL_EARLY_LARGE_MIN_MB"):
+        tk.pdl_early_enabled(4, 48 * mib)
 
 
 def test_wide_blocks_rule(monkeypatch):

@@ -415,11 +415,16 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     with pytest.raises(ValueError, match="FLARE_GEMM_ROWS_PREFETCH"):
         gemm_rows_prefetch_tiles()
     monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH")
-    # a launch taking a published norm: the same unless FLARE_GEMM_ROWS_PRENORM_PREFETCH sets it apart
+    # a launch taking a published norm: fewer tiles (it competes with the stream before it), its own switch
+    assert gemm_rows_prefetch_tiles(published=True) == 1
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "0")
+    assert gemm_rows_prefetch_tiles(published=True) == 0  # never more than the others'
     monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "3")
-    assert gemm_rows_prefetch_tiles(published=True) == 3
+    assert gemm_rows_prefetch_tiles(published=True) == 1
     monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM_PREFETCH", "0")
     assert (gemm_rows_prefetch_tiles(published=True), gemm_rows_prefetch_tiles()) == (0, 3)
+    monkeypatch.setenv("FLARE_GEMM_ROWS_PRENORM_PREFETCH", "4")
+    assert gemm_rows_prefetch_tiles(published=True) == 4
     monkeypatch.delenv("FLARE_GEMM_ROWS_PREFETCH")
     monkeypatch.delenv("FLARE_GEMM_ROWS_PRENORM_PREFETCH")
     assert gemm_rows_config(4, 6144, 4096) == {"BN": 64, "BK": 128, "num_warps": 4, "num_stages": 5}  # measured
