@@ -90,8 +90,11 @@ PDL_EARLY_ROWS = 1
 #: The largest batch whose decode reduce kernel is ``EARLY`` behind a large stream: when the projection before the
 #: attention (``overlap_bytes``, the QKV weight) reaches :data:`PDL_EARLY_LARGE_MIN_BYTES`
 #: (``FLARE_PDL_EARLY_LARGE_ROWS=N``, ``FLARE_PDL_EARLY_LARGE_MIN_MB=N`` set them) -- Qwen3-8B's 48 MiB, not
-#: Qwen3-0.6B's 8 MiB, whose o_proj stalled with it (above).  1: no more than :data:`PDL_EARLY_ROWS`.
-PDL_EARLY_LARGE_ROWS = 1
+#: Qwen3-0.6B's 8 MiB, whose o_proj stalled with it (above); 1: no more than :data:`PDL_EARLY_ROWS`.  4 since run 157:
+#: Qwen3-8B batch 4 0.9949x side by side in one process with the null, on top of the published norms
+#: (``results/20261204T185500Z-sm90-run157``; paired blocks 10/10 faster against A and A2; per layer 114.53 -> 113.92
+#: us, the reduce 2.56 -> 1.86), batch 1 0.9989x.
+PDL_EARLY_LARGE_ROWS = 4
 PDL_EARLY_LARGE_MIN_BYTES = 24 << 20
 
 

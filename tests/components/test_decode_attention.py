@@ -363,7 +363,8 @@ def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
 
 def test_early_reduce_rows_switch(monkeypatch):
     """The reduce kernel lets the output projection launch before its own wait at one row by default, up to
-    ``FLARE_PDL_EARLY_ROWS`` rows when set, never with ``FLARE_PDL_EARLY=0``; a bad row count names the switch."""
+    ``FLARE_PDL_EARLY_ROWS`` rows when set, up to 4 behind a QKV stream of at least 24 MiB
+    (``FLARE_PDL_EARLY_LARGE_ROWS`` / ``_MIN_MB``), never with ``FLARE_PDL_EARLY=0``; a bad value names the switch."""
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
 
@@ -380,7 +381,7 @@ def test_early_reduce_rows_switch(monkeypatch):
     monkeypatch.delenv("FLARE_PDL_EARLY_ROWS")
     # behind a large stream (the reduce's overlap_bytes: the QKV weight) FLARE_PDL_EARLY_LARGE_ROWS more rows
     mib = 1 << 20
-    monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_ROWS", "4")
+    assert tk.PDL_EARLY_LARGE_ROWS == 4  # the default: Qwen3-8B's batch 4 (run 157)
     early = [tk.pdl_early_enabled(b, n * mib) for b, n in ((1, 8), (4, 8), (4, 23), (4, 24), (4, 48), (8, 48))]
     assert early == [True, False, False, True, True, False]
     assert not tk.pdl_early_enabled(4) and not tk.pdl_early_enabled(4, None)  # unknown stream: the rows decide
@@ -389,6 +390,9 @@ def test_early_reduce_rows_switch(monkeypatch):
     monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_MIN_MB", "-1")
     with pytest.raises(ValueError, match="FLARE_PDL_EARLY_LARGE_MIN_MB"):
         tk.pdl_early_enabled(4, 48 * mib)
+    monkeypatch.delenv("FLARE_PDL_EARLY_LARGE_MIN_MB")
+    monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_ROWS", "1")  # off: the rows alone decide
+    assert not tk.pdl_early_enabled(4, 48 * mib)
 
 
 def test_wide_blocks_rule(monkeypatch):
