@@ -172,21 +172,23 @@ def _prenorm_parts(x: torch.Tensor, weight: torch.Tensor) -> int:
 
 
 def _fake_publish(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], next_norm: torch.Tensor,
-                  early: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  parts: int, early: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    rows = x.numel() // x.shape[-1]
-    return out, torch.empty_like(out), x.new_empty((rows, _prenorm_parts(x, weight)), dtype=torch.float32)
+    return out, torch.empty_like(out), x.new_empty((x.numel() // x.shape[-1], parts), dtype=torch.float32)
 
 
 @opaque_op("fused_linear_publish", mutates_args=(), fake=_fake_publish)
 def fused_linear_publish(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                         next_norm: torch.Tensor,
+                         next_norm: torch.Tensor, parts: int,
                          early: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A plain, ungated :func:`fused_linear` (``x [..., K]`` -> ``out [..., N]``, ``+ residual``) that also publishes
     the next RMSNorm of its output (weights ``next_norm [N]``; :data:`GEMM_ROWS_PRENORM`): ``(out, xw, stats)`` with
-    ``xw = bf16(next_norm * out)`` and ``stats [rows, P]``, the fp32 sums of ``out ** 2`` over P column blocks -- the
-    next launch takes them as ``fused_linear(..., xw=xw, norm_stats=stats)``.  CUDA: the tensor-core launch (2..16
-    rows), each program publishing its own output tile; CPU: the canonical composition (P = 1)."""
+    ``xw = bf16(next_norm * out)`` and ``stats [rows, parts]``, the fp32 sums of ``out ** 2`` over ``parts`` column
+    blocks -- the next launch takes them as ``fused_linear(..., xw=xw, norm_stats=stats)``.  CUDA: the tensor-core
+    launch (2..16 rows), each program publishing its own output tile; CPU: the canonical composition.  ``parts``
+    (:func:`_prenorm_parts`) is an argument, not derived inside, so that a compiled graph records it: the launch config
+    may follow the environment (``FLARE_GEMV_CONFIG``), which neither Dynamo's guards nor the compile caches key on
+    (run 158: a graph compiled for 128 blocks met a launch of 256); a launch of another count raises."""
     n = weight.shape[0]
     if x.is_cuda:
         from ignition.components.triton_kernels import fused_linear_triton
@@ -194,9 +196,13 @@ def fused_linear_publish(x: torch.Tensor, weight: torch.Tensor, residual: Option
         res2 = residual.reshape(-1, n) if residual is not None else None
         out, xw, stats = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, residual=res2, early=early, dot=True,
                                              publish_norm=next_norm)
+        if stats.shape[1] != parts:
+            raise ValueError(f"fused_linear_publish: the launch wrote {stats.shape[1]} column blocks, the caller "
+                             f"expected parts={parts} (a launch config changed after the graph was traced?)")
         return out.view(*x.shape[:-1], n), xw.view(*x.shape[:-1], n), stats
     out = fused_linear_reference(x, weight, None, 0.0, residual)
-    return out, *_published_norm(out, next_norm, 1)
+    return out, *_published_norm(out, next_norm, parts)
+
 
 
 def _published_norm(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -443,7 +449,7 @@ def linear_block(x: torch.Tensor, projection, *, norm=None, residual: Optional[t
         if norm is not None or gated:
             raise ValueError("linear_block: publish_norm is for a plain, ungated projection")
         if publishes_prenorm(rows, projection):
-            y, xw, stats = fused_linear_publish(x, weight, residual, publish_norm, early)
+            y, xw, stats = fused_linear_publish(x, weight, residual, publish_norm, _prenorm_parts(x, weight), early)
             return (y.split(parts, dim=-1) if parts is not None else y), (xw, stats)
         return linear_block(x, projection, residual=residual, early=early), None
     fusable_act = not gated or act_name == "silu"

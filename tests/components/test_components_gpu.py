@@ -583,6 +583,28 @@ def test_published_norm_on_this_gpu(m):
         assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
+def test_published_block_count_follows_the_launch_on_this_gpu(monkeypatch):
+    """``fused_linear_publish`` on CUDA at Qwen3-8B's o_proj (4 rows): the caller's ``parts`` (``_prenorm_parts``)
+    equals the launch's column blocks under the table's config and under a ``FLARE_GEMV_CONFIG`` override keyed by
+    the rows (run 158's entry that failed to compile); a graph traced for another count raises naming it."""
+    from ignition.components.fused_linear import _prenorm_parts, fused_linear_publish
+
+    gen = torch.Generator().manual_seed(9)
+    x, r = (torch.randn(4, 1, 4096, generator=gen).to(torch.bfloat16).cuda() for _ in range(2))
+    w = (torch.randn(4096, 4096, generator=gen) / 64).to(torch.bfloat16).cuda()
+    nw = (torch.rand(4096, generator=gen) + 0.5).to(torch.bfloat16).cuda()
+    counts = []
+    for spec in ("", "4x4096x4096=16/512/4/4"):
+        monkeypatch.setenv("FLARE_GEMV_CONFIG", spec)
+        parts = _prenorm_parts(x, w)
+        out, xw, stats = fused_linear_publish(x, w, r, nw, parts)
+        assert stats.shape == (4, parts) and out.shape == xw.shape == (4, 1, 4096)
+        counts.append(parts)
+    assert counts == [128, 256]
+    with pytest.raises(ValueError, match="parts=128"):
+        fused_linear_publish(x, w, r, nw, 128)
+
+
 @pytest.mark.parametrize("m,n,k", [(4, 4096, 12288), (4, 1024, 3072)])
 def test_tensor_core_gated_input_on_this_gpu(m, n, k):
     """The tensor-core variant with the SiLU-gated input (the launch ``FLARE_GEMM_ROWS_GATED_IN=1`` gives Qwen3's down

@@ -149,3 +149,34 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
         want = qkv(norm(x))
     assert calls == [(False, False, False, False)]
     assert len(got) == 3 and all(_bits_equal(g, w) for g, w in zip(got, want))
+
+
+def test_published_block_count_is_recorded_by_the_caller(monkeypatch):
+    """``fused_linear_publish``'s ``parts`` is an argument, so a traced graph records it: the fake's statistics take
+    it as given, and the caller's count (``_prenorm_parts``, on CUDA the tensor-core launch's programs along N) follows
+    a ``FLARE_GEMV_CONFIG`` override keyed by the row count -- run 158's graph compiled under another environment met
+    a launch of twice its blocks.  On the CPU the op sums squares over those blocks, the published ``xw`` unchanged."""
+    pytest.importorskip("triton")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ignition.components.fused_linear import _published_norm, fused_linear_publish
+    from ignition.components.triton_kernels import gemm_rows_parts
+
+    assert gemm_rows_parts(4, 4096, 4096) == 4096 // 32  # the table's 32-column blocks
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "4x4096x4096=16/512/4/4")
+    assert gemm_rows_parts(4, 4096, 4096) == 4096 // 16 and gemm_rows_parts(8, 4096, 4096) == 4096 // 32
+    monkeypatch.delenv("FLARE_GEMV_CONFIG")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 1, 64, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(48, 64, generator=gen) / 8).to(torch.bfloat16)
+    r = torch.randn(4, 1, 48, generator=gen).to(torch.bfloat16)
+    nw = (torch.rand(48, generator=gen) + 0.5).to(torch.bfloat16)
+    with FakeTensorMode() as mode:
+        out, xw, stats = torch.ops.flare.fused_linear_publish(*(mode.from_tensor(t) for t in (x, w, r, nw)), 7)
+        assert (tuple(out.shape), tuple(xw.shape), tuple(stats.shape)) == ((4, 1, 48), (4, 1, 48), (4, 7))
+    out, xw, stats = fused_linear_publish(x, w, r, nw, 3)
+    assert torch.equal(out, fused_linear_reference(x, w, None, 0.0, r))
+    want_xw, want = _published_norm(out, nw, 3)
+    assert torch.equal(xw, want_xw) and torch.equal(stats, want) and stats.shape == (4, 3)
+    blocks = out.double().view(4, 3, 16)
+    assert torch.allclose(stats.double(), (blocks * blocks).sum(dim=-1), rtol=2.0 ** -20, atol=0.0)

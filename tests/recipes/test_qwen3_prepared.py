@@ -209,9 +209,10 @@ def test_published_norms_keep_the_canonical_greedy_run(ckpt, reference, monkeypa
     published, taken = [], []
     real_publish, real = fl.fused_linear_publish, fl.fused_linear
 
-    def publishing(x, weight, residual, next_norm, early=False):
+    def publishing(x, weight, residual, next_norm, parts, early=False):
         published.append((x.numel() // x.shape[-1], weight.shape[0], next_norm.data_ptr()))
-        return real_publish(x, weight, residual, next_norm, early)
+        assert parts == 1  # the CPU path: one whole row
+        return real_publish(x, weight, residual, next_norm, parts, early)
 
     def taking(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, xw=None,
                norm_stats=None):
