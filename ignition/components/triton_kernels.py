@@ -34,13 +34,14 @@ from ignition.components.switches import number, rows as switch_rows, switch, wh
 #   its dependents launch before its wait.  Such reads go through L2 (``cache_modifier=".cg"``).  The fused decode
 #   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
 #   predecessor is the qkv projection, never an ``EARLY`` kernel.
-# - ``EARLY`` (at one row, :data:`PDL_EARLY_ROWS`; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce
+# - ``EARLY`` (at one row, :data:`PDL_EARLY_ROWS`, and the reduce at up to :data:`PDL_EARLY_LARGE_ROWS` behind a large
+#   QKV stream; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce
 #   kernel, so the output projection after it launches while the attention runs and streams its weight into L2
 #   during the attention's latency-bound span.  The kernel after an ``EARLY`` one may read nothing but weights
 #   before its wait.  Measured on the H200 (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``):
 #   EARLY without the whole-weight o_proj prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17);
 #   Qwen3-0.6B batch 1 with both 1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).  At batch 4 it
-#   stalls the output projection (``PDL_EARLY_ROWS``).  The one-row GEMVs their callers mark ``early`` (the output
+#   stalled Qwen3-0.6B's output projection (``PDL_EARLY_ROWS``), not Qwen3-8B's (``PDL_EARLY_LARGE_ROWS``).  The one-row GEMVs their callers mark ``early`` (the output
 #   projection and the MLP's, :data:`GEMV_EARLY`) are ``EARLY`` too: their successors are GEMVs or norms; the qkv
 #   projection, whose successor is the fused decode kernel, never is.
 #
