@@ -204,7 +204,6 @@ def fused_linear_publish(x: torch.Tensor, weight: torch.Tensor, residual: Option
     return out, *_published_norm(out, next_norm, parts)
 
 
-
 def _published_norm(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(xw, stats)`` of ``h [..., N]`` as a publishing launch writes them (:func:`fused_linear_publish`): ``bf16(
     norm_weight * h)`` and the fp32 sums of ``h ** 2`` over ``parts`` equal column blocks (the last one short)."""

@@ -53,6 +53,15 @@ def whole(name: str, default: int, *, low: int = 0, what: str = "") -> int:
     return int(value)
 
 
+def mebibytes(name: str, default_bytes: int) -> int:
+    """The size switch ``name``, given in MiB, as bytes: unset or empty -> ``default_bytes``; raises naming the
+    variable when it is not a number >= 0."""
+    value = number(name, default_bytes / (1 << 20))
+    if value < 0:
+        raise ValueError(f"{name}={value:g}: expected a size in MiB >= 0")
+    return int(value * (1 << 20))
+
+
 def rows(name: str, default: int) -> int:
     """The row-count switch ``name`` (the largest batch a behaviour applies to): unset or empty -> ``default``;
     raises naming the variable when it is not a whole number >= 0."""

@@ -15,7 +15,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
-from ignition.components.switches import number, rows as switch_rows, switch, whole
+from ignition.components.switches import mebibytes, number, rows as switch_rows, switch, whole
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -104,10 +104,8 @@ def pdl_early_rows(overlap_bytes: int | None = None) -> int:
     :data:`PDL_EARLY_ROWS`, or :data:`PDL_EARLY_LARGE_ROWS` when larger and ``overlap_bytes`` (the stream before the
     attention; None: unknown) reaches :data:`PDL_EARLY_LARGE_MIN_BYTES`.  Read at each launch."""
     rows = switch_rows("FLARE_PDL_EARLY_ROWS", PDL_EARLY_ROWS)
-    least = number("FLARE_PDL_EARLY_LARGE_MIN_MB", PDL_EARLY_LARGE_MIN_BYTES / (1 << 20))
-    if least < 0:
-        raise ValueError(f"FLARE_PDL_EARLY_LARGE_MIN_MB={least:g}: expected a size in MiB >= 0")
-    if overlap_bytes is not None and overlap_bytes >= least * (1 << 20):
+    if overlap_bytes is not None and overlap_bytes >= mebibytes("FLARE_PDL_EARLY_LARGE_MIN_MB",
+                                                                PDL_EARLY_LARGE_MIN_BYTES):
         rows = max(rows, switch_rows("FLARE_PDL_EARLY_LARGE_ROWS", PDL_EARLY_LARGE_ROWS))
     return rows
 
@@ -1025,10 +1023,8 @@ def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int
     if (batch > switch_rows("FLARE_DECODE_KV_PREFETCH_ROWS", DECODE_KV_PREFETCH_ROWS)
             or not switch("FLARE_DECODE_KV_PREFETCH", True)):
         return 0
-    least = number("FLARE_DECODE_KV_PREFETCH_MIN_MB", DECODE_KV_PREFETCH_MIN_BYTES / (1 << 20))
-    if least < 0:
-        raise ValueError(f"FLARE_DECODE_KV_PREFETCH_MIN_MB={least}: expected a size in MiB >= 0")
-    if overlap_bytes is not None and overlap_bytes < least * (1 << 20):
+    least = mebibytes("FLARE_DECODE_KV_PREFETCH_MIN_MB", DECODE_KV_PREFETCH_MIN_BYTES)
+    if overlap_bytes is not None and overlap_bytes < least:
         return 0
     return DECODE_KV_PREFETCH_KEYS
 
@@ -1776,7 +1772,7 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
     the weight fits :data:`GEMV_PREFETCH_FULL_BYTES` (or ``FLARE_GEMV_PREFETCH_MB``), else
     :data:`GEMV_PREFETCH_TILES`."""
     tiles = triton.cdiv(weight.shape[1], bk)
-    budget = int(number("FLARE_GEMV_PREFETCH_MB", GEMV_PREFETCH_FULL_BYTES / (1 << 20)) * (1 << 20))
+    budget = mebibytes("FLARE_GEMV_PREFETCH_MB", GEMV_PREFETCH_FULL_BYTES)
     if weight.numel() * weight.element_size() <= budget:
         return tiles
     return min(GEMV_PREFETCH_TILES, tiles)

@@ -31,3 +31,19 @@ def test_number(monkeypatch):
     monkeypatch.setenv("FLARE_TEST_NUMBER", "four")
     with pytest.raises(ValueError, match="FLARE_TEST_NUMBER='four'"):
         number("FLARE_TEST_NUMBER", 4)
+
+
+def test_mebibytes(monkeypatch):
+    """A size switch given in MiB comes back in bytes; the default is in bytes; a negative or non-number names it."""
+    from ignition.components.switches import mebibytes
+
+    monkeypatch.delenv("FLARE_TEST_MB", raising=False)
+    assert mebibytes("FLARE_TEST_MB", 24 << 20) == 24 << 20
+    monkeypatch.setenv("FLARE_TEST_MB", "1.5")
+    assert mebibytes("FLARE_TEST_MB", 0) == 3 << 19
+    monkeypatch.setenv("FLARE_TEST_MB", "0")
+    assert mebibytes("FLARE_TEST_MB", 24 << 20) == 0
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv("FLARE_TEST_MB", bad)
+        with pytest.raises(ValueError, match="FLARE_TEST_MB"):
+            mebibytes("FLARE_TEST_MB", 0)
