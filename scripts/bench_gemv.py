@@ -67,8 +67,6 @@ DOT_BNS, DOT_BKS, DOT_STAGES = (16, 32, 64), (64, 128, 256), (3, 4, 5, 6)  # run
 #: dot-operand layout (offline sm90 PTX: 4 warps, 4x the ex2 per tile; 1 warp, once), which is what made run 23's
 #: gated down 165 us
 DOT_WARPS = (1, 2, 4, 8)
-#: ``--tma``: the one-row TMA kernel's grid (``GEMV_TMA``; one row, no norm, no gated output): BN x BK boxes, stages
-TMA_BOXES, TMA_STAGES, TMA_WARPS = ((8, 256), (16, 128), (16, 256), (32, 128), (32, 256), (64, 128)), (3, 4, 6, 8), (4, 8)
 
 
 def graph_time_us(fn, launches: int, replays: int) -> float:
@@ -119,13 +117,6 @@ def within_bound(got, ref, y_ref, xn, w, gated, norm) -> tuple[bool, float]:
     return ok, float((err / ulp.clamp(min=1e-30)).max())
 
 
-def tma_configs(k):
-    """The ``--tma`` grid: every box whose BK divides K, each stage count, 4 warps (8 for the widest boxes)."""
-    return [{"BN": bn, "BK": bk, "num_warps": nw, "num_stages": ns, "TMA": True}
-            for (bn, bk), ns, nw in itertools.product(TMA_BOXES, TMA_STAGES, TMA_WARPS)
-            if k % bk == 0 and (nw == 4 or bn * bk >= 8192)]
-
-
 def candidate_configs(m, n, k, gated, heuristic, full, dot=False):
     bns, bks, warps, stages = (DOT_BNS, DOT_BKS, DOT_WARPS, DOT_STAGES) if dot else (BNS, BKS, WARPS, STAGES)
     if full:
@@ -170,8 +161,6 @@ def main() -> int:
     ap.add_argument("--dot", action="store_true",
                     help="2..16 rows through the tensor-core variant (forced for every shape, prologues included; "
                          "the step takes it with FLARE_GEMV_DOT=1 for plain inputs only), its own config grid")
-    ap.add_argument("--tma", action="store_true",
-                    help="one-row shapes without a norm or a gated output: sweep the TMA kernel (GEMV_TMA) instead")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of this script: TRITON_INTERPRET=1, tiny shapes, wall-clock timing (no numbers)")
     args = ap.parse_args()
@@ -247,7 +236,7 @@ def main() -> int:
                    "ok": ok, "tag": tag}
             row["configs"].append(rec)
             if tag == "heuristic" or args.full is False:
-                c = f"{cfg['BN']}x{cfg['BK']} w{cfg['num_warps']} s{cfg['num_stages']}{' tma' if cfg.get('TMA') else ''}"
+                c = f"{cfg['BN']}x{cfg['BK']} w{cfg['num_warps']} s{cfg['num_stages']}"
                 c += " *" if tag == "heuristic" else ""
                 print(f"{'':<25}{c:<34}{t:>8.2f}{rec['gbs']:>8.0f}{rec['vs_cublas']:>12.2f}{max_ulps:>9.2f}  "
                       f"{'ok' if ok else 'FAIL'}")
@@ -259,8 +248,7 @@ def main() -> int:
         if not args.no_sweep:
             left = len(cases) - idx
             deadline = time.time() + max(0.0, (args.budget_s - (time.time() - t0)) / left)
-            tma = args.tma and m == 1 and not (gated or norm)
-            for cfg in tma_configs(k) if tma else candidate_configs(m, n, k, gated, heur, args.full, dot):
+            for cfg in candidate_configs(m, n, k, gated, heur, args.full, dot):
                 if not args.full and time.time() > deadline:
                     row["sweep_truncated"] = True
                     break

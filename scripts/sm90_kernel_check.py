@@ -127,13 +127,6 @@ def cases(tk):
         if name in ("8B qkv (norm apart)", "8B gate_up (norm apart)"):  # ... and the launches taking it
             out.append((f"tensor-core {name} taking the published norm", "_fused_gemm_rows_kernel",
                         {**GEMV_SIG, "S_IN": "*fp32"}, {**c, "IN_PARTS": 128, "IN_PP": 128}, opts))
-    # the one-row TMA kernel (tk.GEMV_TMA) at Qwen3-8B's down: its default config and those the GPU test takes
-    for bn, bk, warps, stages in sorted({tk.GEMV_TMA_DEFAULT, *tk.GEMV_TMA_MEASURED.values(), (32, 128, 4, 6)}):
-        sig = {"X": P, "w_desc": f"tensordesc<bf16[{bn}, {bk}]>", "W": P, "R": P, "Y": P, "N_OUT": "i32",
-               "stride_x": "i32", "stride_w": "i32", "stride_r": "i32", "stride_y": "i32"}
-        out.append((f"tma gemv 8B down (gated input) {bn}x{bk} w{warps} s{stages}", "_gemv_tma_kernel", sig,
-                    dict(K=12288, BN=bn, BK=bk, GATED_IN=True, HAS_RES=True, STAGES=stages, USE_PDL=True,
-                         PREFETCH=stages, PF_LINES=max(1, bk // 64), EARLY=True), dict(num_warps=warps)))
     cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
     out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
                 dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,

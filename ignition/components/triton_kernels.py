@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
 from ignition.components.switches import mebibytes, number, rows as switch_rows, switch, whole
@@ -1527,44 +1526,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)
 
 
-# The one-row streamed GEMV through the TMA unit (``GEMV_TMA``): where the register kernel above streams its weight
-# tile by tile (Qwen3-8B's down, its input gated: no whole-K preload), each weight tile is in flight in registers
-# only while it is loaded, one tile per program at a time -- a load, its wait, its products, the next load.  Here
-# the weight comes through a tensor descriptor (``w_desc``, boxes of ``[BN, BK]``, BK <= 256: a TMA box's limit per
-# dimension) in a software-pipelined loop of ``STAGES`` stages: the TMA unit copies the next STAGES - 1 tiles into
-# shared memory while the program multiplies the current one, so the bytes in flight per program are the stages',
-# not the registers'.  The input tiles (x, or the gated input) go through the same pipeline (asynchronous copies).
-# Products accumulate elementwise in fp32 ``[BN, BK]`` over K in order, one sum over BK at the end (another fp32 order
-# than the register kernel's 1024-column tiles; deterministic per config).  Before its PDL wait each program prefetches
-# its first ``PREFETCH`` weight tiles into L2.
-
-
-@triton.jit
-def _gemv_tma_kernel(X, w_desc, W, R, Y, N_OUT, stride_x, stride_w, stride_r, stride_y,
-                     K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED_IN: tl.constexpr,
-                     HAS_RES: tl.constexpr, STAGES: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                     PF_LINES: tl.constexpr, EARLY: tl.constexpr = False):
-    n0 = tl.program_id(0) * BN
-    offs_m = tl.arange(0, 1)
-    offs_n = n0 + tl.arange(0, BN)
-    offs_k = tl.arange(0, BK)
-    m_mask = offs_m < 1
-    n_mask = offs_n < N_OUT
-    x_rows = X + offs_m.to(tl.int64)[:, None] * stride_x  # [1, 1]
-    if USE_PDL and PREFETCH > 0:  # before the wait: L2 prefetch of this program's first weight tiles
-        _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, 0, PREFETCH, False)
-    _pdl_enter(USE_PDL, EARLY)
-    ones = tl.full([1], 1.0, dtype=tl.float32)  # no norm prologue
-    acc = tl.zeros([BN, BK], dtype=tl.float32)
-    for k0 in tl.range(0, K, BK, num_stages=STAGES):
-        w = w_desc.load([n0, k0])  # [BN, BK]: rows past N_OUT read as zeros
-        xv = _gemv_x_tile(x_rows, X, k0 + offs_k, m_mask[:, None], ones, K, False, GATED_IN, True)  # [1, BK]
-        acc += xv.to(tl.float32) * w.to(tl.float32)
-    res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
-    _gemv_epilogue(tl.sum(acc, axis=1)[None, :], None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, False,
-                   HAS_RES)
-
-
 # The few-rows variant (2..16 rows: decode batches, speculative rounds): the same prologues and epilogues, but each
 # weight tile meets the rows through the tensor cores, ``tl.dot`` of the row tile ``[MP, BK]`` (rows padded to 16,
 # tl.dot's minimum) and the weight tile transposed ``[BK, BN]`` (BN >= 16), accumulated in fp32 ``[MP, BN]`` across
@@ -1755,6 +1716,16 @@ GEMV_PRELOAD_EVICT_FIRST = True
 #: (``results/20261204T033000Z-sm90-run127``): 1, 2 and 4 tiles ahead 1.026x, 1.022x, 1.057x slower.
 
 
+#: Tried and removed: Qwen3-8B's one-row down (gated input) through a TMA kernel -- the weight by a tensor descriptor
+#: into shared memory, a ``tl.range`` loop software-pipelined 4 to 8 stages deep, the gated input in the same pipeline
+#: (``FLARE_GEMV_TMA``).  Alone (cold weights) 32x256 w4 with 8 stages took 26.22 us against the register kernel's
+#: 27.92 (3.84 TB/s; 4 and 6 stages, or 16-row boxes, no faster than it), but in the step side by side in one process
+#: with the null (``results/20261204T201700Z-sm90-run160``) batch 1 was 1.0473x slower (paired blocks 0/10; per layer
+#: 105.06 -> 111.90 us: down 28.00 -> 29.31, qkv +2.69, o_proj +3.01, the attention +1.25) -- its 136 KiB of shared
+#: memory per SM crowd out the next qkv's early programs, and Triton 3.6's TMA lowering drops the evict-first hint
+#: (offline PTX), so the streamed weight enters L2 at normal priority.
+
+
 def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
     """``(FLAT, STREAM_STAGES)`` of a one-row GEMV launch (``mp`` padded rows, ``preload`` of K's ``bk``-column tiles
     preloaded): the 2-D accumulator where the whole K is preloaded (:data:`GEMV_FLAT`) or the streamed tiles are
@@ -1835,68 +1806,6 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 #: (run 65, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``: at Qwen3-8B 241 of o_proj's 512 programs are
 #: resident before the reduce ends, 2 per SM at 255 registers; the 271 late ones stream 6 us after the first wave).
 GEMV_PRELOAD_TILES = 4
-
-
-#: Whether a one-row GEMV that streams its weight tile by tile in the register kernel (its K not preloaded whole), with
-#: no norm prologue and no gated output, takes the TMA kernel instead (``_gemv_tma_kernel``; ``FLARE_GEMV_TMA=1`` /
-#: ``0``, read at each launch): Qwen3-8B's one-row down (its input gated), 3.58 TB/s in the step's critical path of
-#: run 159 against 4.31 for the whole-K preloaded qkv.
-GEMV_TMA = False
-
-#: The TMA kernel's launch configs, ``(N, K) -> (BN, BK, num_warps, stages)``; other shapes take
-#: :data:`GEMV_TMA_DEFAULT`, and ``FLARE_GEMV_CONFIG``'s ``1xNxK`` item replaces both.
-GEMV_TMA_MEASURED: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-GEMV_TMA_DEFAULT = (16, 256, 4, 4)
-
-#: A TMA box holds at most 256 elements per dimension.
-TMA_MAX_BOX = 256
-
-
-def gemv_tma_config(m: int, weight: torch.Tensor, *, gated: bool, norm: bool, streamed: bool,
-                    config: dict | None = None) -> dict | None:
-    """The TMA kernel's launch config of a :func:`fused_linear_triton` launch without the tensor cores, or None (the
-    register kernel).  ``config`` with ``"TMA"`` true forces it (benchmarks; raises naming what the launch lacks);
-    otherwise :data:`GEMV_TMA` (``FLARE_GEMV_TMA``) for one row, no norm prologue, no gated output and a weight the
-    register kernel would stream (``streamed``), whose config (``FLARE_GEMV_CONFIG``'s ``1xNxK`` item, else
-    :data:`GEMV_TMA_MEASURED`, else :data:`GEMV_TMA_DEFAULT`) the kernel can take: BN and BK powers of two, BK up to
-    :data:`TMA_MAX_BOX` dividing K, BN up to it too, the weight's base and rows 16-byte aligned."""
-    n, k = weight.shape
-    forced = bool(config and config.get("TMA"))
-    if not forced and not (m == 1 and not gated and not norm and streamed and switch("FLARE_GEMV_TMA", GEMV_TMA)):
-        return None
-    if forced:
-        cfg = dict(config)
-    else:
-        chosen = gemv_config_override(1, n, k, False) or GEMV_TMA_MEASURED.get((n, k), GEMV_TMA_DEFAULT)
-        cfg = dict(zip(("BN", "BK", "num_warps", "num_stages"), chosen))
-    bn, bk = int(cfg["BN"]), int(cfg["BK"])
-    size = weight.element_size()
-    lacks = [why for bad, why in (
-        (m != 1, f"{m} rows (one row only)"), (gated, "a gated output"), (norm, "a norm prologue"),
-        (not (1 <= bn <= TMA_MAX_BOX and bn & (bn - 1) == 0), f"BN={bn} (a power of two <= {TMA_MAX_BOX})"),
-        (not (16 <= bk * size and bk <= TMA_MAX_BOX and bk & (bk - 1) == 0 and k % bk == 0),
-         f"BK={bk} (a power of two <= {TMA_MAX_BOX}, >= 16 bytes, dividing K={k})"),
-        (weight.data_ptr() % 16 or (weight.stride(0) * size) % 16, "a 16-byte aligned weight base and row stride"))
-        if bad]
-    if lacks:
-        if forced:
-            raise ValueError(f"fused_linear_triton: the TMA kernel cannot take this launch: {'; '.join(lacks)}")
-        return None
-    return cfg
-
-
-def _gemv_tma_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor,
-                     gated_input: bool, cfg: dict, early: bool) -> torch.Tensor:
-    """One launch of ``_gemv_tma_kernel`` (config from :func:`gemv_tma_config`) writing ``out [1, N]``."""
-    n, k = weight.shape
-    bn, bk, stages = int(cfg["BN"]), int(cfg["BK"]), int(cfg["num_stages"])
-    _gemv_tma_kernel[(triton.cdiv(n, bn),)](
-        x, TensorDescriptor.from_tensor(weight, [bn, bk]), weight, residual if residual is not None else out, out, n,
-        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), K=k, BN=bn,
-        BK=bk, GATED_IN=bool(gated_input), HAS_RES=residual is not None, STAGES=stages,
-        PREFETCH=min(stages, k // bk), PF_LINES=max(1, bk // 64),
-        EARLY=early and gemv_early_enabled(x.device, 1), num_warps=int(cfg["num_warps"]), **_pdl(x.device))
-    return out
 
 
 def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
@@ -2207,10 +2116,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
     preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
-    tma = None if probe is not None else gemv_tma_config(m, weight, gated=gated, norm=norm_weight is not None,
-                                                         streamed=preload * bk < k, config=config)
-    if tma is not None:
-        return _gemv_tma_launch(x, weight, residual, out, gated_input, tma, early)
     flat, stream_stages = gemv_flat(mp, k, bk, preload)
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,

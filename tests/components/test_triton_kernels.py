@@ -111,65 +111,6 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
-@pytest.mark.parametrize("n,k,gated_input,residual,cfg", [
-    (96, 512, True, True, {"BN": 16, "BK": 128, "num_stages": 3}),  # N not a multiple of BN: the box's zero rows
-    (64, 256, False, True, {"BN": 32, "BK": 64, "num_stages": 4}),
-    (40, 1024, True, False, {"BN": 8, "BK": 256, "num_stages": 2}),
-])
-def test_tma_gemv_matches_the_reference_and_repeats_its_bits(n, k, gated_input, residual, cfg):
-    """The one-row TMA kernel (``GEMV_TMA``, forced by the config's ``TMA``): within the register kernel's bounds of
-    the reference (plain and gated input), and the same bits on a second launch."""
-    import torch.nn.functional as F
-
-    from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
-
-    gen = torch.Generator().manual_seed(n + k)
-    x = (torch.randn(1, 2 * k if gated_input else k, generator=gen) * 2).to(torch.bfloat16)
-    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
-    r = torch.randn(1, n, generator=gen).to(torch.bfloat16) if residual else None
-    cfg = {**cfg, "num_warps": 4, "TMA": True}
-    got = fused_linear_triton(x, w, residual=r, gated_input=gated_input, config=cfg)
-    again = fused_linear_triton(x.clone(), w.clone(), residual=None if r is None else r.clone(),
-                                gated_input=gated_input, config=cfg)
-    assert torch.equal(got.view(torch.int16), again.view(torch.int16))
-    ref = fused_linear_reference(x, w, None, 0.0, r, False, gated_input)
-    y = fused_linear_reference(x, w, None, 0.0, None, False, gated_input)
-    if gated_input:
-        tol = _gated_input_tolerance(x, w, fused_linear_reference(F.silu(x[:, :k]) * x[:, k:], w))
-    else:
-        tol = _gemv_tolerance(x, w, None, False, y)
-    if r is not None:
-        tol = tol + 2 * 2.0 ** -7 * ref.float().abs()
-    err = (got.float() - ref.float()).abs()
-    assert got.shape == (1, n) and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-
-
-def test_tma_gemv_routing_follows_the_switch_and_names_what_a_forced_launch_lacks(monkeypatch):
-    """``FLARE_GEMV_TMA`` sends one-row streamed launches (no norm, no gated output) to the TMA kernel, with
-    ``FLARE_GEMV_CONFIG``'s item as its config; the others stay; a forced config the kernel cannot take raises naming
-    the reason."""
-    from ignition.components import triton_kernels as tk
-
-    w = torch.zeros(64, 1024, dtype=torch.bfloat16)
-    kw = dict(gated=False, norm=False, streamed=True)
-    monkeypatch.setenv("FLARE_GEMV_TMA", "0")
-    assert tk.gemv_tma_config(1, w, **kw) is None
-    monkeypatch.setenv("FLARE_GEMV_TMA", "1")
-    assert tk.gemv_tma_config(1, w, **kw) == dict(zip(("BN", "BK", "num_warps", "num_stages"), tk.GEMV_TMA_DEFAULT))
-    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x64x1024=32/128/8/6")
-    assert tk.gemv_tma_config(1, w, **kw) == {"BN": 32, "BK": 128, "num_warps": 8, "num_stages": 6}
-    for m, gated, norm, streamed in ((4, False, False, True), (1, True, False, True), (1, False, True, True),
-                                     (1, False, False, False)):
-        assert tk.gemv_tma_config(m, w, gated=gated, norm=norm, streamed=streamed) is None
-    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x64x1024=16/512/4/4")  # a box wider than TMA's 256: the register kernel
-    assert tk.gemv_tma_config(1, w, **kw) is None
-    with pytest.raises(ValueError, match="BK=384"):
-        tk.gemv_tma_config(1, w, **kw, config={"BN": 16, "BK": 384, "num_warps": 4, "num_stages": 4, "TMA": True})
-    with pytest.raises(ValueError, match="4 rows"):
-        tk.gemv_tma_config(4, w, **kw, config={"BN": 16, "BK": 256, "num_warps": 4, "num_stages": 4, "TMA": True})
-
-
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
     from ignition.components.triton_kernels import fused_linear_triton
