@@ -83,8 +83,7 @@ def cases(tk):
         is_wide = not pipe  # the wide launch (tk.fused_decode_wide) runs the plain key loop
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=is_wide),
-                 PRE_PAGES=tk.DECODE_PRE_PAGES and prefetch == bn)
+                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=is_wide))
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
@@ -95,11 +94,6 @@ def cases(tk):
             other = "tf32x3" if tk.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not tk.DECODE_PV_SPLIT}, dict(num_warps=4)))
-        if prefetch == bn:  # the launch that may keep its pre-wait page ids, with FLARE_DECODE_PRE_PAGES flipped
-            other = "without" if c["PRE_PAGES"] else "with"
-            out.append((f"fused decode {heads}x8 splits {splits}{wide} {other} pre-wait page ids",
-                        "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None, "PRE_PAGES": not c["PRE_PAGES"]},
-                        dict(num_warps=4)))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -336,16 +336,16 @@ _LOG2E = 1.4426950408889634
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False,
-                  PAGES=None):
+                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
     ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`);
-    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`); ``PAGES``: the block's
-    page ids as :func:`_decode_pages` gives them, loaded already (:data:`DECODE_PRE_PAGES`)."""
+    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
+    tok = blk * BLOCK_N + offs_n
+    n_mask = tok < seq_len
+    if LAST_ONLY:
+        n_mask = n_mask & (tok >= seq_len - 1)
     _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
-    tok, n_mask, page = _decode_pages(blk, BT, b64, seq_len, offs_n, stride_bt, PAGE, BLOCK_N, LAST_ONLY)
-    if PAGES is not None:
-        page = PAGES
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
@@ -380,22 +380,6 @@ def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, of
     acc = acc * alpha[:, None] + pv
     _probe_stamp(PROBE, prog, 12, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _decode_pages(blk, BT, b64, seq_len, offs_n, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  LAST_ONLY: tl.constexpr = False, CG: tl.constexpr = False):
-    """Key block ``blk``'s keys ``tok [BLOCK_N]``, their mask (below ``seq_len``; ``LAST_ONLY``: the row's last key
-    only) and page ids, one per key (0 where masked); ``CG``: read through L2 (before the PDL wait: the rules above)."""
-    tok = blk * BLOCK_N + offs_n
-    n_mask = tok < seq_len
-    if LAST_ONLY:
-        n_mask = n_mask & (tok >= seq_len - 1)
-    if CG:
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0, cache_modifier=".cg")
-    else:
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0)
-    return tok, n_mask, page.to(tl.int64)
 
 
 @triton.jit
@@ -442,28 +426,19 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False, PAGES=None):
-    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``;
-    ``PAGES``: block ``start``'s page ids, loaded already (:func:`_decode_pages`), its block then taken first, apart."""
+                   HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
+    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i, l_i, acc = _decode_init(QR, DP)
-    first = start
-    if PAGES is not None:
-        if start < end:
-            m_i, l_i, acc = _decode_block(start, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d,
-                                          d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
-                                          stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE,
-                                          PV_SPLIT=PV_SPLIT, PAGES=PAGES)
-        first = start + 1
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:
-        for blk in range(first, end):
+        for blk in range(start, end):
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
                                           stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE,
                                           PV_SPLIT=PV_SPLIT)
     else:
-        blk = first
+        blk = start
         while blk < end:
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
@@ -476,19 +451,14 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
 @triton.jit
 def _decode_prefetch_kv(start, end, K, V, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kh,
                         stride_vp, stride_vt, stride_vh, stride_bt, D: tl.constexpr, PAGE: tl.constexpr,
-                        BLOCK_N: tl.constexpr, LINES: tl.constexpr, KEYS: tl.constexpr, LAST: tl.constexpr = False,
-                        PAGES=None):
+                        BLOCK_N: tl.constexpr, LINES: tl.constexpr, KEYS: tl.constexpr, LAST: tl.constexpr = False):
     """L2 prefetch of the first ``KEYS`` keys of key blocks ``start .. end - 1`` in K and V (``LINES`` 128-byte lines
     per key row): one block-table load through L2, one prefetch per line -- no loop, so no chain of dependent loads;
-    ``LAST``: with the evict-last L2 priority; ``PAGES``: block ``start``'s page ids, loaded already
-    (:func:`_decode_pages`; ``KEYS == BLOCK_N``) -- where its keys are kept below they are the same ids."""
+    ``LAST``: with the evict-last L2 priority."""
     lines = tl.arange(0, LINES) * (D // LINES)
     tok = start * BLOCK_N + tl.arange(0, KEYS)
     keep = (tok < end * BLOCK_N) & (tok < seq_len)
-    if PAGES is None:
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=keep, other=0, cache_modifier=".cg").to(tl.int64)
-    else:
-        page = PAGES
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=keep, other=0, cache_modifier=".cg").to(tl.int64)
     in_page = (tok % PAGE).to(tl.int64)
     row_k = page * stride_kp + in_page * stride_kt + kvh * stride_kh
     row_v = page * stride_vp + in_page * stride_vt + kvh * stride_vh
@@ -603,8 +573,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
-                        PRE_PAGES: tl.constexpr = False):
+                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -618,16 +587,9 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # the new key and value and forms that key's partial alone (:data:`DECODE_NEW_KEY_APART`)
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS,
                                                              NEW_APART)
-    # PRE_PAGES (:data:`DECODE_PRE_PAGES`): the split's first block's page ids too, kept for its key loop -- one L2
-    # round trip fewer after the wait (the prefetch's own block-table load when it covers that block).
-    pages = None
-    if PRE_PAGES:
-        _tok, _mask, pages = _decode_pages(start, BT, b64, seq_len, tl.arange(0, BLOCK_N), stride_bt, PAGE, BLOCK_N,
-                                           CG=True)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
-                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH, KV_LAST,
-                            pages if KV_PREFETCH == BLOCK_N else None)
+                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH, KV_LAST)
     _probe_stamp(PROBE, prog, 1, seq_len, HAS_PROBE)
     # after the wait: tried and removed, the reduce (and through it o_proj and the MLP) launched before it -- within
     # noise in the one-row layer graphs (Qwen3-0.6B 1.0032x, Qwen3-8B 1.0020x, ``results/20261201T190000Z-sm90-run77``).
@@ -677,7 +639,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
                                        d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
                                        stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
-                                       HAS_PROBE, PV_SPLIT=PV_SPLIT, PAGES=pages)
+                                       HAS_PROBE, PV_SPLIT=PV_SPLIT)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if SPLITS == 1 and not NEW_APART:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
@@ -1015,6 +977,13 @@ def paged_decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool:
 #: projection before it (:data:`DECODE_KV_PREFETCH_MIN_BYTES`).
 DECODE_KV_PREFETCH_KEYS = 64
 
+#: Tried and removed: the one-row launch keeping its first key block's page ids, which that prefetch reads before the
+#: wait, in registers for its key loop (``FLARE_DECODE_PRE_PAGES``; the block-table round trip out of the chain after
+#: the wait, the same bits) -- Qwen3-8B batch 1 1.0123x slower side by side in one process with the null (paired blocks
+#: 0/10; ``results/20261204T203500Z-sm90-run161``): 162 registers instead of 154, the attention's programs resident
+#: earlier beside the qkv's last ones (its lead 1.73 -> 3.10 us), qkv 11.58 -> 13.02 and the attention 9.31 -> 10.18 us
+#: per layer in the critical path.
+
 
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
 #: 13, when batch 4's qkv ran on cuBLAS (no early launch).  Since the tensor-core GEMV became the default (run 28) the
@@ -1050,25 +1019,6 @@ DECODE_KV_PREFETCH_MIN_BYTES = 0
 #: batch 1 0.9971x (paired blocks 10/10 faster against A and A2), with :data:`GEMV_PRELOAD_EVICT_FIRST` 0.9782x
 #: against that one's 0.9803x alone; batch 4 (no prefetch there) within noise.
 DECODE_KV_PREFETCH_LAST = True
-
-
-#: Whether the fused decode kernel reads its first key block's page ids from the block table before its PDL wait and
-#: keeps them for its key loop (``FLARE_DECODE_PRE_PAGES=1`` / ``0``; read at each launch): after the wait the block's
-#: K/V loads then follow the query rows without the block-table round trip between (run 53's stamps: K and V arrive
-#: 1.6-2.8 us after their page ids, which arrive after the query rows).  The block table is the step's metadata,
-#: written before the kernel two back (the rules above).  The same blocks in the same order: the same bits.  Only where
-#: the pre-wait K/V prefetch reads exactly that block's ids already (:func:`decode_pre_pages`): elsewhere the ids held
-#: across the wait cost registers -- offline sm90 (``scripts/sm90_kernel_check.py``), Qwen3-8B's batch-4 launch 96 ->
-#: 106 registers, 5 -> 4 programs per SM (its 544 programs then in two waves); the one-row launch 154 -> 162, 3 per SM
-#: either way.
-DECODE_PRE_PAGES = False
-
-
-def decode_pre_pages(prefetch_keys: int, block_n: int) -> bool:
-    """Whether a fused decode launch keeps its first block's page ids from before its wait
-    (:data:`DECODE_PRE_PAGES`, ``FLARE_DECODE_PRE_PAGES``; read at each launch): when its K/V prefetch covers exactly
-    that block (``prefetch_keys == block_n``)."""
-    return prefetch_keys == block_n and switch("FLARE_DECODE_PRE_PAGES", DECODE_PRE_PAGES)
 
 
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
@@ -1171,7 +1121,6 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
-    prefetch = decode_kv_prefetch_keys(b, overlap_bytes)
     _rope_decode_kernel[(b, kvh, parts)](
         q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
         slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, out,
@@ -1180,11 +1129,10 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=prefetch,
+        PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
-        PRE_PAGES=decode_pre_pages(prefetch, geo["BLOCK_N"]),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
     if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](

@@ -176,9 +176,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
                                                      (16, 8, (1000,))])
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
-    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), the pre-wait page ids
-      flipped (``FLARE_DECODE_PRE_PAGES``; they apply to Qwen3-8B's one-row launch), a register cap, the plain key loop
-      (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
+      key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
     - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
       of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
@@ -227,11 +226,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the L2 priority changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
-    # the first block's page ids kept from before the wait (where the prefetch covers that block): the same bits
-    monkeypatch.setenv("FLARE_DECODE_PRE_PAGES", "0" if tk.DECODE_PRE_PAGES else "1")
-    kpp, vpp = kp.clone(), vp.clone()
-    assert bits(run(kpp, vpp), out) and bits(kpp, kp1) and bits(vpp, vp1), "the pre-wait page ids changed a bit"
-    monkeypatch.delenv("FLARE_DECODE_PRE_PAGES")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
     kp4, vp4 = kp.clone(), vp.clone()

@@ -260,26 +260,6 @@ def test_pv_split_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, kv
     assert _bits(kp2, kp) and _bits(vp2, vp)
 
 
-@interpreter
-@pytest.mark.parametrize("seq_lens,num_splits", [((90,), 1), ((90,), 2), ((1,), None), ((96,), 1)])
-def test_pre_wait_page_ids_equal_the_two_kernels_bitwise(monkeypatch, seq_lens, num_splits):
-    """``FLARE_DECODE_PRE_PAGES=1``: a one-row launch whose K/V prefetch covers its first 64-key block keeps that
-    block's page ids from before the wait -- the fused kernel still gives the two-kernel path's bits and pools (one
-    split of two blocks: the first taken apart, the second in the loop; one block per split; a single key).  The rule
-    holds only where the prefetch covers exactly the block."""
-    from ignition.components import triton_kernels as tk
-
-    monkeypatch.setenv("FLARE_DECODE_PRE_PAGES", "1")
-    assert tk.decode_kv_prefetch_keys(1) == 64 and tk.decode_pre_pages(64, 64)
-    assert not tk.decode_pre_pages(64, 32) and not tk.decode_pre_pages(0, 64)
-    case = make_decode_case(16, 4, 32, seq_lens, seed=3 + len(seq_lens) + seq_lens[0])
-    got, two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, 64)
-    assert_same_bits(got, two)
-    monkeypatch.setenv("FLARE_DECODE_PRE_PAGES", "0")
-    assert not tk.decode_pre_pages(64, 64)
-    assert_same_bits(fused_vs_two_kernels(case, 32 ** -0.5, num_splits, 64)[0], got)
-
-
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
     from ignition.components import triton_kernels as tk
