@@ -94,10 +94,6 @@ def cases(tk):
             other = "tf32x3" if tk.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not tk.DECODE_PV_SPLIT}, dict(num_warps=4)))
-        if heads == 32 and prefetch:  # with the next layer's K/V prefetch (decode_attention.DECODE_KV_NEXT)
-            out.append((f"fused decode {heads}x8 splits {splits} prefetching the next layer's K/V",
-                        "_rope_decode_kernel", {**DECODE_SIG, "NK": P, "NV": P},
-                        {**c, "PROBE": None, "NEXT_KEYS": prefetch}, dict(num_warps=4)))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -375,13 +375,11 @@ class TritonPagedAttention(PyTorchPagedAttention):
         ``overlap_bytes`` decides its K/V prefetch); other steps as the base class."""
         if q.shape[1] != 1 or not self.fused_decode:
             return super().rope_attend(layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
-        from ignition.components.decode_attention import decode_kv_next, rope_decode_attention_
+        from ignition.components.decode_attention import rope_decode_attention_
 
-        ahead = decode_kv_next() and layer + 1 < batch.cache.k.shape[0]  # the next layer's pools, for its prefetch
         return rope_decode_attention_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer],
                                       batch.cache.v[layer], batch.slots, batch.block_tables, batch.decode_lens(),
-                                      self.scaling, overlap_bytes, batch.cache.k[layer + 1] if ahead else None,
-                                      batch.cache.v[layer + 1] if ahead else None)
+                                      self.scaling, overlap_bytes)
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]

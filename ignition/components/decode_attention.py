@@ -32,22 +32,8 @@ import torch
 from ignition.components.attention import _attention_output_fake, paged_decode_attention_reference
 from ignition.components.custom_ops import opaque_op
 from ignition.components.rope_write import check_rope_write_args, rope_write_reference
-from ignition.components.switches import switch
 
-__all__ = ["rope_decode_attention_", "rope_decode_attention_reference", "DECODE_KV_NEXT", "decode_kv_next"]
-
-#: Whether a layer's decode attention receives the next layer's pools and its CUDA kernel, after its partials,
-#: prefetches into L2 (evict-last) the next layer's K/V lines of its own share while the projections between stream
-#: (``FLARE_DECODE_KV_NEXT=1`` / ``0``; read when the step is traced, and by each launch).  Run 162's stamps
-#: (``scripts/probe_decode_attention.py``, Qwen3-8B one row): the block's K and V arrive 3.7 us after its page ids
-#: although the kernel prefetched them before its wait -- ~1 us before the qkv projection ends, its programs resident
-#: only then, behind the qkv's programs and beside o_proj's preloads.
-DECODE_KV_NEXT = False
-
-
-def decode_kv_next() -> bool:
-    """:data:`DECODE_KV_NEXT` (``FLARE_DECODE_KV_NEXT``)."""
-    return switch("FLARE_DECODE_KV_NEXT", DECODE_KV_NEXT)
+__all__ = ["rope_decode_attention_", "rope_decode_attention_reference"]
 
 
 def _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens):
@@ -76,24 +62,18 @@ def rope_decode_attention_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
                            k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
                            k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float,
-                           overlap_bytes: Optional[int] = None, next_k_pool: Optional[torch.Tensor] = None,
-                           next_v_pool: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           overlap_bytes: Optional[int] = None) -> torch.Tensor:
     """``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV output are fine), per-head norm weights
     ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools ``[pages + 1, page, KV, D]``, sanitized ``slots [B]``,
     ``block_tables [B, P]``, ``seq_lens [B]`` -> a new contiguous ``[B, 1, H * D]``; writes the rotated key and the
     value of each row into the pools (see the module docstring).  ``overlap_bytes``: the bytes the kernel before it
     streams (the QKV projection's weight; None: unknown) -- a scheduling hint for the CUDA kernel's K/V prefetch
-    (``triton_kernels.decode_kv_prefetch_keys``), no effect on the values.  ``next_k_pool``, ``next_v_pool``: the next
-    layer's pools (read by nothing but an L2 prefetch of the CUDA kernel, :data:`DECODE_KV_NEXT`; both or neither), no
-    effect on the values."""
-    if (next_k_pool is None) != (next_v_pool is None):
-        raise ValueError("rope_decode_attention_: next_k_pool and next_v_pool go together")
+    (``triton_kernels.decode_kv_prefetch_keys``), no effect on the values."""
     if q.is_cuda:
         from ignition.components.triton_kernels import rope_decode_attention_triton  # imports triton: CUDA only
 
         _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
         return rope_decode_attention_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
-                                            block_tables, seq_lens, scaling, overlap_bytes=overlap_bytes,
-                                            next_pools=None if next_k_pool is None else (next_k_pool, next_v_pool))
+                                            block_tables, seq_lens, scaling, overlap_bytes=overlap_bytes)
     return rope_decode_attention_reference(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
                                            block_tables, seq_lens, scaling)

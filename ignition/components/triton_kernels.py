@@ -573,8 +573,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
-                        NK=None, NV=None, NEXT_KEYS: tl.constexpr = 0):
+                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -650,9 +649,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               WS if NEW_APART else SPLITS)
     _probe_stamp(PROBE, prog, 6, split, HAS_PROBE)
-    if NEXT_KEYS > 0:  # the next layer's K/V lines of this program's share into L2, evict-last (DECODE_KV_NEXT)
-        _decode_prefetch_kv(start, end, NK, NV, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
-                            stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, NEXT_KEYS, True)
 
 
 def _check_pools(what: str, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> tuple[int, int]:
@@ -987,6 +983,13 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: 0/10; ``results/20261204T203500Z-sm90-run161``): 162 registers instead of 154, the attention's programs resident
 #: earlier beside the qkv's last ones (its lead 1.73 -> 3.10 us), qkv 11.58 -> 13.02 and the attention 9.31 -> 10.18 us
 #: per layer in the critical path.
+#: Tried and removed: each layer's launch, after its partials, prefetching the next layer's K/V lines of its share
+#: into L2 (evict-last, ~100 us ahead; ``FLARE_DECODE_KV_NEXT``, the backend handing each op the next layer's pools) --
+#: Qwen3-8B batch 1 0.9988x side by side in one process with the null (``results/20261204T205600Z-sm90-run163``; paired
+#: blocks 10/10 faster against A and A2, within noise by the min-max rule), the attention's critical path unchanged
+#: (9.26 -> 9.28 us per layer): the block's 3.7 us from page ids to K and V (run 162's stamps,
+#: ``results/20261204T204300Z-sm90-run162``) is not the lines' distance.  Those stamps also show the one-row launch's
+#: 168 programs on 74 SMs, up to 3 per SM -- the open lead.
 
 
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
@@ -1023,20 +1026,6 @@ DECODE_KV_PREFETCH_MIN_BYTES = 0
 #: batch 1 0.9971x (paired blocks 10/10 faster against A and A2), with :data:`GEMV_PRELOAD_EVICT_FIRST` 0.9782x
 #: against that one's 0.9803x alone; batch 4 (no prefetch there) within noise.
 DECODE_KV_PREFETCH_LAST = True
-
-
-def decode_kv_next_keys(next_pools, prefetch_keys: int) -> int:
-    """Keys per program of the next layer's K/V prefetch after the fused decode kernel's partials
-    (``decode_attention.DECODE_KV_NEXT``): as many as the launch prefetches of its own before its wait
-    (``prefetch_keys``, :func:`decode_kv_prefetch_keys` -- batch 1; offline sm90 the batch-4 launch would hold 104
-    registers instead of 96, 4 programs per SM instead of 5, its 544 programs in two waves), which that layer's launch
-    reads through the same block table; 0 without ``next_pools``, in the interpreter (a prefetch is inline PTX) or
-    with the switch off."""
-    from ignition.components.decode_attention import decode_kv_next
-
-    if next_pools is None or _interpreting() or not decode_kv_next():
-        return 0
-    return prefetch_keys
 
 
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
@@ -1113,17 +1102,14 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                  num_splits: int | None = None, block_n: int | None = None,
                                  overlap_bytes: int | None = None,
-                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None,
-                                 next_pools: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
     unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
-    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`); ``next_pools``: the next
-    layer's ``(k_pool, v_pool)`` (this layer's shape and strides), whose lines it may prefetch for that layer
-    (:func:`decode_kv_next_keys`).  ``probe``:
+    weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
     diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
     and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps
     (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
@@ -1142,12 +1128,6 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
-    if next_pools is not None and any(n.shape != p.shape or n.stride() != p.stride()
-                                      for n, p in zip(next_pools, (k_pool, v_pool))):
-        raise ValueError(f"rope_decode_attention_triton: next_pools {[tuple(p.shape) for p in next_pools]} must have "
-                         f"the shapes and strides of this layer's pools {tuple(k_pool.shape)}")
-    prefetch = decode_kv_prefetch_keys(b, overlap_bytes)
-    next_keys = decode_kv_next_keys(next_pools, prefetch)
     _rope_decode_kernel[(b, kvh, parts)](
         q, k, v, q_norm if q_norm is not None else q, k_norm if k_norm is not None else k, cos, sin, k_pool, v_pool,
         slots, block_tables, seq_lens, m_ws, l_ws, acc_ws, out,
@@ -1156,12 +1136,11 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         block_tables.stride(0), block_tables.shape[1], float(scaling) * _LOG2E, float(eps),
         H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], QR=geo["QR"], D=d, HALF=d // 2, PAGE=page, BLOCK_N=geo["BLOCK_N"],
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
-        PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=prefetch,
+        PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
-        **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts),
-        **({"NK": next_pools[0], "NV": next_pools[1], "NEXT_KEYS": next_keys} if next_keys else {}))
+        **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
     if parts > 1:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,

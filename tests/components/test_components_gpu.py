@@ -176,9 +176,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
                                                      (16, 8, (1000,))])
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
-    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), the next layer's K/V
-      prefetched after the partials (``FLARE_DECODE_KV_NEXT``: its pools untouched), a register cap, the plain key
-      loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
+      key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
     - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
       of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
@@ -227,20 +226,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the L2 priority changed a bit"
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
-    # the next layer's K/V prefetched after the partials (FLARE_DECODE_KV_NEXT; the one-row launches): the same bits,
-    # the next layer's pools untouched
-    monkeypatch.setenv("FLARE_DECODE_KV_NEXT", "1")
-    nk, nv = kp.clone() + 1, vp.clone() - 1
-    nk0, nv0 = nk.clone(), nv.clone()
-    assert tk.decode_kv_next_keys((nk, nv), tk.decode_kv_prefetch_keys(len(seq_lens))) == (
-        tk.DECODE_KV_PREFETCH_KEYS if len(seq_lens) == 1 else 0)
-    kpn, vpn = kp.clone(), vp.clone()
-    got_n = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kpn, vpn, slots, bt, lens, scaling,
-                                            next_pools=(nk, nv))
-    torch.cuda.synchronize()
-    assert bits(got_n, out) and bits(kpn, kp1) and bits(vpn, vp1), "the next layer's prefetch changed a bit"
-    assert bits(nk, nk0) and bits(nv, nv0), "the next layer's pools changed"
-    monkeypatch.delenv("FLARE_DECODE_KV_NEXT")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
     assert tk.fused_decode_launch_options() == {"maxnreg": 64}
     kp4, vp4 = kp.clone(), vp.clone()

@@ -128,38 +128,6 @@ def test_backends_route_decode_through_the_op_and_agree():
     assert _bits(outs[0], outs[1]) and _bits(pools[0][0], pools[1][0]) and _bits(pools[0][1], pools[1][1])
 
 
-def test_next_layer_pools_change_nothing_but_a_prefetch(monkeypatch):
-    """``FLARE_DECODE_KV_NEXT=1``: the backend hands each layer's op the next layer's pools (none to the last layer),
-    which the op reads for an L2 prefetch only -- the output and every layer's pools are the bits of the step without
-    them; the op takes both next pools or neither."""
-    from ignition.components.attention import TritonPagedAttention
-
-    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(8, 2, 32, seed=9)
-    from ignition.components import decode_attention
-
-    seen, runs = [], []
-    real = decode_attention.rope_decode_attention_
-
-    def spy(*args):
-        seen.append((args[-2] is None, args[-1] is None))
-        return real(*args)
-
-    monkeypatch.setattr(decode_attention, "rope_decode_attention_", spy)
-    for on in ("0", "1"):
-        monkeypatch.setenv("FLARE_DECODE_KV_NEXT", on)
-        cache = PagedKVCache(torch.stack([kp, kp + 1]), torch.stack([vp, vp - 1]), PAGE, WIDTH)
-        batch = AttentionBatch.build(cache, (lens - 1).clamp(min=0)[:, None], torch.where(
-            lens > 0, slots, torch.full_like(slots, -1))[:, None], bt, lens, lens > 0)
-        attn = TritonPagedAttention(8, 2, 32, 32 ** -0.5)
-        runs.append(([attn.rope_attend(layer, q, k, v, qw, kw, EPS, cos, sin, batch) for layer in (0, 1)],
-                     cache.k.clone(), cache.v.clone()))
-    assert seen == [(True, True), (True, True), (False, False), (True, True)]
-    (outs0, k0, v0), (outs1, k1, v1) = runs
-    assert all(_bits(a, b) for a, b in zip(outs0, outs1)) and _bits(k0, k1) and _bits(v0, v1)
-    with pytest.raises(ValueError, match="go together"):
-        real(q, k, v, qw, kw, EPS, cos, sin, kp.clone(), vp.clone(), slots, bt, lens, 0.25, None, kp, None)
-
-
 # ---------------------------------------------------------------------------------- interpreter (the fused kernel)
 
 def fused_vs_two_kernels(case, scaling, num_splits, block_n=None):
