@@ -989,7 +989,7 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: blocks 10/10 faster against A and A2, within noise by the min-max rule), the attention's critical path unchanged
 #: (9.26 -> 9.28 us per layer): the block's 3.7 us from page ids to K and V (run 162's stamps,
 #: ``results/20261204T204300Z-sm90-run162``) is not the lines' distance.  Those stamps also show the one-row launch's
-#: 168 programs on 74 SMs, up to 3 per SM -- the open lead.
+#: 136 programs on 74 SMs (3 fit on one by registers) -- the open lead.
 
 
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
