@@ -14,7 +14,7 @@ softmax, 12 P V accumulated (each stamp waits for its data, so the block stamps 
 the reduce kernel at 0 entry, 2 after its wait, 6 after its store.  The table gives medians
 over layers (the first skipped) of: phase durations per program (median and max over programs), the entry spread,
 how many programs entered only after the first one passed its wait (not resident when the qkv projection ended),
-the attention's span from the first wait release to the last store, the reduce's wait and its own span.  The
+on how many SMs its programs ran and the most on one SM, the attention's span from the first wait release to the last store, the reduce's wait and its own span.  The
 variants' unprobed graphs are then timed side by side (interleaved replays; ratios to the first variant).
 """
 
@@ -110,6 +110,14 @@ def step(x, layers, meta, probe=True):
     return x
 
 
+def sm_spread(sm_ids: torch.Tensor) -> tuple[int, int]:
+    """``(SMs used, most programs on one SM)`` of the programs whose SM ids are ``sm_ids`` (``(0, 0)``: none)."""
+    if sm_ids.numel() == 0:
+        return 0, 0
+    per_sm = torch.bincount(sm_ids)
+    return int((per_sm > 0).sum().item()), int(per_sm.max().item())
+
+
 def gemv_stats(buf, weight, pred_end):
     """One probed GEMV launch against ``pred_end`` (globaltimer ns at which its predecessor's last program stored; None:
     unknown, its first wait release instead): how many programs were resident (entered) and had their preloaded tiles
@@ -120,7 +128,7 @@ def gemv_stats(buf, weight, pred_end):
     ref = t[:, 2].min().item() if pred_end is None else pred_end
     early = t[:, 0] < ref
     sms = buf[:rows, n - 1]
-    per_sm = torch.bincount(sms[early]) if early.any() else torch.zeros(1)
+    sms_before, max_per_sm_before = sm_spread(sms[early])
 
     def med(mask, a, z):  # median span from stamp a to stamp z over the programs in mask (ns)
         return (t[mask, z] - t[mask, a]).median().item() if mask.any() else float("nan")
@@ -129,7 +137,7 @@ def gemv_stats(buf, weight, pred_end):
               for what, a, z in (("preload", 0, 1), ("release_to_loop_end", 2, 3), ("loop_end_to_store", 3, 4))}
     return dict(**phases,programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
                 resident_before=int(early.sum().item()), preloaded_before=int((t[:, 1] < ref).sum().item()),
-                sms_before=int((per_sm > 0).sum().item()), max_per_sm_before=int(per_sm.max().item()),
+                sms_before=sms_before, max_per_sm_before=max_per_sm_before,
                 sms_all=int(sms.unique().numel()),
                 release_after_ns=t[:, 2].min().item() - ref, last_entry_after_ns=t[:, 0].max().item() - ref,
                 end_after_ns=t[:, 4].max().item() - ref,
@@ -154,6 +162,7 @@ def analyse(layers, meta, splits):
             phases[what] = (statistics.median(cyc), max(cyc))
         first_wait = t[:, 2].min().item()
         rt = r[:, :n].double()
+        sms, most = sm_spread(f[:, n - 1])
         per_layer.append(dict(
             ghz=ghz, phases=phases,
             entry_spread_ns=(t[:, 0].max() - t[:, 0].min()).item(),
@@ -166,7 +175,7 @@ def analyse(layers, meta, splits):
             reduce_release_after_attention_end_ns=(rt[:, 2].min() - t[:, 6].max()).item(),
             reduce_span_ns=(rt[:, 6].max() - rt[:, 2].min()).item(),
             release_to_reduce_end_ns=(rt[:, 6].max() - first_wait).item(),
-            attention_sms=int(f[:, n - 1].unique().numel())))
+            attention_sms=sms, attention_max_per_sm=most))
         reduce_end = rt[:, 6].max().item()
         ends = {"qkv": down_before[:, 4][down_before[:, 0] != 0].max().item(), "o_proj": reduce_end}
         weights = {"qkv": layer["wqkv"], "o_proj": layer["wo"], "gate_up": layer["wgu"], "down": layer["wdown"]}

@@ -56,6 +56,13 @@ def test_gemv_stats_counts_resident_programs_and_times_phases_after_the_predeces
     assert none["resident_before"] == 3 and none["release_after_ns"] == 0 and none["end_after_ns"] == 1850
 
 
+def test_sm_spread_counts_sms_and_the_most_programs_on_one():
+    probe = _script()
+    assert probe.sm_spread(torch.tensor([5, 0, 5, 7, 5, 0])) == (3, 3)
+    assert probe.sm_spread(torch.tensor([2])) == (1, 1)
+    assert probe.sm_spread(torch.zeros(0, dtype=torch.int64)) == (0, 0)
+
+
 def test_variants_parse_and_name_a_malformed_item():
     probe = _script()
     assert probe.parse_variant("") == {}
