@@ -14,8 +14,9 @@ softmax, 12 P V accumulated (each stamp waits for its data, so the block stamps 
 the reduce kernel at 0 entry, 2 after its wait, 6 after its store.  The table gives medians
 over layers (the first skipped) of: phase durations per program (median and max over programs), the entry spread,
 how many programs entered only after the first one passed its wait (not resident when the qkv projection ended),
-on how many SMs its programs ran and the most on one SM, the attention's span from the first wait release to the last store, the reduce's wait and its own span.  The
-variants' unprobed graphs are then timed side by side (interleaved replays; ratios to the first variant).
+on how many SMs its programs ran and the most on one SM, the attention's span from the first wait release to the
+last store, the reduce's wait and its own span.  The variants' unprobed graphs are then timed side by side
+(interleaved replays; ratios to the first variant).
 """
 
 from __future__ import annotations
