@@ -12,8 +12,8 @@ numbers: ``FLARE_GEMV_STREAM_STAGES``, ``FLARE_GEMV_PREFETCH_MB``, ``FLARE_GEMV_
 ``FLARE_SAMPLER_PREFIX``, ``FLARE_DECODE_KV_PREFETCH_MIN_MB``, ``FLARE_GATED_FUSED_MAX_ELEMENTS``,
 ``FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS``, ``FLARE_GEMM_ROWS_PREFETCH``, ``FLARE_GEMM_ROWS_PRENORM_PREFETCH``,
 ``FLARE_PDL_EARLY_LARGE_MIN_MB``;
-row counts: ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``, ``FLARE_PDL_EARLY_LARGE_ROWS``; ``FLARE_GEMM_ROWS_TABLE``; launch configs:
-``FLARE_GEMV_CONFIG`` (``triton_kernels.gemv_config_override``);
+row counts: ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``, ``FLARE_PDL_EARLY_LARGE_ROWS``;
+``FLARE_GEMM_ROWS_TABLE``; launch configs: ``FLARE_GEMV_CONFIG`` (``triton_kernels.gemv_config_override``);
 README, "Side-by-side switches").
 Each is read where a launch or a trace decides, so one process can measure both settings; every archived run records
 the ``FLARE_*`` variables of its environment (``qualify.archive.environment``)."""

@@ -35,15 +35,15 @@ from ignition.components.switches import mebibytes, number, rows as switch_rows,
 #   kernel reads the step's metadata (sequence lengths, block table) and prefetches its K/V blocks this way: its
 #   predecessor is the qkv projection, never an ``EARLY`` kernel.
 # - ``EARLY`` (at one row, :data:`PDL_EARLY_ROWS`, and the reduce at up to :data:`PDL_EARLY_LARGE_ROWS` behind a large
-#   QKV stream; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce
-#   kernel, so the output projection after it launches while the attention runs and streams its weight into L2
-#   during the attention's latency-bound span.  The kernel after an ``EARLY`` one may read nothing but weights
-#   before its wait.  Measured on the H200 (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``):
-#   EARLY without the whole-weight o_proj prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17);
-#   Qwen3-0.6B batch 1 with both 1.1090 against 1.1217 (``results/20261201T045516Z-sm90-run15``).  At batch 4 it
-#   stalled Qwen3-0.6B's output projection (``PDL_EARLY_ROWS``), not Qwen3-8B's (``PDL_EARLY_LARGE_ROWS``).  The one-row GEMVs their callers mark ``early`` (the output
-#   projection and the MLP's, :data:`GEMV_EARLY`) are ``EARLY`` too: their successors are GEMVs or norms; the qkv
-#   projection, whose successor is the fused decode kernel, never is.
+#   QKV stream; ``FLARE_PDL_EARLY=0`` turns it off): the decode attention's reduce kernel, so the output projection
+#   after it launches while the attention runs and streams its weight into L2 during the attention's latency-bound
+#   span.  The kernel after an ``EARLY`` one may read nothing but weights before its wait.  Measured on the H200
+#   (Qwen3-8B batch 1, one machine, ``results/20261201T050909Z-sm90-run18``): EARLY without the whole-weight o_proj
+#   prefetch 4.748 ms, the prefetch without EARLY 4.805, both 4.771 (run 17); Qwen3-0.6B batch 1 with both 1.1090
+#   against 1.1217 (``results/20261201T045516Z-sm90-run15``).  At batch 4 it stalled Qwen3-0.6B's output projection
+#   (``PDL_EARLY_ROWS``), not Qwen3-8B's (``PDL_EARLY_LARGE_ROWS``).  The one-row GEMVs their callers mark ``early``
+#   (the output projection and the MLP's, :data:`GEMV_EARLY`) are ``EARLY`` too: their successors are GEMVs or
+#   norms; the qkv projection, whose successor is the fused decode kernel, never is.
 #
 # ``FLARE_PDL=0`` turns PDL off (side-by-side measurements); off in the interpreter and before sm90.
 
@@ -1554,7 +1554,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 # the step 1.41x slower at batch 4 (Qwen3-8B side by side in one process, ``results/20261201T141644Z-sm90-run37``).
 
 @triton.jit
-def _prenorm_parts(S_IN, offs_m, m_mask, PARTS: tl.constexpr, PP: tl.constexpr):
+def _prenorm_load_stats(S_IN, offs_m, m_mask, PARTS: tl.constexpr, PP: tl.constexpr):
     """The row statistics the launch that wrote x published (:func:`_prenorm_store`: ``S_IN [rows, PARTS]`` fp32 sums
     of x^2 over its column blocks), ``[MP, PP]`` -- loaded before the main loop, summed after it
     (:func:`_prenorm_rstd`): summed before, the loop's first copies waited for them (offline sm90 PTX)."""
@@ -1565,7 +1565,8 @@ def _prenorm_parts(S_IN, offs_m, m_mask, PARTS: tl.constexpr, PP: tl.constexpr):
 
 @triton.jit
 def _prenorm_rstd(part, eps, K: tl.constexpr):
-    """``rstd [MP]`` of the input's RMSNorm from its published statistics (:func:`_prenorm_parts`), in block order."""
+    """``rstd [MP]`` of the input's RMSNorm from its published statistics (:func:`_prenorm_load_stats`), in block
+    order."""
     return tl.math.rsqrt(tl.sum(part, axis=1) / K + eps)
 
 
@@ -1602,7 +1603,7 @@ def _fused_gemm_rows_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride
     _pdl_enter(USE_PDL)
     rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM, NORM_STAGES)
     if IN_PARTS > 0:  # x is a published normed input (its norm weights applied): rstd from the published statistics
-        part_in = _prenorm_parts(S_IN, offs_m, m_mask, IN_PARTS, IN_PP)
+        part_in = _prenorm_load_stats(S_IN, offs_m, m_mask, IN_PARTS, IN_PP)
     if RES_FIRST:  # the residual's load in flight during the main loop (:data:`GEMM_ROWS_RES_FIRST`)
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
