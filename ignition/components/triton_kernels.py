@@ -573,7 +573,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, USE_PDL: tl.constexpr,
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
-                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False):
+                        NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
+                        SMEM_PAD: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -1087,13 +1088,52 @@ FUSED_DECODE_PROGRAMS = 544
 
 
 def fused_decode_launch_options() -> dict:
-    """Extra launch options of the fused decode kernel: ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (side-by-side
-    runs: a register cap of N per thread -- 64 holds 8 programs per SM, one wave of 1024 -- at the cost of a few
-    spilled values), none by default or in the interpreter."""
+    """Extra launch options of the fused decode kernel (side-by-side runs; none by default or in the interpreter):
+    ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (a register cap of N per thread -- 64 holds 8 programs per SM, one wave
+    of 1024 -- at the cost of a few spilled values); ``num_warps`` from ``FLARE_DECODE_WARPS=N`` (default 4);
+    ``SMEM_PAD`` from ``FLARE_DECODE_SMEM_KB=N``: each program reserves at least N KiB of shared memory, which caps
+    the programs one SM holds (:func:`pad_shared_memory`)."""
     cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
     if cap and not 24 <= cap <= 255:
         raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
-    return {"maxnreg": cap} if cap and not _interpreting() else {}
+    warps = whole("FLARE_DECODE_WARPS", 4, low=1)
+    if warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"FLARE_DECODE_WARPS={warps}: expected 1, 2, 4, 8 or 16 warps per program")
+    pad = whole("FLARE_DECODE_SMEM_KB", 0, low=0)
+    if pad > 227:
+        raise ValueError(f"FLARE_DECODE_SMEM_KB={pad}: expected at most 227 KiB per program (sm90)")
+    if _interpreting():
+        return {"num_warps": warps}
+    options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
+    if pad:
+        pad_shared_memory()
+        options["SMEM_PAD"] = pad << 10
+    return options
+
+
+def pad_shared_memory() -> None:
+    """Let a kernel with a ``SMEM_PAD`` constexpr reserve that many bytes of dynamic shared memory per program
+    (when more than its own use): the launch then holds fewer programs per SM and the block scheduler spreads them
+    over more SMs -- a side-by-side knob (``FLARE_DECODE_SMEM_KB``).  Triton has no such option: this wraps
+    ``CompiledKernel._init_handles`` once, so the size is set before the binary is loaded (which opts in to more than
+    48 KiB) and before its first launch."""
+    from triton.compiler.compiler import CompiledKernel
+
+    if getattr(CompiledKernel, "_flare_shared_pad", False):
+        return
+    load = CompiledKernel._init_handles
+
+    def _init_handles(self):
+        fn = getattr(self.src, "fn", None)
+        if self.module is None and fn is not None and "SMEM_PAD" in fn.arg_names:
+            pad = int(self.src.constants.get((fn.arg_names.index("SMEM_PAD"),), 0) or 0)
+            if pad > self.metadata.shared:
+                self.metadata = self.metadata._replace(shared=pad)
+                self.packed_metadata = (self.metadata.num_warps, self.metadata.num_ctas, pad)
+        load(self)
+
+    CompiledKernel._init_handles = _init_handles
+    CompiledKernel._flare_shared_pad = True
 
 
 def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: torch.Tensor | None,
@@ -1138,7 +1178,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         SPLITS=splits, Q_NORM=q_norm is not None, K_NORM=k_norm is not None, DOT_F32=_interpreting(),
         PIPELINE=decode_pipelined() and not geo["WIDE"], KV_PREFETCH=decode_kv_prefetch_keys(b, overlap_bytes),
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
-        KV_LINES=max(1, d * k_pool.element_size() // 128), num_warps=4, **_pdl(q.device),
+        KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
         **fused_decode_launch_options(), **_probe_args(probe, 0, b * kvh * parts))
     if parts > 1:

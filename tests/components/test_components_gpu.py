@@ -227,10 +227,14 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
-    assert tk.fused_decode_launch_options() == {"maxnreg": 64}
+    assert tk.fused_decode_launch_options()["maxnreg"] == 64
     kp4, vp4 = kp.clone(), vp.clone()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the register cap changed a bit"
     monkeypatch.delenv("FLARE_DECODE_MAXNREG")
+    monkeypatch.setenv("FLARE_DECODE_SMEM_KB", "120")  # reserved shared memory: placement only, no arithmetic
+    kp4, vp4 = kp.clone(), vp.clone()
+    assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the shared-memory padding changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_SMEM_KB")
     # the key loop as a plain while loop (a side-by-side switch) and the timing probe (stamps only): the same bits
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
     kp5, vp5 = kp.clone(), vp.clone()

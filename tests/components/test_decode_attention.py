@@ -307,15 +307,21 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
             tk.fused_decode_num_splits(4, 8, 4, 256)
     monkeypatch.delenv("FLARE_DECODE_PROGRAMS")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert tk.fused_decode_launch_options() == {}
+    assert tk.fused_decode_launch_options() == {"num_warps": 4}
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")
-    assert tk.fused_decode_launch_options() == {"maxnreg": 64}
+    assert tk.fused_decode_launch_options() == {"num_warps": 4, "maxnreg": 64}
+    monkeypatch.setenv("FLARE_DECODE_WARPS", "8")
+    monkeypatch.setenv("FLARE_DECODE_SMEM_KB", "120")
+    assert tk.fused_decode_launch_options() == {"num_warps": 8, "maxnreg": 64, "SMEM_PAD": 120 << 10}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert tk.fused_decode_launch_options() == {}
-    for bad in ("16", "300", "-1", "x"):
-        monkeypatch.setenv("FLARE_DECODE_MAXNREG", bad)
-        with pytest.raises(ValueError, match="FLARE_DECODE_MAXNREG"):
-            tk.fused_decode_launch_options()
+    assert tk.fused_decode_launch_options() == {"num_warps": 8}  # no register cap or padding in the interpreter
+    for name, bads in (("FLARE_DECODE_MAXNREG", ("16", "300", "-1", "x")), ("FLARE_DECODE_WARPS", ("3", "32", "0")),
+                       ("FLARE_DECODE_SMEM_KB", ("228", "-1", "1.5"))):
+        for bad in bads:
+            monkeypatch.setenv(name, bad)
+            with pytest.raises(ValueError, match=name):
+                tk.fused_decode_launch_options()
+        monkeypatch.delenv(name)
 
 
 def test_kv_prefetch_rows_switch(monkeypatch):
