@@ -574,7 +574,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
-                        SMEM_PAD: tl.constexpr = 0):
+                        SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -601,7 +601,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # the projections after it stream their weights only once this kernel's K/V loads are done) -- the last block's
     # K/V load stayed 3.3 us at Qwen3-0.6B, and slower: the one-row layer graphs 1.053x (0.6B) and 1.015x (8B), the
     # Qwen3-0.6B step 1.113x side by side (``results/20261201T213000Z-sm90-run84``).
-    _pdl_enter(USE_PDL)
+    if TRIGGER == 0:
+        _pdl_enter(USE_PDL)
+    elif USE_PDL:  # a later trigger (:func:`fused_decode_trigger`): the wait alone here
+        gdc_wait()
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
     offs_d = tl.arange(0, D)
@@ -613,6 +616,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (QR, D))  # [QR, D]: the halves side by side; 0 past G
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
+    if USE_PDL and TRIGGER == 1:
+        gdc_launch_dependents()
 
     if NEW_APART:
         writer = SPLITS
@@ -642,6 +647,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                                        stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
                                        HAS_PROBE, PV_SPLIT=PV_SPLIT)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
+    if USE_PDL and TRIGGER == 2:
+        gdc_launch_dependents()
     if SPLITS == 1 and not NEW_APART:
         out = tl.where(l_i[:, None] > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
         tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :],
@@ -1092,7 +1099,9 @@ def fused_decode_launch_options() -> dict:
     ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (a register cap of N per thread -- 64 holds 8 programs per SM, one wave
     of 1024 -- at the cost of a few spilled values); ``num_warps`` from ``FLARE_DECODE_WARPS=N`` (default 4);
     ``SMEM_PAD`` from ``FLARE_DECODE_SMEM_KB=N``: each program reserves at least N KiB of shared memory, which caps
-    the programs one SM holds (:func:`pad_shared_memory`)."""
+    the programs one SM holds (:func:`pad_shared_memory`); ``TRIGGER`` from ``FLARE_DECODE_TRIGGER=N``: where the
+    kernel lets the reduce (and through its early trigger the output projection) launch -- 0 after its wait, 1 once
+    its query rows are ready, 2 after its key loop."""
     cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
     if cap and not 24 <= cap <= 255:
         raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
@@ -1102,9 +1111,15 @@ def fused_decode_launch_options() -> dict:
     pad = whole("FLARE_DECODE_SMEM_KB", 0, low=0)
     if pad > 227:
         raise ValueError(f"FLARE_DECODE_SMEM_KB={pad}: expected at most 227 KiB per program (sm90)")
+    trigger = whole("FLARE_DECODE_TRIGGER", 0, low=0)
+    if trigger > 2:
+        raise ValueError(f"FLARE_DECODE_TRIGGER={trigger}: expected 0 (after the wait), 1 (after the query rows) or "
+                         "2 (after the key loop)")
     if _interpreting():
         return {"num_warps": warps}
     options = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
+    if trigger:
+        options["TRIGGER"] = trigger
     if pad:
         pad_shared_memory()
         options["SMEM_PAD"] = pad << 10

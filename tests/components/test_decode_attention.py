@@ -312,11 +312,12 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
     assert tk.fused_decode_launch_options() == {"num_warps": 4, "maxnreg": 64}
     monkeypatch.setenv("FLARE_DECODE_WARPS", "8")
     monkeypatch.setenv("FLARE_DECODE_SMEM_KB", "120")
-    assert tk.fused_decode_launch_options() == {"num_warps": 8, "maxnreg": 64, "SMEM_PAD": 120 << 10}
+    monkeypatch.setenv("FLARE_DECODE_TRIGGER", "1")
+    assert tk.fused_decode_launch_options() == {"num_warps": 8, "maxnreg": 64, "SMEM_PAD": 120 << 10, "TRIGGER": 1}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert tk.fused_decode_launch_options() == {"num_warps": 8}  # no register cap or padding in the interpreter
     for name, bads in (("FLARE_DECODE_MAXNREG", ("16", "300", "-1", "x")), ("FLARE_DECODE_WARPS", ("3", "32", "0")),
-                       ("FLARE_DECODE_SMEM_KB", ("228", "-1", "1.5"))):
+                       ("FLARE_DECODE_SMEM_KB", ("228", "-1", "1.5")), ("FLARE_DECODE_TRIGGER", ("3", "-1"))):
         for bad in bads:
             monkeypatch.setenv(name, bad)
             with pytest.raises(ValueError, match=name):
