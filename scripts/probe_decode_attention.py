@@ -15,8 +15,9 @@ the reduce kernel at 0 entry, 2 after its wait, 6 after its store.  The table gi
 over layers (the first skipped) of: phase durations per program (median and max over programs), the entry spread,
 how many programs entered only after the first one passed its wait (not resident when the qkv projection ended),
 on how many SMs its programs ran and the most on one SM, the attention's span from the first wait release to the
-last store, the reduce's wait and its own span.  The variants' unprobed graphs are then timed side by side
-(interleaved replays; ratios to the first variant).
+last store, the reduce's wait and its own span; pooled over layers, the last block's K, V phase grouped by the
+attention programs on its SM and by the output projection's preloads on its SM overlapping it (``kv_neighbours``).
+The variants' unprobed graphs are then timed side by side (interleaved replays; ratios to the first variant).
 """
 
 from __future__ import annotations
@@ -119,6 +120,42 @@ def sm_spread(sm_ids: torch.Tensor) -> tuple[int, int]:
     return int((per_sm > 0).sum().item()), int(per_sm.max().item())
 
 
+def kv_neighbours(fused, gemv, ghz):
+    """Each attention program's last key block ``K, V`` phase (stamps 9 -> 10 of the fused probe rows ``fused``)
+    beside what shared its SM then: ``[(ns, attention programs on its SM, GEMV programs on its SM whose preload --
+    entry to tiles arrived, stamps 0 -> 1 of ``gemv``'s rows -- overlapped that phase)]``, from the %clock64 stamps
+    (one clock per SM: comparable between programs on one SM; ``ghz`` turns cycles into ns).  Programs without a key
+    block stamp nothing there and are left out.  Whether the block's K and V wait behind the output projection's
+    preloads on their SM shows as longer phases beside more of them."""
+    n = tk.PROBE_STAMPS.value
+    f = fused[fused[:, 0] != 0]
+    g = gemv[gemv[:, 0] != 0]
+    per_sm = torch.bincount(f[:, n - 1])
+    out = []
+    for row in f.tolist():
+        a, z, sm = row[n + 9], row[n + 10], row[n - 1]
+        if row[9] == 0 or row[10] == 0:
+            continue
+        here = g[g[:, n - 1] == sm]
+        overlap = int(((here[:, n] < z) & (here[:, n + 1] > a)).sum().item())
+        out.append(((z - a) / ghz, int(per_sm[sm].item()), overlap))
+    return out
+
+
+def neighbour_table(samples):
+    """``{"by_attention_on_sm": {k: [programs, median ns]}, "by_gemv_preloads": {...}}`` from :func:`kv_neighbours`
+    samples (pooled over layers): the ``K, V`` phase grouped by the attention programs on the SM, and by the
+    overlapping GEMV preloads (3 and more together)."""
+    table = {}
+    for key, index, top in (("by_attention_on_sm", 1, 3), ("by_gemv_preloads", 2, 3)):
+        groups = {}
+        for sample in samples:
+            groups.setdefault(min(sample[index], top), []).append(sample[0])
+        table[key] = {(f"{k}+" if k == top else str(k)): [len(v), statistics.median(v)]
+                      for k, v in sorted(groups.items())}
+    return table
+
+
 def gemv_stats(buf, weight, pred_end):
     """One probed GEMV launch against ``pred_end`` (globaltimer ns at which its predecessor's last program stored; None:
     unknown, its first wait release instead): how many programs were resident (entered) and had their preloaded tiles
@@ -176,7 +213,8 @@ def analyse(layers, meta, splits):
             reduce_release_after_attention_end_ns=(rt[:, 2].min() - t[:, 6].max()).item(),
             reduce_span_ns=(rt[:, 6].max() - rt[:, 2].min()).item(),
             release_to_reduce_end_ns=(rt[:, 6].max() - first_wait).item(),
-            attention_sms=sms, attention_max_per_sm=most))
+            attention_sms=sms, attention_max_per_sm=most,
+            kv_neighbours=kv_neighbours(f, probes["o_proj"], ghz)))
         reduce_end = rt[:, 6].max().item()
         ends = {"qkv": down_before[:, 4][down_before[:, 0] != 0].max().item(), "o_proj": reduce_end}
         weights = {"qkv": layer["wqkv"], "o_proj": layer["wo"], "gate_up": layer["wgu"], "down": layer["wdown"]}
@@ -187,8 +225,9 @@ def analyse(layers, meta, splits):
                     pred = probes["gate_up"][:, 4][probes["gate_up"][:, 0] != 0].max().item()
                 per_layer[-1]["gemv"] = {**per_layer[-1].get("gemv", {}),
                                          name: gemv_stats(probes[name], weights[name], pred)}
-    keys = [k for k in per_layer[0] if k not in ("phases", "gemv")]
+    keys = [k for k in per_layer[0] if k not in ("phases", "gemv", "kv_neighbours")]
     summary = {k: statistics.median(p[k] for p in per_layer) for k in keys}
+    summary["kv_neighbours"] = neighbour_table([x for p in per_layer for x in p.pop("kv_neighbours")])
     summary["gemv"] = {name: {k: statistics.median(p["gemv"][name][k] for p in per_layer)
                               for k in per_layer[0]["gemv"][name]} for name in per_layer[0]["gemv"]}
     summary["phases"] = {ph: (statistics.median(p["phases"][ph][0] for p in per_layer),
@@ -252,8 +291,11 @@ def show(case):
     for ph, (med, mx) in s["phases"].items():
         print(f"    {ph:34s} median {med:8.0f} ns   max over programs {mx:8.0f} ns")
     for k, v in s.items():
-        if k not in ("phases", "ghz", "gemv"):
+        if k not in ("phases", "ghz", "gemv", "kv_neighbours"):
             print(f"    {k:40s} {v:9.0f}")
+    for key, groups in s["kv_neighbours"].items():
+        print(f"    last block K, V {key.replace('_', ' ')}: " + ", ".join(
+            f"{k}: {n} programs {ns:.0f} ns" for k, (n, ns) in groups.items()))
     for name, g in s["gemv"].items():
         ref = "its predecessor's last store"
         print(f"    {name} GEMV ({g['programs']:.0f} programs, {g['weight_mib']:.1f} MiB; times after {ref}):")

@@ -84,3 +84,32 @@ def test_probe_reads_the_launch_s_own_split_count(monkeypatch):
             layer = dict(kp=kp, vp=kp, bt=torch.arange(256, dtype=torch.int32).view(1, 256))
             assert probe.launch_splits(dict(heads=heads, d=128), layer) == expect, (wide, heads)
 
+
+
+def _rows(n_stamps, rows):
+    """Probe rows with %clock64 stamps: ``rows`` = ({stamp: cycles}, sm); every given stamp also gets a nonzero
+    globaltimer value (which marks it as stamped)."""
+    buf = torch.zeros(len(rows) + 1, 2 * n_stamps, dtype=torch.int64)  # one unused row, zero as a launch leaves it
+    for i, (stamps, sm) in enumerate(rows):
+        for point, cycles in stamps.items():
+            buf[i, point] = 1
+            buf[i, n_stamps + point] = cycles
+        buf[i, n_stamps - 1] = sm
+    return buf
+
+
+def test_kv_neighbours_pairs_each_k_v_phase_with_what_shared_its_sm():
+    probe = _script()
+    n = probe.tk.PROBE_STAMPS.value
+    # attention programs: two on SM 3 (K, V over cycles 100-300 and 150-550), one on SM 4 (100-200), one without a key
+    # block (no stamps 9, 10); o_proj programs: on SM 3 preloading over 1-200 (overlaps both), 500-900 (the second
+    # only), 600-700 (neither); on SM 4 over 250-400 (after its phase); on SM 5 over 0-1000 (another SM)
+    fused = _rows(n, [({0: 1, 9: 100, 10: 300}, 3), ({0: 1, 9: 150, 10: 550}, 3), ({0: 1, 9: 100, 10: 200}, 4),
+                      ({0: 1}, 4)])
+    gemv = _rows(n, [({0: 1, 1: 200}, 3), ({0: 500, 1: 900}, 3), ({0: 600, 1: 700}, 3), ({0: 250, 1: 400}, 4),
+                     ({0: 1, 1: 1000}, 5)])
+    got = probe.kv_neighbours(fused, gemv, 2.0)
+    assert got == [(100.0, 2, 1), (200.0, 2, 2), (50.0, 2, 0)]  # ns at 2 GHz; SM 4 also ran the block-less program
+    table = probe.neighbour_table(got + [(10.0, 3, 5)])
+    assert table["by_attention_on_sm"] == {"2": [3, 100.0], "3+": [1, 10.0]}
+    assert table["by_gemv_preloads"] == {"0": [1, 50.0], "1": [1, 100.0], "2": [1, 200.0], "3+": [1, 10.0]}
