@@ -137,6 +137,11 @@ def cases(tk):
     out.append(("topk merge 4096 k64", "_topk_merge_kernel", {"WS": "*fp32", "Out": "*fp32", "N": "i32", "K": "i32",
                                                                "stride_o": "i32"}, dict(NP=4096, KP=64),
                 dict(num_warps=8)))
+    # the Gluon one-row GEMV with its weight rows in shared memory (smem_gemv, FLARE_GEMV_SMEM; the output projections)
+    for k, bn in ((4096, 4), (4096, 8), (2048, 4)):
+        out.append((f"smem gemv K={k} {bn} rows", "smem_gemv._smem_gemv_kernel",
+                    {"X": P, "W": P, "R": P, "Y": P, "N_OUT": "i32", "stride_w": "i32"},
+                    dict(K=k, BN=bn, HAS_RES=True, USE_PDL=True, EARLY=True, WARPS=4), dict(num_warps=4)))
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
                                                                       "R": "i32", "scaling": "fp32"},
                 dict(HALF=64, HP=64, BLOCK_R=tk.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
@@ -181,8 +186,18 @@ def compile_sm90(fn, sig, consts, opts):
     consts = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **consts}
     div = [i for i, (k, t) in enumerate(sig.items()) if k.startswith("stride") or t.startswith("*")]
     full = {**sig, **{c: "constexpr" for c in consts}}
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (its own source kind)
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     src = ASTSource(fn=fn, signature=full, constexprs=consts, attrs={(i,): [["tt.divisibility", 16]] for i in div})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def kernel_of(tk, name: str):
+    """``triton_kernels``' kernel ``name``, or ``module.kernel`` of another module of ``ignition.components``."""
+    if "." not in name:
+        return getattr(tk, name)
+    module, _, kernel = name.partition(".")
+    return getattr(importlib.import_module(f"ignition.components.{module}"), kernel)
 
 
 def code_of(ptx: str) -> str:
@@ -230,13 +245,15 @@ def main(argv=None) -> int:
     for name, kernel, sig, consts, opts in cases(tk):
         if args.only not in name:
             continue
-        k = compile_sm90(getattr(tk, kernel), sig, consts, opts)
+        k = compile_sm90(kernel_of(tk, kernel), sig, consts, opts)
         row = {"case": name, "ptxas": ptxas_report(k.asm["ptx"]), "shared_bytes": k.metadata.shared}
         used = re.search(r"Used (\d+) registers", row["ptxas"])
         if used:  # resident programs per SM (tk.programs_per_sm): what a launch's one wave holds
             row["per_sm"] = tk.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4), k.metadata.shared)
         if old is not None:
-            if hasattr(old, kernel):
+            if "." in kernel:  # --against reads triton_kernels.py alone
+                row["same_ptx_as_" + args.against] = "not compared (another module)"
+            elif hasattr(old, kernel):
                 try:
                     fn = getattr(old, kernel)
                     known = set(fn.arg_names)

@@ -2181,6 +2181,13 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             RES_FIRST=residual is not None and switch("FLARE_GEMM_ROWS_RES_FIRST", GEMM_ROWS_RES_FIRST),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)
         return (out, *published) if published is not None else out
+    if probe is None and config is None and not _interpreting() and x.dtype == weight.dtype == torch.bfloat16:
+        from ignition.components import smem_gemv  # Gluon, compiled only: imported where it may run
+
+        if smem_gemv.smem_gemv_applies(m, k, norm=norm_weight is not None, gated=gated, gated_input=gated_input,
+                                       dot=dot, prenorm=bool(prenorm), device=x.device):
+            return smem_gemv.smem_gemv(x, weight, residual, out, pdl=_pdl(x.device),
+                                       early=early and gemv_early_enabled(x.device, m))
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)

@@ -382,6 +382,45 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
+@pytest.mark.parametrize("n,k,residual", [(4096, 4096, True), (1024, 2048, True), (1024, 3072, False)])
+@pytest.mark.parametrize("rows", ["4", "8"])
+def test_shared_memory_gemv_on_this_gpu(monkeypatch, n, k, residual, rows):
+    """The Gluon one-row GEMV with its weight rows in shared memory (``FLARE_GEMV_SMEM=1``, the output projections'
+    shapes): it runs (not the Triton kernel), within the reference bound of the Triton GEMV test above, the same bits in
+    every launch, eager and captured in a CUDA graph."""
+    from gemv_cases import _gemv_inputs, _gemv_tolerance
+
+    from ignition.components import smem_gemv
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.triton_kernels import fused_linear_triton
+
+    monkeypatch.setenv("FLARE_GEMV_SMEM", "1")
+    monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", rows)
+    calls = []
+    launch_smem = smem_gemv.smem_gemv
+    monkeypatch.setattr(smem_gemv, "smem_gemv", lambda *a, **kw: calls.append(1) or launch_smem(*a, **kw))
+    x, w, _, r = _gemv_inputs(1, n, k, norm=False, gated=False, residual=residual, seed=n + k + 1)
+    cx, cw, cr = x.cuda(), w.cuda(), r.cuda() if r is not None else None
+
+    def launch():
+        return fused_linear_triton(cx, cw, residual=cr, early=True)
+
+    got = launch().cpu()
+    assert calls, "the shared-memory GEMV did not run"
+    ref = fused_linear_reference(x, w, None, 1e-6, r, False)
+    y_ref = fused_linear_reference(x, w, None, 1e-6, None, False)
+    tol = _gemv_tolerance(x, w, None, False, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
+    err = (got.float() - ref.float()).abs()
+    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
+    assert torch.equal(launch().cpu().view(torch.int16), got.view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu().view(torch.int16), got.view(torch.int16))
+
+
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])
 def test_topk_values_on_this_gpu(monkeypatch, rows, k):
     """``flare::topk_values``' Triton kernels (``FLARE_TRITON_TOPK=1``) on vocabulary-sized rows (ties, a
