@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.decode_attention import decode_reduce_prefetch_bytes  # noqa: E402
 from ignition.components.switches import environment  # noqa: E402
 from qualify.timing import captured, interleaved  # noqa: E402
 
@@ -99,7 +100,8 @@ def step(x, layers, meta, probe=True):
         attn = tk.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5, overlap_bytes=layer["wqkv"].numel() * layer["wqkv"].element_size(),
-            probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None)
+            probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None,
+            prefetch=(layer["wo"], decode_reduce_prefetch_bytes()))  # FLARE_DECODE_REDUCE_PREFETCH_MB (0: none)
         h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
         if meta["mlp"] == "packed":
             gu = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, early=True,

@@ -98,6 +98,10 @@ def cases(tk):
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
                     {**r, "PROBE": None}, dict(num_warps=4)))
+        if heads == 32 and prefetch:  # the reduce prefetching the output projection's last rows into L2
+            out.append((f"decode reduce {heads}x8 splits {splits} prefetching", "_paged_decode_reduce_kernel",
+                        {**rsig, "PF": P, "PF_FIRST": "i32", "PF_LINES": "i32"}, {**r, "PROBE": None, "HAS_PF": True},
+                        dict(num_warps=4)))
         if heads == 32 and prefetch:  # the timing probe (scripts/probe_decode_attention.py, one row) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
                         {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))

@@ -189,11 +189,13 @@ class PyTorchPagedAttention:
 
     def rope_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                    sin: torch.Tensor, batch: AttentionBatch, overlap_bytes: int | None = None) -> torch.Tensor:
+                    sin: torch.Tensor, batch: AttentionBatch, overlap_bytes: int | None = None,
+                    prefetch_weight: torch.Tensor | None = None) -> torch.Tensor:
         """``q [B, T, H, D]``, ``k, v [B, T, KV, D]`` straight from the QKV projection (views are fine), per-head
         norm weights ``[D]`` or None, ``cos, sin [B, T, D]`` -> ``[B, T, H * D]``: the per-head norms, the rotary
         embedding and the KV write (``flare::rope_write_``), then :meth:`attend`.  ``overlap_bytes``: the QKV
-        projection's weight bytes (None: unknown), a scheduling hint for backends whose kernels use it."""
+        projection's weight bytes (None: unknown), ``prefetch_weight``: the output projection's weight (None: none
+        given) -- scheduling hints for backends whose kernels use them."""
         from ignition.components.rope_write import rope_write_  # rope_write imports this module
 
         q = rope_write_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer], batch.cache.v[layer],
@@ -369,17 +371,19 @@ class TritonPagedAttention(PyTorchPagedAttention):
 
     def rope_attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                    sin: torch.Tensor, batch: AttentionBatch, overlap_bytes: int | None = None) -> torch.Tensor:
+                    sin: torch.Tensor, batch: AttentionBatch, overlap_bytes: int | None = None,
+                    prefetch_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Decode steps (T == 1, a static shape): norms, rotary, KV write and attention as ONE op
         (``flare::rope_decode_attention_``: the composition of ``rope_write_`` and ``paged_decode_attention``;
-        ``overlap_bytes`` decides its K/V prefetch); other steps as the base class."""
+        ``overlap_bytes`` decides its K/V prefetch, ``prefetch_weight`` is the weight its reduce may prefetch);
+        other steps as the base class."""
         if q.shape[1] != 1 or not self.fused_decode:
             return super().rope_attend(layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
         from ignition.components.decode_attention import rope_decode_attention_
 
         return rope_decode_attention_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer],
                                       batch.cache.v[layer], batch.slots, batch.block_tables, batch.decode_lens(),
-                                      self.scaling, overlap_bytes)
+                                      self.scaling, overlap_bytes, prefetch_weight)
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]

@@ -526,11 +526,28 @@ def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
 
 
 @triton.jit
+def _bulk_prefetch_l2(W, first, n_lines, prog, programs, STEP: tl.constexpr, LANES: tl.constexpr):
+    """L2 prefetch by the TMA unit of program ``prog``'s share (of ``programs`` equal shares) of the 128-byte lines
+    ``first .. first + n_lines - 1`` of ``W`` (``STEP`` elements per line): each of ``LANES`` lanes hands one
+    ``cp.async.bulk.prefetch.L2`` of its slice to the copy engine (a lane without lines: line ``first`` again)."""
+    per = (n_lines + programs - 1) // programs
+    chunk = (per + LANES - 1) // LANES  # lines per lane
+    start = prog * per + tl.arange(0, LANES) * chunk
+    lines = tl.minimum(chunk, tl.minimum(prog * per + per, n_lines) - start)
+    keep = lines > 0
+    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                              [W + (first + tl.where(keep, start, 0)).to(tl.int64) * STEP,
+                               tl.where(keep, lines, 1) * 128],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
                                 H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                                 D: tl.constexpr, DP: tl.constexpr, SPLITS: tl.constexpr, SP: tl.constexpr,
                                 USE_PDL: tl.constexpr, EARLY: tl.constexpr, PROBE=None,
-                                HAS_PROBE: tl.constexpr = False):
+                                HAS_PROBE: tl.constexpr = False, PF=None, PF_FIRST=0, PF_LINES=0,
+                                PF_STEP: tl.constexpr = 64, HAS_PF: tl.constexpr = False):
     prog = tl.program_id(0) * H + tl.program_id(1)  # the timing probe's row (HAS_PROBE: diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -539,7 +556,18 @@ def _paged_decode_reduce_kernel(M_ws, L_ws, ACC_ws, Out,
     # gate/up weight into L2 for the cuBLAS GEMV after the output projection -- Qwen3-8B side by side in one process
     # (``results/20261202T020400Z-sm90-run101``): 8 lines (24 MiB) 1.0053x at batch 1 (within noise), 16 lines 1.033x
     # slower, 8 lines with the evict-last priority 1.0055x; batch 4 (no prefetch there) within noise.
-    _pdl_enter(USE_PDL, EARLY)
+    # HAS_PF: the output projection's last rows into L2 in the same window, after the early trigger and before the
+    # wait (:data:`decode_attention.DECODE_REDUCE_PREFETCH_MB`)
+    if HAS_PF:
+        if USE_PDL and EARLY:
+            gdc_launch_dependents()
+        _bulk_prefetch_l2(PF, PF_FIRST, PF_LINES, prog, tl.num_programs(0) * H, PF_STEP, 128)
+        if USE_PDL:
+            gdc_wait()
+            if not EARLY:
+                gdc_launch_dependents()
+    else:
+        _pdl_enter(USE_PDL, EARLY)
     h = tl.program_id(1)
     _probe_stamp(PROBE, prog, 2, h, HAS_PROBE)
     offs_d = tl.arange(0, DP)
@@ -1157,7 +1185,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float, *,
                                  num_splits: int | None = None, block_n: int | None = None,
                                  overlap_bytes: int | None = None,
-                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                                 probe: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                 prefetch: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """The fused decode step of one layer: ``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
@@ -1167,7 +1196,10 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
     diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
     and ``[B * H, 2 * PROBE_STAMPS]`` that the fused and the reduce kernel fill with clock stamps
-    (:func:`_probe_stamp`).  Shapes are checked by the op (``decode_attention.py``)."""
+    (:func:`_probe_stamp`).  ``prefetch``: ``(weight, nbytes)`` -- the reduce kernel's programs, before their wait,
+    prefetch the last ``nbytes`` of ``weight`` (contiguous; the output projection's) into L2
+    (``decode_attention.DECODE_REDUCE_PREFETCH_MB``; nothing when 0, in the interpreter or without a reduce launch).
+    Shapes are checked by the op (``decode_attention.py``)."""
     geo = _decode_geometry("rope_decode_attention_triton", q, k_pool, v_pool, block_tables, num_splits, fused=True,
                            block_n=block_n)
     b, h, d, kvh, page = geo["B"], geo["H"], geo["D"], geo["KVH"], geo["PAGE"]
@@ -1200,8 +1232,24 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,
             SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b, overlap_bytes=overlap_bytes),
-            **_probe_args(probe, 1, b * h))
+            **_probe_args(probe, 1, b * h), **_reduce_prefetch_args(prefetch))
     return out
+
+
+def _reduce_prefetch_args(prefetch: tuple[torch.Tensor, int] | None) -> dict:
+    """The reduce kernel's L2 prefetch arguments for ``(weight, nbytes)``: its last ``nbytes`` (whole 128-byte lines,
+    at most the weight) -- none when None or 0 bytes, or in the interpreter; raises unless a contiguous CUDA
+    tensor."""
+    if prefetch is None or prefetch[1] <= 0 or _interpreting():
+        return {}
+    weight, nbytes = prefetch
+    if not (weight.is_cuda and weight.is_contiguous()):
+        raise ValueError(f"prefetch: a contiguous CUDA tensor, got {weight.device} {tuple(weight.shape)} "
+                         f"(contiguous: {weight.is_contiguous()})")
+    total = weight.numel() * weight.element_size() // 128
+    lines = min(total, triton.cdiv(int(nbytes), 128))
+    return {"PF": weight, "PF_FIRST": total - lines, "PF_LINES": lines, "PF_STEP": 128 // weight.element_size(),
+            "HAS_PF": True}
 
 
 def _probe_args(probe: tuple[torch.Tensor, ...] | None, which: int, programs: int) -> dict:

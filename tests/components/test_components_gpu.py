@@ -235,6 +235,18 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     kp4, vp4 = kp.clone(), vp.clone()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the shared-memory padding changed a bit"
     monkeypatch.delenv("FLARE_DECODE_SMEM_KB")
+    for trigger in ("1", "2"):  # the reduce's launch later in the kernel: order only
+        monkeypatch.setenv("FLARE_DECODE_TRIGGER", trigger)
+        kp4, vp4 = kp.clone(), vp.clone()
+        assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"trigger {trigger} changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_TRIGGER")
+    # the reduce's L2 prefetch of another weight (an o_proj's; all of it, and its last 3 MiB + 5 bytes): no value read
+    weight = torch.randn(heads * 128, heads * 128, device="cuda").to(torch.bfloat16)
+    for nbytes in (1 << 30, (3 << 20) + 5):
+        kp4, vp4 = kp.clone(), vp.clone()
+        ahead = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp4, vp4, slots, bt, lens, scaling,
+                                                prefetch=(weight, nbytes))
+        assert bits(ahead, out) and bits(kp4, kp1) and bits(vp4, vp1), f"the {nbytes}-byte prefetch changed a bit"
     # the key loop as a plain while loop (a side-by-side switch) and the timing probe (stamps only): the same bits
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
     kp5, vp5 = kp.clone(), vp.clone()

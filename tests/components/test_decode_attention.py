@@ -325,6 +325,30 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_reduce_prefetch_switch_and_arguments(monkeypatch):
+    """``FLARE_DECODE_REDUCE_PREFETCH_MB``: 0 by default, MiB as bytes, a negative size names the switch; the reduce
+    launch's prefetch arguments: none without a weight, for 0 bytes or in the interpreter, and a weight off CUDA is
+    refused (the kernel's line arithmetic runs in the GPU test)."""
+    pytest.importorskip("triton")
+    from ignition.components import triton_kernels as tk
+    from ignition.components.decode_attention import decode_reduce_prefetch_bytes
+
+    monkeypatch.delenv("FLARE_DECODE_REDUCE_PREFETCH_MB", raising=False)
+    assert decode_reduce_prefetch_bytes() == 0
+    monkeypatch.setenv("FLARE_DECODE_REDUCE_PREFETCH_MB", "12")
+    assert decode_reduce_prefetch_bytes() == 12 << 20
+    monkeypatch.setenv("FLARE_DECODE_REDUCE_PREFETCH_MB", "-1")
+    with pytest.raises(ValueError, match="FLARE_DECODE_REDUCE_PREFETCH_MB"):
+        decode_reduce_prefetch_bytes()
+    weight = torch.zeros(64, 64, dtype=torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert tk._reduce_prefetch_args(None) == {} and tk._reduce_prefetch_args((weight, 1 << 20)) == {}
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert tk._reduce_prefetch_args((weight, 0)) == {}
+    with pytest.raises(ValueError, match="contiguous CUDA tensor"):
+        tk._reduce_prefetch_args((weight, 1 << 20))
+
+
 def test_kv_prefetch_rows_switch(monkeypatch):
     """The pre-wait K/V prefetch: batch 1 by default, up to ``FLARE_DECODE_KV_PREFETCH_ROWS`` rows when set (0: none),
     ``FLARE_DECODE_KV_PREFETCH=0`` off whatever the rows; a bad row count names the switch."""

@@ -421,18 +421,22 @@ def test_catalog_stages_and_capacities(ckpt):
     assert not model.kv_cache.k[:, :model.kv_cache.num_pages].any()
 
 
-def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
+@pytest.mark.parametrize("reduce_prefetch_mb", ["", "8"])
+def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch, reduce_prefetch_mb):
     """Each layer's attention gets its QKV projection's weight bytes (``overlap_bytes``: the decode kernel's K/V
     prefetch is scheduled by it) -- checked against the size the checkpoint's config gives: (heads + 2 KV heads) x
-    head_dim rows of hidden_size bf16 values."""
+    head_dim rows of hidden_size bf16 values; and, at decode steps with ``FLARE_DECODE_REDUCE_PREFETCH_MB`` set, its
+    output projection's weight ([hidden, heads x head_dim]; the reduce kernel's L2 prefetch), none otherwise."""
     from ignition.components import attention
 
+    monkeypatch.setenv("FLARE_DECODE_REDUCE_PREFETCH_MB", reduce_prefetch_mb)
     seen = []
     real = attention.PyTorchPagedAttention.rope_attend
 
-    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=None):
-        seen.append((q.shape[1], overlap_bytes))
-        return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
+    def recording(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes=None,
+                  prefetch_weight=None):
+        seen.append((q.shape[1], overlap_bytes, None if prefetch_weight is None else tuple(prefetch_weight.shape)))
+        return real(self, layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes, prefetch_weight)
 
     monkeypatch.setattr(attention.PyTorchPagedAttention, "rope_attend", recording)
     model, graphs = prepare(ckpt, decode=(1,), prefill=(8,))
@@ -443,7 +447,9 @@ def test_the_attention_is_told_the_qkv_projection_bytes(ckpt, monkeypatch):
     prefill(graphs, row, PROMPT[:8], chunk=8)
     graphs.step("decode", 1).run(**row.inputs([PROMPT[8]], graphs.steps[0].max_pages))
     layers = cfg.num_hidden_layers
-    assert sorted(set(seen)) == [(1, qkv), (8, qkv)] and len(seen) == 2 * layers
+    o_proj = (cfg.hidden_size, cfg.num_attention_heads * head_dim) if reduce_prefetch_mb else None
+    assert sorted(set(seen), key=str) == sorted([(1, qkv, o_proj), (8, qkv, None)], key=str)
+    assert len(seen) == 2 * layers
 
 
 def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monkeypatch):

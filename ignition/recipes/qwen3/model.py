@@ -44,6 +44,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
+from ignition.components.decode_attention import decode_reduce_prefetch_bytes
 from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_block, linear_block,
                                               mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
 from ignition.components.norms import RMSNorm
@@ -124,8 +125,10 @@ class PagedQwen3Attention(nn.Module):
         # backend's rope_attend (a decode step of the "triton" backend runs all of it as one launch)
         # overlap_bytes: the QKV projection's weight, which its kernel streams while the attention's launches --
         # a scheduling hint (the decode kernel prefetches K/V only behind a long enough stream)
+        # prefetch_weight: the output projection's, when its reduce prefetches part of it (DECODE_REDUCE_PREFETCH_MB)
+        ahead = getattr(self.o_proj, "weight", None) if t == 1 and decode_reduce_prefetch_bytes() > 0 else None
         out = self.backend.rope_attend(layer, q, k, v, _norm_weight(self.q_norm), _norm_weight(self.k_norm), self.eps,
-                                       cos, sin, paged_batch, overlap_bytes=self.qkv_bytes)
+                                       cos, sin, paged_batch, overlap_bytes=self.qkv_bytes, prefetch_weight=ahead)
         # early: the post-attention norm / MLP after it reads only weights before its wait
         if publish_norm is not None:
             return linear_block(out, self.o_proj, residual=residual, early=True, publish_norm=publish_norm)
