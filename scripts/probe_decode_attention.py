@@ -35,8 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components import triton_kernels as tk  # noqa: E402
 from ignition.components.decode_attention import decode_reduce_prefetch_bytes  # noqa: E402
-from ignition.components.smem_gemv import SMEM_GEMV  # noqa: E402
-from ignition.components.switches import environment, switch  # noqa: E402
+from ignition.components.switches import environment  # noqa: E402
 from qualify.timing import captured, interleaved  # noqa: E402
 
 EPS = 1e-6
@@ -92,7 +91,7 @@ def step(x, layers, meta, probe=True):
     qkv_early = os.environ.get("FLARE_PROBE_QKV_EARLY", "0") == "1"  # a variant of this graph only (read at capture)
     for i, layer in enumerate(layers):
         gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
-        if switch("FLARE_GEMV_SMEM", SMEM_GEMV):  # the shared-memory o_proj (smem_gemv) has no stamps: unprobed
+        if tk.gemv_smem_enabled():  # the shared-memory o_proj (smem_gemv) has no stamps: left unprobed
             gp["o_proj"]["probe"] = None
         # FLARE_PROBE_QKV_EARLY=1: the qkv projection of layers 1.. lets the attention launch before its own wait --
         # legal there (the attention reads the step's metadata before its wait, and the previous layer's attention

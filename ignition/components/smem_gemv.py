@@ -1,7 +1,7 @@
 """A one-row GEMV whose weight rows wait in shared memory: ``out = bf16(residual + bf16(x @ W^T))`` for one row of x,
 each program copying its ``BN`` whole weight rows (``BN * K`` bf16) into shared memory by ``cp.async`` *before* its
 PDL wait, then reading them back against x after it -- a side-by-side experiment (``FLARE_GEMV_SMEM=1``, off by
-default; Gluon, compiled only, sm90+).
+default: ``triton_kernels.GEMV_SMEM``; Gluon, compiled only, sm90+).
 
 Why: at batch 1 the output projection's early programs preload their whole weight rows into registers while the
 decode attention runs (``triton_kernels.gemv_preload_tiles``), but registers beside the attention's programs hold
@@ -24,13 +24,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-from ignition.components.switches import switch, whole
+from ignition.components.switches import whole
 
-__all__ = ["SMEM_GEMV", "SMEM_GEMV_ROWS", "smem_gemv", "smem_gemv_applies"]
+__all__ = ["SMEM_GEMV_ROWS", "smem_gemv", "smem_gemv_applies"]
 
-#: Whether the one-row output projection runs this kernel (``FLARE_GEMV_SMEM=1``; read at each launch).  Off: not
-#: yet measured on the H200.
-SMEM_GEMV = False
 #: Weight rows per program (``FLARE_GEMV_SMEM_ROWS=N``): 4 -> 32 KiB of shared memory at K = 4096.
 SMEM_GEMV_ROWS = 4
 #: Columns per chunk: 32 lanes x 8 bf16 (one 16-byte copy per lane and row).
@@ -41,10 +38,9 @@ MAX_BYTES = 227 << 10
 
 def smem_gemv_applies(m: int, k: int, *, norm: bool, gated: bool, gated_input: bool, dot: bool,
                       prenorm: bool, device: torch.device) -> bool:
-    """Whether a fused_linear launch takes this kernel: ``FLARE_GEMV_SMEM`` on, one row, a plain projection (an
-    optional residual only), K a multiple of :data:`CHUNK`, the rows fitting :data:`MAX_BYTES`, sm90 or newer."""
-    if not switch("FLARE_GEMV_SMEM", SMEM_GEMV):
-        return False
+    """Whether a fused_linear launch with ``FLARE_GEMV_SMEM`` on (``triton_kernels.gemv_smem_enabled``) takes this
+    kernel: one row, a plain projection (an optional residual only), K a multiple of :data:`CHUNK`, the rows fitting
+    :data:`MAX_BYTES`, sm90 or newer."""
     if m != 1 or norm or gated or gated_input or dot or prenorm or device.type != "cuda" or k % CHUNK:
         return False
     if smem_gemv_rows() * k * 2 > MAX_BYTES:

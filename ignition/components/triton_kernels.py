@@ -2063,6 +2063,17 @@ assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row bl
 GEMV_EARLY = True
 
 
+#: Whether the one-row plain projections (the output projection) run ``smem_gemv``'s Gluon kernel, their weight rows
+#: copied into shared memory before the PDL wait (``FLARE_GEMV_SMEM=1``; read at each launch).  Off: not yet measured
+#: on the H200.
+GEMV_SMEM = False
+
+
+def gemv_smem_enabled() -> bool:
+    """:data:`GEMV_SMEM` (``FLARE_GEMV_SMEM``)."""
+    return switch("FLARE_GEMV_SMEM", GEMV_SMEM)
+
+
 def gemv_early_enabled(device: torch.device, rows: int) -> bool:
     """Whether a one-row GEMV marked ``early`` launches its dependents before its wait on ``device``: PDL on, ``rows``
     within :func:`pdl_early_enabled`, and :data:`GEMV_EARLY` (``FLARE_GEMV_EARLY``; read at each launch)."""
@@ -2229,7 +2240,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             RES_FIRST=residual is not None and switch("FLARE_GEMM_ROWS_RES_FIRST", GEMM_ROWS_RES_FIRST),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)
         return (out, *published) if published is not None else out
-    if probe is None and config is None and not _interpreting() and x.dtype == weight.dtype == torch.bfloat16:
+    if (probe is None and config is None and gemv_smem_enabled() and not _interpreting()
+            and x.dtype == weight.dtype == torch.bfloat16):
         from ignition.components import smem_gemv  # Gluon, compiled only: imported where it may run
 
         if smem_gemv.smem_gemv_applies(m, k, norm=norm_weight is not None, gated=gated, gated_input=gated_input,

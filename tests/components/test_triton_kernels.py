@@ -184,17 +184,19 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
 
 
 def test_shared_memory_gemv_takes_only_the_plain_one_row_cuda_launches(monkeypatch):
-    """``smem_gemv_applies``: off by default; with ``FLARE_GEMV_SMEM=1`` one-row plain launches (a residual at most) on
-    CUDA only (the Gluon kernel is compiled, never interpreted: the interpreter's launch below runs the Triton GEMV),
-    K a multiple of 256, rows fitting shared memory; a bad row count names its switch."""
+    """``FLARE_GEMV_SMEM``: off by default; ``smem_gemv_applies``: one-row plain launches (a residual at most) on CUDA
+    only (the Gluon kernel is compiled, never interpreted: the interpreter's launch below runs the Triton GEMV with the
+    switch on), K a multiple of 256, rows fitting shared memory; a bad row count names its switch."""
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.smem_gemv import smem_gemv_applies, smem_gemv_rows
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.triton_kernels import fused_linear_triton, gemv_smem_enabled
 
     cpu = torch.device("cpu")
     plain = dict(norm=False, gated=False, gated_input=False, dot=False, prenorm=False)
-    assert not smem_gemv_applies(1, 4096, **plain, device=cpu)
+    monkeypatch.delenv("FLARE_GEMV_SMEM", raising=False)
+    assert not gemv_smem_enabled()
     monkeypatch.setenv("FLARE_GEMV_SMEM", "1")
+    assert gemv_smem_enabled()
     assert not smem_gemv_applies(1, 4096, **plain, device=cpu)  # not CUDA
     if torch.cuda.is_available():  # (this module skips on CUDA machines; kept for a direct call)
         assert smem_gemv_applies(1, 4096, **plain, device=torch.device("cuda"))
