@@ -7,13 +7,15 @@ Why: at batch 1 the output projection's early programs preload their whole weigh
 decode attention runs (``triton_kernels.gemv_preload_tiles``), but registers beside the attention's programs hold
 only part of the weight (run 162's probe: 196 of 512 programs, ~12 of 32 MiB); shared memory -- 228 KiB per SM, of
 which the attention takes ~43 KiB per program -- is idle then.  With ``BN = 4`` a program holds 32 KiB in shared
-memory and few registers, so up to 7 fit on an SM without attention programs and 4 beside two of them.
+memory and 48 registers (offline sm90), so 6 fit on an SM without attention programs (1 KiB reserved per program)
+and 4 beside two of them.  The copies carry no L2 priority: Triton 3.6's Gluon lowering drops ``evict_first`` from
+``cp.async`` (offline PTX), as its TMA lowering does (run 160).
 
 Rounding points and determinism as ``flare::fused_linear``'s (``fused_linear.py``): fp32 products and sums, y rounded
-to bf16, then ``residual + y`` rounded once.  The fp32 sum order is fixed by the layout: each thread accumulates its
-8 columns of every 256-column chunk elementwise over the chunks, then one sum over the row (8 per thread, then the
-warp's lanes) -- another order than the Triton GEMV's, the same in every launch.  No norm prologue, gated input or
-epilogue: the output projection's case only (:func:`smem_gemv_applies`).
+to bf16, then ``residual + y`` rounded once.  The fp32 sum order is fixed by the layout: each thread holds 8
+contiguous columns of every 1024-column stretch (32 lanes x 4 warps x 8) for all its rows, sums its products per row,
+then the lanes' sums, then the warps' -- another order than the Triton GEMV's, the same in every launch.  No norm
+prologue, gated input or epilogue: the output projection's case only (:func:`smem_gemv_applies`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ __all__ = ["SMEM_GEMV_ROWS", "smem_gemv", "smem_gemv_applies"]
 
 #: Weight rows per program (``FLARE_GEMV_SMEM_ROWS=N``): 4 -> 32 KiB of shared memory at K = 4096.
 SMEM_GEMV_ROWS = 4
-#: Columns per chunk: 32 lanes x 8 bf16 (one 16-byte copy per lane and row).
-CHUNK = 256
+#: Warps per program.
+WARPS = 4
+#: The layout's width: 4 warps x 32 lanes x 8 bf16 (one 16-byte copy per lane and row); K a power of two from it.
+CHUNK = WARPS * 32 * 8
 #: The most shared memory one program may take (sm90 allows 227 KiB per block).
 MAX_BYTES = 227 << 10
 
@@ -39,9 +43,11 @@ MAX_BYTES = 227 << 10
 def smem_gemv_applies(m: int, k: int, *, norm: bool, gated: bool, gated_input: bool, dot: bool,
                       prenorm: bool, device: torch.device) -> bool:
     """Whether a fused_linear launch with ``FLARE_GEMV_SMEM`` on (``triton_kernels.gemv_smem_enabled``) takes this
-    kernel: one row, a plain projection (an optional residual only), K a multiple of :data:`CHUNK`, the rows fitting
-    :data:`MAX_BYTES`, sm90 or newer."""
-    if m != 1 or norm or gated or gated_input or dot or prenorm or device.type != "cuda" or k % CHUNK:
+    kernel: one row, a plain projection (an optional residual only), K a power of two of at least :data:`CHUNK`, the
+    rows fitting :data:`MAX_BYTES`, sm90 or newer."""
+    if m != 1 or norm or gated or gated_input or dot or prenorm or device.type != "cuda":
+        return False
+    if k < CHUNK or k & (k - 1):
         return False
     if smem_gemv_rows() * k * 2 > MAX_BYTES:
         return False
@@ -110,6 +116,6 @@ def smem_gemv(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | No
     use_pdl = bool(pdl.get("USE_PDL", False))
     _smem_gemv_kernel[(triton.cdiv(n, bn),)](
         x, weight, residual if residual is not None else out, out, n, weight.stride(0), K=k, BN=bn,
-        HAS_RES=residual is not None, USE_PDL=use_pdl, EARLY=use_pdl and early, WARPS=min(4, bn), num_warps=min(4, bn),
+        HAS_RES=residual is not None, USE_PDL=use_pdl, EARLY=use_pdl and early, WARPS=WARPS, num_warps=WARPS,
         **({"launch_pdl": True} if pdl.get("launch_pdl") else {}))
     return out

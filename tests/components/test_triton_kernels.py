@@ -186,7 +186,7 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
 def test_shared_memory_gemv_takes_only_the_plain_one_row_cuda_launches(monkeypatch):
     """``FLARE_GEMV_SMEM``: off by default; ``smem_gemv_applies``: one-row plain launches (a residual at most) on CUDA
     only (the Gluon kernel is compiled, never interpreted: the interpreter's launch below runs the Triton GEMV with the
-    switch on), K a multiple of 256, rows fitting shared memory; a bad row count names its switch."""
+    switch on), K a power of two of at least 1024, rows fitting shared memory; a bad row count names its switch."""
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.smem_gemv import smem_gemv_applies, smem_gemv_rows
     from ignition.components.triton_kernels import fused_linear_triton, gemv_smem_enabled
@@ -203,7 +203,8 @@ def test_shared_memory_gemv_takes_only_the_plain_one_row_cuda_launches(monkeypat
     for what in ("norm", "gated", "gated_input", "dot", "prenorm"):
         assert not smem_gemv_applies(1, 4096, **{**plain, what: True}, device=torch.device("cuda"))
     assert not smem_gemv_applies(2, 4096, **plain, device=torch.device("cuda"))
-    assert not smem_gemv_applies(1, 4000, **plain, device=torch.device("cuda"))  # K not a multiple of 256
+    for k in (4000, 3072, 512):  # K not a power of two, or below the layout's 1024 columns
+        assert not smem_gemv_applies(1, k, **plain, device=torch.device("cuda"))
     monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", "16")
     assert smem_gemv_rows() == 16 and not smem_gemv_applies(1, 8192, **plain, device=torch.device("cuda"))  # 256 KiB
     for bad in ("3", "32", "0"):
