@@ -631,7 +631,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # Qwen3-0.6B step 1.113x side by side (``results/20261201T213000Z-sm90-run84``).
     if TRIGGER == 0:
         _pdl_enter(USE_PDL)
-    elif USE_PDL:  # a later trigger (:func:`fused_decode_trigger`): the wait alone here
+    elif USE_PDL:  # a later trigger (``FLARE_DECODE_TRIGGER``, :func:`fused_decode_launch_options`): the wait alone
         gdc_wait()
     _probe_stamp(PROBE, prog, 2, split, HAS_PROBE)
     offs_g = tl.arange(0, QR)
@@ -1239,13 +1239,14 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 def _reduce_prefetch_args(prefetch: tuple[torch.Tensor, int] | None) -> dict:
     """The reduce kernel's L2 prefetch arguments for ``(weight, nbytes)``: its last ``nbytes`` (whole 128-byte lines,
     at most the weight) -- none when None or 0 bytes, or in the interpreter; raises unless a contiguous CUDA
-    tensor."""
+    tensor starting on a 128-byte line (the bulk prefetch takes 16-byte aligned addresses)."""
     if prefetch is None or prefetch[1] <= 0 or _interpreting():
         return {}
     weight, nbytes = prefetch
-    if not (weight.is_cuda and weight.is_contiguous()):
-        raise ValueError(f"prefetch: a contiguous CUDA tensor, got {weight.device} {tuple(weight.shape)} "
-                         f"(contiguous: {weight.is_contiguous()})")
+    if not (weight.is_cuda and weight.is_contiguous() and weight.data_ptr() % 128 == 0):
+        raise ValueError(f"prefetch: a contiguous CUDA tensor on a 128-byte line, got {weight.device} "
+                         f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()}, address mod 128: "
+                         f"{weight.data_ptr() % 128})")
     total = weight.numel() * weight.element_size() // 128
     lines = min(total, triton.cdiv(int(nbytes), 128))
     return {"PF": weight, "PF_FIRST": total - lines, "PF_LINES": lines, "PF_STEP": 128 // weight.element_size(),

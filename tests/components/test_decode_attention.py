@@ -345,7 +345,7 @@ def test_reduce_prefetch_switch_and_arguments(monkeypatch):
     assert tk._reduce_prefetch_args(None) == {} and tk._reduce_prefetch_args((weight, 1 << 20)) == {}
     monkeypatch.delenv("TRITON_INTERPRET")
     assert tk._reduce_prefetch_args((weight, 0)) == {}
-    with pytest.raises(ValueError, match="contiguous CUDA tensor"):
+    with pytest.raises(ValueError, match="contiguous CUDA tensor on a 128-byte line"):
         tk._reduce_prefetch_args((weight, 1 << 20))
 
 
