@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.kernels import decode_plan, fused_decode, launch, paged_decode, rope_write  # noqa: E402
 from qualify.timing import time_samples  # noqa: E402
 
 EPS = 1e-6
@@ -54,14 +54,14 @@ def make_layers(n_layers, b, heads, kvh, d, ctx, max_ctx, page, gen):
 
 def three_launches(layer, scaling):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = layer
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
-    return tk.paged_decode_attention_triton(q_rot, kp, vp, bt, lens, scaling)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots)
+    return paged_decode.paged_decode_attention_triton(q_rot, kp, vp, bt, lens, scaling)
 
 
 def fused(layer, scaling, splits, block_n=None):
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = layer
-    return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, scaling,
-                                           num_splits=splits, block_n=block_n)
+    return fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, scaling,
+                                                     num_splits=splits, block_n=block_n)
 
 
 def graph_time(fn, layers, samples):
@@ -98,7 +98,8 @@ def main(argv=None) -> int:
         return 2
     d, scaling = 128, 128 ** -0.5
     gen = torch.Generator(device="cuda").manual_seed(0)
-    result = {"args": vars(args), "device": torch.cuda.get_device_name(), "pdl": tk.pdl_enabled(torch.device("cuda")),
+    result = {"args": vars(args), "device": torch.cuda.get_device_name(),
+              "pdl": launch.pdl_enabled(torch.device("cuda")),
               "cases": []}
     for shape in args.shapes.split(","):
         heads, kvh = (int(x) for x in shape.split("x"))
@@ -108,11 +109,12 @@ def main(argv=None) -> int:
             variants = [("three launches", lambda layer: three_launches(layer, scaling))]
             for bn_arg in args.block_n.split(","):
                 bn = None if bn_arg == "auto" else int(bn_arg)
-                blocks = args.max_context // tk.decode_block_n(args.page, bn)
-                auto = tk.fused_decode_num_splits(b, kvh, heads // kvh, blocks)
+                blocks = args.max_context // decode_plan.decode_block_n(args.page, bn)
+                auto = decode_plan.fused_decode_num_splits(b, kvh, heads // kvh, blocks)
                 for sp in args.splits.split(","):
                     s = auto if sp == "auto" else int(sp)
-                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={tk.decode_block_n(args.page, bn)}"
+                    block_n = decode_plan.decode_block_n(args.page, bn)
+                    name = f"fused s={s}{' (auto)' if sp == 'auto' else ''} block_n={block_n}"
                     variants.append((name, lambda layer, s=s, bn=bn: fused(layer, scaling, s, bn)))
             ref = None
             for name, fn in variants:

@@ -38,8 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ignition.components.fused_linear import DOT_ROWS, fused_linear_reference, reorder_bound  # noqa: E402
 from ignition.components.norms import rms_norm_reference  # noqa: E402
-from ignition.components.triton_kernels import (  # noqa: E402
-    GEMV_MAX_ROWS, fused_linear_triton, gemm_rows_config, gemv_config)
+from ignition.components.kernels.linear import GEMV_MAX_ROWS, fused_linear_triton, gemm_rows_config, gemv_config
 
 # (model, name, N weight rows, K, gated, norm, residual[, gated input]): the flags mirror how a decoder layer calls
 # it; "down-gi" is down taking gate/up's packed [gate; up] output (x [M, 2K], silu(gate) * up in the prologue)

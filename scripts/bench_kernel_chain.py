@@ -31,7 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.kernels import launch  # noqa: E402
 from qualify.timing import interleaved  # noqa: E402
 
 VARIANTS = ("plain", "pdl", "early")
@@ -39,7 +39,7 @@ VARIANTS = ("plain", "pdl", "early")
 
 @triton.jit
 def _link_kernel(X, Y, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.constexpr):
-    tk._pdl_enter(USE_PDL, EARLY)
+    launch._pdl_enter(USE_PDL, EARLY)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     tl.store(Y + offs, tl.load(X + offs, mask=mask) + 1.0, mask=mask)
@@ -48,7 +48,7 @@ def _link_kernel(X, Y, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr, EARLY: tl.
 def run_chain(bufs: tuple[torch.Tensor, torch.Tensor], links: int, variant: str, block: int) -> torch.Tensor:
     """``links`` kernels alternating between the two buffers (the first reads ``bufs[0]``); returns the last one
     written."""
-    pdl = variant != "plain" and tk.pdl_enabled(bufs[0].device)
+    pdl = variant != "plain" and launch.pdl_enabled(bufs[0].device)
     opts = {"USE_PDL": pdl, "EARLY": pdl and variant == "early"}
     if pdl:
         opts["launch_pdl"] = True

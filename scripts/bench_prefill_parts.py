@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.kernels import prefill_attention  # noqa: E402
 from qualify.timing import time_samples  # noqa: E402
 
 
@@ -75,8 +75,9 @@ def main(argv=None) -> int:
         return 2
     inputs, attn_flops = attention_case(args)
     scaling = args.head_dim ** -0.5
-    default_cfg = tk.paged_prefill_config(args.tokens, args.heads // args.kv_heads, args.head_dim, args.page)
-    ref = tk.paged_prefill_attention_triton(*inputs, scaling)
+    default_cfg = prefill_attention.paged_prefill_config(args.tokens, args.heads // args.kv_heads, args.head_dim,
+                                                         args.page)
+    ref = prefill_attention.paged_prefill_attention_triton(*inputs, scaling)
     rows = [("default " + "{BLOCK_M}x{BLOCK_N}w{num_warps}s{num_stages}".format(**default_cfg), None)]
     for spec in filter(None, args.configs.split(",")):
         mn, rest = spec.split("w")
@@ -89,9 +90,9 @@ def main(argv=None) -> int:
           f"D={args.head_dim} page={args.page}: {attn_flops / 1e9:.1f} GFLOP")
     for name, cfg in rows:
         try:
-            out = tk.paged_prefill_attention_triton(*inputs, scaling, config=cfg)
+            out = prefill_attention.paged_prefill_attention_triton(*inputs, scaling, config=cfg)
             diff = (out.float() - ref.float()).abs().max().item()
-            rec = summary(timed(lambda: tk.paged_prefill_attention_triton(*inputs, scaling, config=cfg),
+            rec = summary(timed(lambda: prefill_attention.paged_prefill_attention_triton(*inputs, scaling, config=cfg),
                                 args.samples), attn_flops)
             rec["max_abs_diff_vs_default"] = diff
         except Exception as exc:  # a config that does not compile (shared memory): recorded, the sweep goes on

@@ -86,7 +86,7 @@ def time_graphs(graphs: dict, samples: int) -> dict:
 def cut_alone(batch: int, vocab: int, scale: float, configs: list[tuple[int, int]], samples: int) -> list[dict]:
     """The sort-free kernel alone per config on the ``k0-p95`` and ``k1000`` rows (temperature-scaled logits)."""
     from ignition.components.sampling_cut import sampling_cut_reference
-    from ignition.components.triton_kernels import sampling_cut_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_triton
 
     g = torch.Generator(device="cuda").manual_seed(100 + batch)
     y = torch.randn(batch, vocab, device="cuda", generator=g) * scale / SAMPLED["temperature"]

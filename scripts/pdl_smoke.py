@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.kernels import launch, linear, paged_decode, rms_norm, rope_write  # noqa: E402
 
 
 def build(args, dev):
@@ -60,13 +60,13 @@ def chain(args, state):
     layers, pools, bt, lens, slots, cos, sin, x = state
     nh, kv, d = args.heads, args.kv_heads, 128
     for w, (kp, vp) in zip(layers, pools):
-        qkv = tk.fused_linear_triton(x, w["qkv"], norm_weight=w["n1"], eps=1e-6)
+        qkv = linear.fused_linear_triton(x, w["qkv"], norm_weight=w["n1"], eps=1e-6)
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([nh * d, kv * d, kv * d], dim=-1))
-        q = tk.rope_write_triton(q, k, v, w["qn"], w["kn"], 1e-6, cos, sin, kp, vp, slots)
-        a = tk.paged_decode_attention_triton(q, kp, vp, bt, lens, d ** -0.5).view(1, -1)
-        h1 = tk.fused_linear_triton(a, w["o"], residual=x)
-        gu = F.linear(tk.rms_norm_triton(h1, w["n2"], 1e-6), w["gu"])
-        x = tk.fused_linear_triton(gu, w["down"], residual=h1, gated_input=True)
+        q = rope_write.rope_write_triton(q, k, v, w["qn"], w["kn"], 1e-6, cos, sin, kp, vp, slots)
+        a = paged_decode.paged_decode_attention_triton(q, kp, vp, bt, lens, d ** -0.5).view(1, -1)
+        h1 = linear.fused_linear_triton(a, w["o"], residual=x)
+        gu = F.linear(rms_norm.rms_norm_triton(h1, w["n2"], 1e-6), w["gu"])
+        x = linear.fused_linear_triton(gu, w["down"], residual=h1, gated_input=True)
     return x
 
 
@@ -113,7 +113,7 @@ def main() -> int:
     ref = snapshot(state, chain(args, state))
     restore(state, pristine)
     os.environ["FLARE_PDL"] = "1"
-    result["pdl_enabled"] = tk.pdl_enabled(dev)
+    result["pdl_enabled"] = launch.pdl_enabled(dev)
     eager_pdl = snapshot(state, chain(args, state))
     same = {"eager_pdl": all(torch.equal(a, b) for a, b in zip(ref, eager_pdl))}
 

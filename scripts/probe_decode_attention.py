@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ignition.components import triton_kernels as tk  # noqa: E402
+from ignition.components.kernels import decode_plan, fused_decode, launch, linear  # noqa: E402
 from ignition.components.decode_attention import decode_reduce_prefetch_bytes  # noqa: E402
 from ignition.components.switches import environment  # noqa: E402
 from qualify.timing import captured, interleaved  # noqa: E402
@@ -68,11 +68,11 @@ def build(shape, ctx, max_ctx, page, gen):
         layers.append(dict(wqkv=w((heads + 2 * kvh) * d, hidden), ln1=(w(hidden) + 1), wo=w(hidden, heads * d),
                            ln2=(w(hidden) + 1), wgu=w(2 * inter, hidden), wdown=w(hidden, inter),
                            qn=(w(d) + 1), kn=(w(d) + 1), kp=kp, vp=torch.randn_like(kp), bt=bt,
-                           fused_probe=torch.zeros(kvh * 64, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
+                           fused_probe=torch.zeros(kvh * 64, 2 * launch.PROBE_STAMPS.value, dtype=torch.int64,
                                                    device="cuda"),
-                           reduce_probe=torch.zeros(heads, 2 * tk.PROBE_STAMPS.value, dtype=torch.int64,
+                           reduce_probe=torch.zeros(heads, 2 * launch.PROBE_STAMPS.value, dtype=torch.int64,
                                                     device="cuda"),
-                           **{f"{name}_probe": torch.zeros(GEMV_PROBE_ROWS, 2 * tk.PROBE_STAMPS.value,
+                           **{f"{name}_probe": torch.zeros(GEMV_PROBE_ROWS, 2 * launch.PROBE_STAMPS.value,
                                                            dtype=torch.int64, device="cuda") for name in GEMVS}))
     lens = torch.full((1,), ctx, device="cuda", dtype=torch.int64)
     pos = lens - 1
@@ -91,28 +91,28 @@ def step(x, layers, meta, probe=True):
     qkv_early = os.environ.get("FLARE_PROBE_QKV_EARLY", "0") == "1"  # a variant of this graph only (read at capture)
     for i, layer in enumerate(layers):
         gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
-        if tk.gemv_smem_enabled():  # the shared-memory o_proj (smem_gemv) has no stamps: left unprobed
+        if linear.gemv_smem_enabled():  # the shared-memory o_proj (smem_gemv) has no stamps: left unprobed
             gp["o_proj"]["probe"] = None
         # FLARE_PROBE_QKV_EARLY=1: the qkv projection of layers 1.. lets the attention launch before its own wait --
         # legal there (the attention reads the step's metadata before its wait, and the previous layer's attention
         # passed its wait, after everything before it completed); not in layer 0
-        qkv = tk.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, early=qkv_early and i > 0,
-                                     **gp["qkv"])
+        qkv = linear.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, early=qkv_early and i > 0,
+                                         **gp["qkv"])
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
-        attn = tk.rope_decode_attention_triton(
+        attn = fused_decode.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5, overlap_bytes=layer["wqkv"].numel() * layer["wqkv"].element_size(),
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None,
             prefetch=(layer["wo"], decode_reduce_prefetch_bytes()))  # FLARE_DECODE_REDUCE_PREFETCH_MB (0: none)
-        h = tk.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
+        h = linear.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
         if meta["mlp"] == "packed":
-            gu = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, early=True,
-                                        **gp["gate_up"])
-            x = tk.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, early=True, **gp["down"])
+            gu = linear.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, early=True,
+                                            **gp["gate_up"])
+            x = linear.fused_linear_triton(gu, layer["wdown"], residual=h, gated_input=True, early=True, **gp["down"])
         else:
-            act = tk.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True, early=True,
-                                         **gp["gate_up"])
-            x = tk.fused_linear_triton(act, layer["wdown"], residual=h, early=True, **gp["down"])
+            act = linear.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, gated=True, early=True,
+                                             **gp["gate_up"])
+            x = linear.fused_linear_triton(act, layer["wdown"], residual=h, early=True, **gp["down"])
     return x
 
 
@@ -131,7 +131,7 @@ def kv_neighbours(fused, gemv, ghz):
     (one clock per SM: comparable between programs on one SM; ``ghz`` turns cycles into ns).  Programs without a key
     block stamp nothing there and are left out.  Whether the block's K and V wait behind the output projection's
     preloads on their SM shows as longer phases beside more of them."""
-    n = tk.PROBE_STAMPS.value
+    n = launch.PROBE_STAMPS.value
     f = fused[fused[:, 0] != 0]
     g = gemv[gemv[:, 0] != 0]
     per_sm = torch.bincount(f[:, n - 1])
@@ -164,7 +164,7 @@ def gemv_stats(buf, weight, pred_end):
     """One probed GEMV launch against ``pred_end`` (globaltimer ns at which its predecessor's last program stored; None:
     unknown, its first wait release instead): how many programs were resident (entered) and had their preloaded tiles
     before it, on how many SMs, and how long after it the wait released and the last program stored."""
-    n = tk.PROBE_STAMPS.value
+    n = launch.PROBE_STAMPS.value
     rows = int((buf[:, 0] != 0).sum().item())
     t = buf[:rows, :n].double()
     ref = t[:, 2].min().item() if pred_end is None else pred_end
@@ -189,7 +189,7 @@ def gemv_stats(buf, weight, pred_end):
 
 def analyse(layers, meta, splits):
     """Per-layer figures from the stamps of the last replay; medians over layers 1.. ."""
-    n = tk.PROBE_STAMPS.value
+    n = launch.PROBE_STAMPS.value
     per_layer = []
     for prev, layer in zip(layers, layers[1:]):
         f = layer["fused_probe"][: meta["kvh"] * splits].cpu()
@@ -254,7 +254,8 @@ def launch_splits(meta, layer):
     -- whole pages, the wide launch's 32-key blocks, the one-row 64-key ones.  (From whole pages alone, the stamps of
     programs that never ran were read: run 123's Qwen3-0.6B spans.)"""
     q_like = torch.empty(1, 1, meta["heads"], meta["d"], device=layer["kp"].device, dtype=torch.bfloat16)
-    return tk._decode_geometry("probe", q_like, layer["kp"], layer["vp"], layer["bt"], None, fused=True)["SPLITS"]
+    geo = decode_plan._decode_geometry("probe", q_like, layer["kp"], layer["vp"], layer["bt"], None, fused=True)
+    return geo["SPLITS"]
 
 
 def run_shape(shape, specs, args, gen):

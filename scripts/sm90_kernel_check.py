@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Compile the decode kernels for sm90 on a machine without a GPU and report what ``ptxas`` says: registers, spills,
-shared memory, and from them the programs one SM holds at once (``triton_kernels.programs_per_sm``) -- and, with
-``--against REV``, whether each kernel's PTX equals the one of ``triton_kernels.py`` at git revision ``REV`` (debug
-info and label names aside), so a refactor can be shown to change no generated code.
+shared memory, and from them the programs one SM holds at once (``kernels.decode_plan.programs_per_sm``) -- and,
+with ``--against REV``, whether each case's PTX equals the one git revision ``REV`` compiles for the case of that name
+(its own script and kernels, in a temporary worktree; debug info and label names aside), so a refactor can be shown
+to change no generated code.
 
     python scripts/sm90_kernel_check.py [--against REV] [--json OUT]
 
@@ -56,34 +57,36 @@ ONE_ROW = [
 ]
 
 
-def cases(tk):
-    """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile."""
+def cases():
+    """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile (:func:`kernel_of`)."""
+    from ignition.components.kernels import decode_plan, linear, prefill_attention, rotary, sampling_cut
+
     out = []
     for name, n, k, norm, gated, res, gi in ONE_ROW:
-        cfg = tk.gemv_config(1, n, k, gated)
+        cfg = linear.gemv_config(1, n, k, gated)
         bk = cfg["BK"]
         c = dict(K=k, MP=1, BN=cfg["BN"], BK=bk, HAS_NORM=norm, HAS_RES=res, GATED=gated, EVEN_K=k % bk == 0,
                  GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
-                 PRELOAD=tk.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
-        c["FLAT"], c["STREAM_STAGES"] = tk.gemv_flat(1, k, bk, c["PRELOAD"])
-        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and tk.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
+                 PRELOAD=linear.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
+        c["FLAT"], c["STREAM_STAGES"] = linear.gemv_flat(1, k, bk, c["PRELOAD"])
+        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and linear.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
         out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (tk.fused_decode_wide, 33 splits on 132 SMs)
-    # and its FLARE_DECODE_WIDE=0 one
-    # (8B: 64-key blocks, tk.fused_decode_one_row_blocks -- 17 splits at 1025 keys; every one prefetches its K/V),
-    # and Qwen3-8B's batch-4 launch (32-key blocks, tk.fused_decode_multi_row_blocks; 17 splits, no prefetch)
+    # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (decode_plan.fused_decode_wide, 33 splits on 132
+    # SMs) and its FLARE_DECODE_WIDE=0 one (8B: 64-key blocks, decode_plan.fused_decode_one_row_blocks -- 17 splits at
+    # 1025 keys; every one prefetches its K/V), and Qwen3-8B's batch-4 launch (32-key blocks,
+    # decode_plan.fused_decode_multi_row_blocks; 17 splits, no prefetch)
     for heads, splits, prefetch, bn, pipe in ((32, 17, 64, 64, True), (16, 64, 64, 16, True), (16, 33, 64, 32, False),
-                                              (32, 17, 0, tk.FUSED_DECODE_MULTI_ROW_BLOCK_N, True)):
+                                              (32, 17, 0, decode_plan.FUSED_DECODE_MULTI_ROW_BLOCK_N, True)):
         g = heads // 8
-        is_wide = not pipe  # the wide launch (tk.fused_decode_wide) runs the plain key loop
+        is_wide = not pipe  # the wide launch (decode_plan.fused_decode_wide) runs the plain key loop
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=tk.DECODE_KV_PREFETCH_LAST, PV_SPLIT=tk.decode_pv_split(wide=is_wide))
+                 KV_LAST=decode_plan.DECODE_KV_PREFETCH_LAST, PV_SPLIT=decode_plan.decode_pv_split(wide=is_wide))
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
@@ -91,9 +94,9 @@ def cases(tk):
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
                     {**c, "PROBE": None}, dict(num_warps=4)))
         if heads == 32:  # Qwen3-8B's launches with P V the other way (FLARE_DECODE_PV_SPLIT flipped)
-            other = "tf32x3" if tk.DECODE_PV_SPLIT else "pv-split"
+            other = "tf32x3" if decode_plan.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "PROBE": None, "PV_SPLIT": not tk.DECODE_PV_SPLIT}, dict(num_warps=4)))
+                        {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, dict(num_warps=4)))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
@@ -115,11 +118,11 @@ def cases(tk):
                                              ("8B down", 4096, 12288, False, False, True, True),
                                              ("8B down (plain)", 4096, 12288, False, False, True, False),
                                              ("0.6B qkv (norm apart)", 4096, 1024, False, False, False, False)):
-        cfg = tk.gemm_rows_config(4, n, k, gated)
-        c = dict(K=k, MP=tk.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
+        cfg = linear.gemm_rows_config(4, n, k, gated)
+        c = dict(K=k, MP=linear.GEMV_MAX_ROWS, BN=cfg["BN"], BK=cfg["BK"], HAS_NORM=norm, HAS_RES=res, GATED=gated,
                  EVEN_K=True, GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, cfg["BK"] // 64),
-                 DOT_F32=False, NORM_STAGES=tk.GEMM_ROWS_NORM_STAGES if norm else 0,
-                 RES_FIRST=res and tk.GEMM_ROWS_RES_FIRST)
+                 DOT_F32=False, NORM_STAGES=linear.GEMM_ROWS_NORM_STAGES if norm else 0,
+                 RES_FIRST=res and linear.GEMM_ROWS_RES_FIRST)
         out.append((f"tensor-core {name}", "_fused_gemm_rows_kernel", GEMV_SIG, c,
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -131,7 +134,7 @@ def cases(tk):
         if name in ("8B qkv (norm apart)", "8B gate_up (norm apart)"):  # ... and the launches taking it
             out.append((f"tensor-core {name} taking the published norm", "_fused_gemm_rows_kernel",
                         {**GEMV_SIG, "S_IN": "*fp32"}, {**c, "IN_PARTS": 128, "IN_PP": 128}, opts))
-    cfg = tk.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
+    cfg = prefill_attention.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
     out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
                 dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,
                      PIPELINE=True, USE_PDL=True), dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
@@ -148,16 +151,17 @@ def cases(tk):
                     dict(K=k, BN=bn, HAS_RES=True, USE_PDL=True, EARLY=True, WARPS=4), dict(num_warps=4)))
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
                                                                       "R": "i32", "scaling": "fp32"},
-                dict(HALF=64, HP=64, BLOCK_R=tk.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
+                dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
     out.append(("sampling cut 2048", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},
-                dict(BLOCK=tk.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
-    # the compacted cut at Qwen3's vocabulary (tk.sampling_cut_compact_triton: 38 chunks of 4096)
+                dict(BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0),
+                dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
+    # the compacted cut at Qwen3's vocabulary (sampling_cut.sampling_cut_compact_triton: 38 chunks of 4096)
     rows = {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1"}
     mz = {"MC": "*fp32", "ZC": "*fp32"}
     chunks = dict(C=38, CP=64)
-    bins = dict(NBINS=tk.SAMPLING_CUT_BINS, INV_W=tk.SAMPLING_CUT_INV_W)
+    bins = dict(NBINS=sampling_cut.SAMPLING_CUT_BINS, INV_W=sampling_cut.SAMPLING_CUT_INV_W)
     out.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
                 dict(C=38, CHUNK=4096), dict(num_warps=8)))
     out.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
@@ -165,20 +169,21 @@ def cases(tk):
                 dict(num_warps=8)))
     out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1", **mz, "H": "*i32",
                                                  "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
-                dict(**chunks, **bins, MARGIN=tk.SAMPLING_CUT_MARGIN), dict(num_warps=16)))
+                dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN), dict(num_warps=16)))
     out.append(("cut compact 4096", "_cut_compact_kernel",
                 {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "MA": "*fp32", "V": "i32",
                  "stride_y": "i32"},
-                dict(**chunks, CHUNK=4096, **bins, BUFN=tk.SAMPLING_CUT_BUFFER), dict(num_warps=8)))
-    out.append((f"cut final {tk.SAMPLING_CUT_CAP}", "_cut_final_kernel",
+                dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER), dict(num_warps=8)))
+    out.append((f"cut final {sampling_cut.SAMPLING_CUT_CAP}", "_cut_final_kernel",
                 {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "MA": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
                  "stride_y": "i32"},
-                dict(**chunks, CAP=tk.SAMPLING_CUT_CAP, BUFN=tk.SAMPLING_CUT_BUFFER, BLOCK=tk.SAMPLING_CUT_BLOCK,
-                     PIPELINE=True, NB=0), dict(num_warps=tk.SAMPLING_CUT_WARPS)))
-    out.append((f"sorted cut {tk.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
+                dict(**chunks, CAP=sampling_cut.SAMPLING_CUT_CAP, BUFN=sampling_cut.SAMPLING_CUT_BUFFER,
+                     BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0),
+                dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
+    out.append((f"sorted cut {sampling_cut.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
-                dict(BLOCK=tk.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=tk.SORTED_CUT_SCAN),
-                dict(num_warps=tk.SORTED_CUT_WARPS)))
+                dict(BLOCK=sampling_cut.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=sampling_cut.SORTED_CUT_SCAN),
+                dict(num_warps=sampling_cut.SORTED_CUT_WARPS)))
     return out
 
 
@@ -196,12 +201,21 @@ def compile_sm90(fn, sig, consts, opts):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def kernel_of(tk, name: str):
-    """``triton_kernels``' kernel ``name``, or ``module.kernel`` of another module of ``ignition.components``."""
-    if "." not in name:
-        return getattr(tk, name)
-    module, _, kernel = name.partition(".")
-    return getattr(importlib.import_module(f"ignition.components.{module}"), kernel)
+def kernel_of(name: str):
+    """The kernel ``name`` of the kernel modules (``ignition.components.kernels``), or ``module.kernel`` of another
+    module of ``ignition.components``."""
+    import pkgutil
+
+    from ignition.components import kernels
+
+    if "." in name:
+        module, _, kernel = name.rpartition(".")
+        return getattr(importlib.import_module(f"ignition.components.{module}"), kernel)
+    found = {id(fn): fn for fn in (vars(importlib.import_module(f"{kernels.__name__}.{m.name}")).get(name)
+                                   for m in pkgutil.iter_modules(kernels.__path__)) if fn is not None}
+    if len(found) != 1:  # one kernel, however many modules import it
+        raise KeyError(f"kernel {name}: {len(found)} kernels of that name in the kernel modules")
+    return next(iter(found.values()))
 
 
 def code_of(ptx: str) -> str:
@@ -225,54 +239,47 @@ def ptxas_report(ptx: str) -> str:
     return " | ".join(lines) or res.stderr.strip()[-200:]
 
 
-def module_at(rev: str):
-    text = subprocess.run(["git", "show", f"{rev}:ignition/components/triton_kernels.py"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "triton_kernels_at_rev.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("triton_kernels_at_rev", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ptx_at(rev: str, only: str) -> dict[str, str]:
+    """``{case: ptx_md5}`` of revision ``rev``'s own check (its script, its kernels, its cases) run in a temporary
+    worktree: the cases both trees name are compared by their PTX without debug info and label names."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree, out = Path(tmp) / "tree", Path(tmp) / "rev.json"
+        subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT, check=True)
+        try:
+            res = subprocess.run([sys.executable, "scripts/sm90_kernel_check.py", "--only", only, "--json", str(out)],
+                                 cwd=tree, capture_output=True, text=True)
+            if res.returncode:
+                raise SystemExit(f"sm90_kernel_check at {rev} failed:\n{res.stderr[-2000:]}")
+            rows = json.loads(out.read_text())
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+    if any("ptx_md5" not in r for r in rows):
+        raise SystemExit(f"sm90_kernel_check at {rev} reports no ptx_md5: too old to compare against")
+    return {r["case"]: r["ptx_md5"] for r in rows}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", help="git revision whose triton_kernels.py to compare the PTX with")
+    ap.add_argument("--against", help="git revision whose own check to compare each case's PTX with")
     ap.add_argument("--only", default="", help="only cases whose name contains this")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    old = module_at(args.against) if args.against else None
+    old = ptx_at(args.against, args.only) if args.against else None
     rows = []
-    for name, kernel, sig, consts, opts in cases(tk):
+    for name, kernel, sig, consts, opts in cases():
         if args.only not in name:
             continue
-        k = compile_sm90(kernel_of(tk, kernel), sig, consts, opts)
+        k = compile_sm90(kernel_of(kernel), sig, consts, opts)
         row = {"case": name, "ptxas": ptxas_report(k.asm["ptx"]), "shared_bytes": k.metadata.shared}
         used = re.search(r"Used (\d+) registers", row["ptxas"])
-        if used:  # resident programs per SM (tk.programs_per_sm): what a launch's one wave holds
-            row["per_sm"] = tk.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4), k.metadata.shared)
-        if old is not None:
-            if "." in kernel:  # --against reads triton_kernels.py alone
-                row["same_ptx_as_" + args.against] = "not compared (another module)"
-            elif hasattr(old, kernel):
-                try:
-                    fn = getattr(old, kernel)
-                    known = set(fn.arg_names)
-                    dropped = {c: v for c, v in consts.items() if c not in known}
-                    if any(v not in (0, False, None) for v in dropped.values()):  # the older kernel lacks it
-                        raise ValueError(f"no {', '.join(dropped)} there")
-                    before = compile_sm90(fn, {c: t for c, t in sig.items() if c in known},
-                                          {c: v for c, v in consts.items() if c in known}, opts)
-                    same = code_of(before.asm["ptx"]) == code_of(k.asm["ptx"])
-                    row["same_ptx_as_" + args.against] = same
-                except Exception as exc:  # the older kernel takes other constexprs
-                    row["same_ptx_as_" + args.against] = f"not comparable: {type(exc).__name__}"
-            else:
-                row["same_ptx_as_" + args.against] = "new kernel"
+        if used:  # resident programs per SM (decode_plan.programs_per_sm): what a launch's one wave holds
+            row["per_sm"] = decode_plan.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4),
+                                                        k.metadata.shared)
         row["ptx_md5"] = hashlib.md5(code_of(k.asm["ptx"]).encode()).hexdigest()
+        if old is not None:
+            row["same_ptx_as_" + args.against] = old[name] == row["ptx_md5"] if name in old else "new case"
         rows.append(row)
         extra = f"  same PTX as {args.against}: {row['same_ptx_as_' + args.against]}" if old is not None else ""
         print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}  {row.get('per_sm', '?')} per SM{extra}")

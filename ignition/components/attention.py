@@ -296,7 +296,7 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
 
 @paged_decode_attention.register_kernel("cuda")
 def _paged_decode_attention_cuda(q, k_pool, v_pool, block_tables, seq_lens, scaling):
-    from ignition.components.triton_kernels import paged_decode_attention_triton  # imports triton: CUDA only
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton  # imports triton: CUDA only
 
     return paged_decode_attention_triton(q, k_pool, v_pool, block_tables, seq_lens, scaling)
 
@@ -345,7 +345,8 @@ def paged_prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
 
 @paged_prefill_attention.register_kernel("cuda")
 def _paged_prefill_attention_cuda(q, k_pool, v_pool, block_tables, positions, seq_lens, scaling):
-    from ignition.components.triton_kernels import paged_prefill_attention_triton  # imports triton: CUDA only
+    # imports triton: CUDA only
+    from ignition.components.kernels.prefill_attention import paged_prefill_attention_triton
 
     return paged_prefill_attention_triton(q, k_pool, v_pool, block_tables, positions, seq_lens, scaling)
 

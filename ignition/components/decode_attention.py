@@ -13,7 +13,7 @@ pass and combine pass) -- three launches, each a few microseconds of mostly laun
   :func:`paged_decode_attention_reference`), so it is what the two ops compute, bit for bit.
 - CUDA: ``rope_decode_attention_triton`` -- one program per (row, KV head, split) forms its query rows with the
   rope_write kernel's row helper, the program owning the row's last key block writes the new K/V before it reads
-  (``triton_kernels.py`` states why no other program reads that slot), then the decode reduce kernel combines the
+  (``kernels/fused_decode.py`` states why no other program reads that slot), then the decode reduce kernel combines the
   splits.  The same numerics as the two ops (the norm statistics may sum in another order on the GPU: ulp-level
   differences, bounded in ``test_components_gpu.py``); deterministic.  Its split count is its own
   (``fused_decode_num_splits``, measured).
@@ -43,7 +43,7 @@ __all__ = ["rope_decode_attention_", "rope_decode_attention_reference", "DECODE_
 #: the probe launches).  0: off -- not yet measured.  Run 162's stamps (Qwen3-8B, one row): o_proj's late programs
 #: take 4.6 us to get their 64 KiB each from HBM after the reduce, while HBM idles through most of the ~11 us
 #: attention window; earlier weight prefetches were issued by the attention's own programs, which then stalled
-#: (runs 50-52, ``triton_kernels.GEMV_PREFETCH_FULL_BYTES``) -- the reduce's programs only wait there.
+#: (runs 50-52, ``kernels.linear.GEMV_PREFETCH_FULL_BYTES``) -- the reduce's programs only wait there.
 DECODE_REDUCE_PREFETCH_MB = 0
 
 
@@ -85,11 +85,11 @@ def rope_decode_attention_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
     ``block_tables [B, P]``, ``seq_lens [B]`` -> a new contiguous ``[B, 1, H * D]``; writes the rotated key and the
     value of each row into the pools (see the module docstring).  ``overlap_bytes``: the bytes the kernel before it
     streams (the QKV projection's weight; None: unknown) -- a scheduling hint for the CUDA kernel's K/V prefetch
-    (``triton_kernels.decode_kv_prefetch_keys``), no effect on the values.  ``prefetch_weight``: the output
+    (``kernels.decode_plan.decode_kv_prefetch_keys``), no effect on the values.  ``prefetch_weight``: the output
     projection's weight, read by nothing but the CUDA reduce kernel's L2 prefetch of its last
     :func:`decode_reduce_prefetch_bytes` (no effect on the values)."""
     if q.is_cuda:
-        from ignition.components.triton_kernels import rope_decode_attention_triton  # imports triton: CUDA only
+        from ignition.components.kernels.fused_decode import rope_decode_attention_triton  # imports triton: CUDA only
 
         _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
         prefetch = None if prefetch_weight is None else (prefetch_weight, decode_reduce_prefetch_bytes())

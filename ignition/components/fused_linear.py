@@ -23,7 +23,7 @@ canonical modules' own, so the op differs from them only by the order of the fp3
 - CPU: :func:`fused_linear_reference`, the canonical torch ops in that order (``rms_norm_reference``,
   ``F.linear`` -- gate and up as two projections, as ``Qwen3MLP`` runs them --, ``F.silu``, ``+``), so CPU
   numerics are the canonical module's bit for bit.
-- CUDA: one Triton GEMV launch (``fused_linear_triton`` in ``triton_kernels.py``): programs over blocks of
+- CUDA: one Triton GEMV launch (``fused_linear_triton`` in ``kernels/linear.py``): programs over blocks of
   output columns, each streaming its weight rows once for all rows of x, with an fp32 accumulator summed once
   at the end.  Deterministic: its launch config is a pure function of the shapes (``gemv_config``; no runtime
   autotuning, no atomics, no split-K), so the fp32 summation order -- and the bits -- are the same for the
@@ -69,7 +69,7 @@ GATED_FUSED_MAX_ELEMENTS = 1 << 26
 #: matched cuBLAS (50.11 against 49.22 us, run 13's sweep); again with the early output/MLP launches, side by side
 #: in one process: 1.037x slower at batch 1, batch 4 within noise
 #: (``results/20261201T190500Z-sm90-gpu-replay-8B``, run 75).  **On** since its launch config preloads its whole K
-#: before the wait (4x1024 w4, ``triton_kernels.GEMV_MEASURED``): 0.9798x, faster by the min-max rule (4.4352 against
+#: before the wait (4x1024 w4, ``kernels.linear.GEMV_MEASURED``): 0.9798x, faster by the min-max rule (4.4352 against
 #: 4.5265 ms at batch 1, batch 4 unchanged; ``results/20261202T035300Z-sm90-run107``); with it on, turning it off is
 #: 1.0214x slower (run 108, ``results/20261202T043500Z-sm90-run108``: the packed launch 46.75 us per layer, 4.31 TB/s,
 #: where cuBLAS took 48.48 behind a 1.44 us norm kernel), ``--check-compiled`` bytewise at batch 1 and 4 and the GPU
@@ -139,12 +139,12 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
                  norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
     ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
-    wait (``triton_kernels.fused_linear_triton``); the result is the same either way.  ``xw`` and ``norm_stats``
+    wait (``kernels.linear.fused_linear_triton``); the result is the same either way.  ``xw`` and ``norm_stats``
     (with ``norm_weight``): x's norm as :func:`fused_linear_publish` published it with x (:data:`GEMM_ROWS_PRENORM`)
     -- on CUDA the launch takes ``xw`` (x times the norm's weights) as its input and scales its sums by the rstd of
     ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always."""
     if x.is_cuda:
-        from ignition.components.triton_kernels import fused_linear_triton
+        from ignition.components.kernels.linear import fused_linear_triton
 
         n_out = _out_features(weight, gated)
         lead = x.shape[:-1]
@@ -166,7 +166,7 @@ def _prenorm_parts(x: torch.Tensor, weight: torch.Tensor) -> int:
     on CUDA (its config is a pure function of the shapes), one whole row on the CPU."""
     if x.device.type != "cuda":
         return 1
-    from ignition.components.triton_kernels import gemm_rows_parts
+    from ignition.components.kernels.linear import gemm_rows_parts
 
     return gemm_rows_parts(x.numel() // x.shape[-1], weight.shape[0], weight.shape[1])
 
@@ -191,7 +191,7 @@ def fused_linear_publish(x: torch.Tensor, weight: torch.Tensor, residual: Option
     (run 158: a graph compiled for 128 blocks met a launch of 256); a launch of another count raises."""
     n = weight.shape[0]
     if x.is_cuda:
-        from ignition.components.triton_kernels import fused_linear_triton
+        from ignition.components.kernels.linear import fused_linear_triton
 
         res2 = residual.reshape(-1, n) if residual is not None else None
         out, xw, stats = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, residual=res2, early=early, dot=True,
@@ -224,7 +224,7 @@ def published_norm_op(h: torch.Tensor, norm_weight: torch.Tensor, parts: int) ->
     """``(xw, stats)`` of ``h [..., N]`` over ``parts`` column blocks (:func:`_published_norm`); one launch on CUDA
     (the torch ops are seven)."""
     if h.is_cuda:
-        from ignition.components.triton_kernels import published_norm_triton
+        from ignition.components.kernels.linear import published_norm_triton
 
         xw, stats = published_norm_triton(h.reshape(-1, h.shape[-1]).contiguous(), norm_weight, parts)
         return xw.view(h.shape), stats
@@ -247,7 +247,7 @@ def set_fused_projections(enabled: bool) -> None:
     _ENABLED[0] = bool(enabled)
 
 
-#: Rows the tensor-core variant of the kernel takes (``FLARE_GEMV_DOT``; ``triton_kernels._fused_gemm_rows_kernel``).
+#: Rows the tensor-core variant of the kernel takes (``FLARE_GEMV_DOT``; ``kernels.gemm_rows._fused_gemm_rows_kernel``).
 DOT_ROWS = range(2, 17)
 
 
@@ -322,7 +322,7 @@ GEMM_ROWS_GATED_MIN_ELEMENTS = 1 << 26
 #: null on the H200 (Qwen3-8B, 1024-token context, ``--timeline``): within the layer
 #: (``FLARE_GEMM_ROWS_PRENORM_CARRY=0``) batch 4 0.9943x (``results/20261204T173500Z-sm90-run153``; paired blocks 10/10
 #: faster against A and A2, within noise by the min-max rule: the norm kernel 1.63 + gate/up 48.64 us per layer in the
-#: critical path -> gate/up 47.23, o_proj 10.46 -> 12.86) and 0.9911x with :data:`triton_kernels.GEMM_ROWS_RES_FIRST`
+#: critical path -> gate/up 47.23, o_proj 10.46 -> 12.86) and 0.9911x with :data:`kernels.linear.GEMM_ROWS_RES_FIRST`
 #: against 0.9934x for that alone (``results/20261204T174600Z-sm90-run154``); batch 1 (no such launch) within noise.
 #: On, within the layer.  Carried it was slower, 1.0324x / 1.0325x (with the residual first; runs 153, 154): the qkv
 #: taking the carried norm took 18.8-19.9 us per layer against the norm kernel's 1.8 + 14.1 -- launched during down

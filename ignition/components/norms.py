@@ -43,7 +43,7 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``[..., N]`` -> a new contiguous ``[..., N]`` (see the module docstring)."""
     if x.is_cuda:
-        from ignition.components.triton_kernels import rms_norm_triton
+        from ignition.components.kernels.rms_norm import rms_norm_triton
 
         return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps).contiguous()

@@ -90,7 +90,7 @@ def rope_write_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm: Optio
     ``slots [B * T]`` -> the rotated queries, a new contiguous ``[B, T, H, D]``; writes the rotated keys and the
     values into the pools (see the module docstring)."""
     if q.is_cuda:
-        from ignition.components.triton_kernels import rope_write_triton  # imports triton: CUDA only
+        from ignition.components.kernels.rope_write import rope_write_triton  # imports triton: CUDA only
 
         check_rope_write_args(q, k, v, cos, sin, k_pool, v_pool, slots)
         return rope_write_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots)

@@ -6,7 +6,7 @@ The canonical rotary module (``Qwen3RotaryEmbedding`` and its kind: an ``inv_fre
     f   = fp32(p) * inv_freq                      (one fp32 product per element)
     cos = dtype(cos(cat(f, f)) * attention_scaling),  sin likewise
 
-- CUDA: ``rotary_cos_sin_triton`` (``triton_kernels.py``), one Triton launch doing exactly those operations and
+- CUDA: ``rotary_cos_sin_triton`` (``kernels/rotary.py``), one Triton launch doing exactly those operations and
   roundings, ``cos``/``sin`` by libdevice -- the CUDA math library PyTorch's own kernels use -- so the values are
   the module's bit for bit (``test_components_gpu.py`` compares them with the module on the GPU).  On the H200 the
   module's nine kernels took about 17 us of a Qwen3-0.6B decode step's critical path, the op 2.9
@@ -63,7 +63,7 @@ def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: flo
     """``positions [...]`` (integer), ``inv_freq [D / 2]`` float32, the module's ``attention_scaling`` -> new
     ``(cos, sin)`` ``[..., D]`` in ``like``'s dtype (``like`` is read for its dtype only)."""
     if positions.is_cuda:
-        from ignition.components.triton_kernels import rotary_cos_sin_triton  # imports triton: CUDA only
+        from ignition.components.kernels.rotary import rotary_cos_sin_triton  # imports triton: CUDA only
 
         _check(positions, inv_freq)
         return rotary_cos_sin_triton(positions, inv_freq, scaling, like.dtype)

@@ -148,13 +148,13 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
 
 def _cut_on_device(kernel: str, y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                    skip: torch.Tensor) -> torch.Tensor:
-    """The cut ops' body: on CUDA the arguments checked and ``triton_kernels.<kernel>``; elsewhere the sorting
+    """The cut ops' body: on CUDA the arguments checked and ``kernels.sampling_cut.<kernel>``; elsewhere the sorting
     reference (which checks them itself)."""
     if y.is_cuda:
-        from ignition.components import triton_kernels  # imports triton: CUDA only
+        from ignition.components.kernels import sampling_cut as cut_kernels  # imports triton: CUDA only
 
         _check(y, top_k, top_p, skip)
-        return getattr(triton_kernels, kernel)(y, top_k, top_p, skip)
+        return getattr(cut_kernels, kernel)(y, top_k, top_p, skip)
     return sampling_cut_reference(y, top_k, top_p, skip)
 
 
@@ -174,7 +174,7 @@ def sort_free() -> bool:
 def sampling_cut_compact(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                          skip: torch.Tensor) -> torch.Tensor:
     """:func:`sampling_cut` over many programs per row: chunk statistics, bin counts below the row max, the window
-    of values that can hold the cut compacted and sorted (``triton_kernels.sampling_cut_compact_triton``, five
+    of values that can hold the cut compacted and sorted (``kernels.sampling_cut.sampling_cut_compact_triton``, five
     launches; the one-program searches for a row whose window exceeds the buffer).  The same cut as
     :func:`sampling_cut` (counts exact, masses in its own fixed order); elsewhere the sorting reference."""
     return _cut_on_device("sampling_cut_compact_triton", y, top_k, top_p, skip)
@@ -197,12 +197,12 @@ def _fake_sorted(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Te
 @opaque_op("sorted_cut", mutates_args=(), fake=_fake_sorted)
 def sorted_cut_op(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> torch.Tensor:
     """``top_k [B]`` int32, ``top_p [B]`` float32, ``sorted_desc [B, n]`` float32 (descending) -> a new ``[B]``
-    float32: :func:`sorted_cut`.  CUDA: one Triton program per row (``triton_kernels.sorted_cut_triton``; its masses
-    round in their own order: a cut may differ from the reference's only where the mass above a value is within
-    rounding of ``top_p``); elsewhere :func:`sorted_cut_reference`."""
+    float32: :func:`sorted_cut`.  CUDA: one Triton program per row (``kernels.sampling_cut.sorted_cut_triton``; its
+    masses round in their own order: a cut may differ from the reference's only where the mass above a value is
+    within rounding of ``top_p``); elsewhere :func:`sorted_cut_reference`."""
     _check_sorted(top_k, top_p, sorted_desc)
     if sorted_desc.is_cuda:
-        from ignition.components.triton_kernels import sorted_cut_triton  # imports triton: CUDA only
+        from ignition.components.kernels.sampling_cut import sorted_cut_triton  # imports triton: CUDA only
 
         return sorted_cut_triton(top_k, top_p, sorted_desc)
     return sorted_cut_reference(top_k, top_p, sorted_desc)

@@ -1,10 +1,10 @@
 """A one-row GEMV whose weight rows wait in shared memory: ``out = bf16(residual + bf16(x @ W^T))`` for one row of x,
 each program copying its ``BN`` whole weight rows (``BN * K`` bf16) into shared memory by ``cp.async`` *before* its
 PDL wait, then reading them back against x after it -- a side-by-side experiment (``FLARE_GEMV_SMEM=1``, off by
-default: ``triton_kernels.GEMV_SMEM``; Gluon, compiled only, sm90+).
+default: ``kernels.linear.GEMV_SMEM``; Gluon, compiled only, sm90+).
 
 Why: at batch 1 the output projection's early programs preload their whole weight rows into registers while the
-decode attention runs (``triton_kernels.gemv_preload_tiles``), but registers beside the attention's programs hold
+decode attention runs (``kernels.linear.gemv_preload_tiles``), but registers beside the attention's programs hold
 only part of the weight (run 162's probe: 196 of 512 programs, ~12 of 32 MiB); shared memory -- 228 KiB per SM, of
 which the attention takes ~43 KiB per program -- is idle then.  With ``BN = 4`` a program holds 32 KiB in shared
 memory and 48 registers (offline sm90), so 6 fit on an SM without attention programs (1 KiB reserved per program)
@@ -42,7 +42,7 @@ MAX_BYTES = 227 << 10
 
 def smem_gemv_applies(m: int, k: int, *, norm: bool, gated: bool, gated_input: bool, dot: bool,
                       prenorm: bool, device: torch.device) -> bool:
-    """Whether a fused_linear launch with ``FLARE_GEMV_SMEM`` on (``triton_kernels.gemv_smem_enabled``) takes this
+    """Whether a fused_linear launch with ``FLARE_GEMV_SMEM`` on (``kernels.linear.gemv_smem_enabled``) takes this
     kernel: one row, a plain projection (an optional residual only), K a power of two of at least :data:`CHUNK`, the
     rows fitting :data:`MAX_BYTES`, sm90 or newer."""
     if m != 1 or norm or gated or gated_input or dot or prenorm or device.type != "cuda":
@@ -64,7 +64,7 @@ def smem_gemv_rows() -> int:
 
 @gluon.jit
 def _pdl_wait_and_trigger(USE_PDL: gl.constexpr, EARLY: gl.constexpr):
-    """``triton_kernels._pdl_enter`` in Gluon: wait for the previous kernel; let the next launch after the wait, or
+    """``kernels.launch._pdl_enter`` in Gluon: wait for the previous kernel; let the next launch after the wait, or
     before it with ``EARLY``."""
     if USE_PDL:
         if EARLY:
@@ -108,7 +108,7 @@ def _smem_gemv_kernel(X, W, R, Y, N_OUT, stride_w, K: gl.constexpr, BN: gl.const
 def smem_gemv(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor, *,
               pdl: dict, early: bool) -> torch.Tensor:
     """``out [1, N] = bf16(residual + bf16(x @ weight^T))`` (``residual`` None: no add) for ``x [1, K]`` bf16,
-    ``weight [N, K]`` with contiguous rows; ``pdl``: ``triton_kernels._pdl``'s options (``USE_PDL``,
+    ``weight [N, K]`` with contiguous rows; ``pdl``: ``kernels.launch._pdl``'s options (``USE_PDL``,
     ``launch_pdl``); ``early``: the next kernel may launch before this one's wait (see ``fused_linear_triton``).
     The caller checked the shapes (:func:`smem_gemv_applies`)."""
     n, k = weight.shape

@@ -14,7 +14,7 @@ numbers: ``FLARE_GEMV_STREAM_STAGES``, ``FLARE_GEMV_PREFETCH_MB``, ``FLARE_GEMV_
 ``FLARE_PDL_EARLY_LARGE_MIN_MB``, ``FLARE_DECODE_WARPS``, ``FLARE_DECODE_SMEM_KB``, ``FLARE_DECODE_TRIGGER``,
 ``FLARE_DECODE_REDUCE_PREFETCH_MB``, ``FLARE_GEMV_SMEM_ROWS``;
 row counts: ``FLARE_DECODE_KV_PREFETCH_ROWS``, ``FLARE_PDL_EARLY_ROWS``, ``FLARE_PDL_EARLY_LARGE_ROWS``;
-``FLARE_GEMM_ROWS_TABLE``; launch configs: ``FLARE_GEMV_CONFIG`` (``triton_kernels.gemv_config_override``);
+``FLARE_GEMM_ROWS_TABLE``; launch configs: ``FLARE_GEMV_CONFIG`` (``kernels.linear.gemv_config_override``);
 README, "Side-by-side switches").
 Each is read where a launch or a trace decides, so one process can measure both settings; every archived run records
 the ``FLARE_*`` variables of its environment (``qualify.archive.environment``)."""

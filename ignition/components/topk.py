@@ -48,7 +48,7 @@ def _fake(x: torch.Tensor, k: int) -> torch.Tensor:
 def topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
     """``x [B, V]`` float32 -> a new ``[B, k]``: each row's ``k`` largest values, descending (module docstring)."""
     if x.is_cuda and k <= TRITON_MAX_K and switch("FLARE_TRITON_TOPK", True):
-        from ignition.components.triton_kernels import topk_values_triton  # imports triton: CUDA only
+        from ignition.components.kernels.topk import topk_values_triton  # imports triton: CUDA only
 
         _check(x, k)
         return topk_values_triton(x, k)

@@ -142,7 +142,7 @@ def test_backend_selection_on_this_gpu():
 def test_triton_decode_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
     from test_triton_attention import check, make_case
 
-    from ignition.components.triton_kernels import paged_decode_attention_triton
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton
 
     q, k, v, bt, lens = make_case(heads, kv_heads, 128, poison=True, seed=heads)
     got = paged_decode_attention_triton(*(x.cuda() for x in (q, k, v, bt, lens)), 128 ** -0.5)
@@ -153,7 +153,7 @@ def test_triton_decode_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
 def test_triton_prefill_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
     from test_triton_attention import PF_ROWS, check_prefill, make_prefill_case
 
-    from ignition.components.triton_kernels import paged_prefill_attention_triton
+    from ignition.components.kernels.prefill_attention import paged_prefill_attention_triton
 
     case = make_prefill_case(heads, kv_heads, 128, 16, PF_ROWS, 20, seed=heads)
     got = paged_prefill_attention_triton(*(x.cuda() for x in case[:6]), 128 ** -0.5)
@@ -164,7 +164,7 @@ def test_triton_prefill_kernel_on_this_gpu_matches_fp64(heads, kv_heads):
 def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_heads):
     from test_rope_write import EPS, check_triton, make_case
 
-    from ignition.components.triton_kernels import rope_write_triton
+    from ignition.components.kernels.rope_write import rope_write_triton
 
     case = make_case(b, t, heads, kv_heads, 128, pages=40, page=16, seed=heads + t)
     q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.cuda() if isinstance(x, torch.Tensor) else x for x in case]
@@ -199,7 +199,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     from test_rope_write import canonical
     from test_triton_attention import exact
 
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan, fused_decode, launch, paged_decode, rope_write
 
     # 80 pages of 16 keys: the wide one-row launch's 40 blocks of 32 keys exceed its one-wave cap (33 splits on 132 SMs)
     cpu_case = make_decode_case(heads, kv_heads, 128, seq_lens, width=80, seed=heads + len(seq_lens))
@@ -208,8 +208,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     scaling = 128 ** -0.5
 
     def run(k_pool, v_pool):
-        return tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, k_pool, v_pool, slots, bt, lens,
-                                               scaling)
+        return fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, k_pool, v_pool, slots, bt,
+                                                         lens, scaling)
 
     def bits(a, b):
         return torch.equal(a.view(torch.int16), b.view(torch.int16))
@@ -218,7 +218,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     out = run(kp1, vp1)
     if len(seq_lens) > 1:  # the prefetch only reads ahead into L2: the same output and pools
         monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", str(len(seq_lens)))
-        assert tk.decode_kv_prefetch_keys(len(seq_lens)) > 0
+        assert decode_plan.decode_kv_prefetch_keys(len(seq_lens)) > 0
         kp3, vp3 = kp.clone(), vp.clone()
         assert bits(run(kp3, vp3), out) and bits(kp3, kp1) and bits(vp3, vp1), "the prefetch changed a bit"
         monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_LAST", "0")  # its lines without the evict-last priority
@@ -227,7 +227,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_LAST")
         monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH_ROWS")
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")  # a register cap moves values to local memory, no arithmetic
-    assert tk.fused_decode_launch_options()["maxnreg"] == 64
+    assert decode_plan.fused_decode_launch_options()["maxnreg"] == 64
     kp4, vp4 = kp.clone(), vp.clone()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the register cap changed a bit"
     monkeypatch.delenv("FLARE_DECODE_MAXNREG")
@@ -244,8 +244,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     weight = torch.randn(heads * 128, heads * 128, device="cuda").to(torch.bfloat16)
     for nbytes in (1 << 30, (3 << 20) + 5):
         kp4, vp4 = kp.clone(), vp.clone()
-        ahead = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp4, vp4, slots, bt, lens, scaling,
-                                                prefetch=(weight, nbytes))
+        ahead = fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp4, vp4, slots, bt, lens,
+                                                          scaling, prefetch=(weight, nbytes))
         assert bits(ahead, out) and bits(kp4, kp1) and bits(vp4, vp1), f"the {nbytes}-byte prefetch changed a bit"
     # the key loop as a plain while loop (a side-by-side switch) and the timing probe (stamps only): the same bits
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
@@ -253,15 +253,16 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     assert bits(run(kp5, vp5), out) and bits(kp5, kp1) and bits(vp5, vp1), "the plain key loop changed a bit"
     monkeypatch.delenv("FLARE_DECODE_PIPELINE")
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
-    if tk.fused_decode_wide(len(seq_lens), heads // kv_heads):
-        geo = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
-        assert geo["BLOCK_N"] == 32 and geo["SPLITS"] <= tk.fused_decode_wide_splits(1, kv_heads, q.device)
+    if decode_plan.fused_decode_wide(len(seq_lens), heads // kv_heads):
+        geo = decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+        assert geo["BLOCK_N"] == 32 and geo["SPLITS"] <= decode_plan.fused_decode_wide_splits(1, kv_heads, q.device)
         kp7, vp7 = kp.clone(), vp.clone()
         wide = run(kp7, vp7)
         monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
         monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
         monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", str(geo["SPLITS"]))  # the knobs' launch has no one-wave cap
-        monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1" if tk.decode_pv_split(wide=True) else "0")  # nor its P V rule
+        # nor its P V rule
+        monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1" if decode_plan.decode_pv_split(wide=True) else "0")
         kp8, vp8 = kp.clone(), vp.clone()
         assert bits(run(kp8, vp8), wide) and bits(kp8, kp7) and bits(vp8, vp7), "the wide blocks are not the knobs'"
         assert bits(kp7, kp1) and bits(vp7, vp1), "the wide blocks changed the pools"
@@ -270,12 +271,12 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         monkeypatch.delenv("FLARE_DECODE_MAX_SPLITS")
         monkeypatch.delenv("FLARE_DECODE_PV_SPLIT")
     monkeypatch.delenv("FLARE_DECODE_WIDE")
-    stamps = 2 * tk.PROBE_STAMPS.value
+    stamps = 2 * launch.PROBE_STAMPS.value
     probe = (torch.zeros(len(seq_lens) * kv_heads * 64, stamps, dtype=torch.int64, device="cuda"),
              torch.zeros(len(seq_lens) * heads, stamps, dtype=torch.int64, device="cuda"))
     kp6, vp6 = kp.clone(), vp.clone()
-    got6 = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp6, vp6, slots, bt, lens, scaling,
-                                           probe=probe)
+    got6 = fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp6, vp6, slots, bt, lens, scaling,
+                                                     probe=probe)
     assert bits(got6, out) and bits(kp6, kp1) and bits(vp6, vp1), "the timing probe changed a bit"
     assert (probe[0][:, 0] > 0).any() and (probe[1][:, 0] > 0).all(), "the probe wrote no stamps"
     assert bits(run(kp1.clone(), vp1.clone()), out), "a program read the new slot before its write"
@@ -290,7 +291,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
     # P V the other way (FLARE_DECODE_PV_SPLIT flipped from its default): the same pools, its own bits launch after
     # launch, within the bound below
-    pv_default = tk.decode_pv_split(wide=tk.fused_decode_wide(len(seq_lens), heads // kv_heads))  # this launch's
+    wide = decode_plan.fused_decode_wide(len(seq_lens), heads // kv_heads)
+    pv_default = decode_plan.decode_pv_split(wide=wide)  # this launch's
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0" if pv_default else "1")
     kps, vps = kp.clone(), vp.clone()
     other_pv = run(kps, vps)
@@ -321,8 +323,9 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
 
     # the output against the three-launch path's
     kp2, vp2 = kp.clone(), vp.clone()
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp2, vp2, slots)
-    two = tk.paged_decode_attention_triton(q_rot, kp2, vp2, bt, lens, scaling).cpu().view(len(seq_lens), heads, 128)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp2, vp2, slots)
+    two = paged_decode.paged_decode_attention_triton(q_rot, kp2, vp2, bt, lens, scaling)
+    two = two.cpu().view(len(seq_lens), heads, 128)
     x, pv_abs, _ = exact(q_rot.cpu(), kp2.cpu(), vp2.cpu(), bt.cpu(), lens.cpu(), scaling)
     qa = q_rot.cpu().double().abs().view(len(seq_lens), kvh, heads // kvh, 128)
     e = torch.zeros(len(seq_lens), heads, dtype=torch.float64)
@@ -352,7 +355,7 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_config, gemv_preload_tiles
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_config, gemv_preload_tiles
 
     x, w, nw, r = _gemv_inputs(1, n, k, norm=norm, gated=gated, residual=residual, seed=n + k)
     cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
@@ -404,7 +407,7 @@ def test_shared_memory_gemv_on_this_gpu(monkeypatch, n, k, residual, rows):
 
     from ignition.components import smem_gemv
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     monkeypatch.setenv("FLARE_GEMV_SMEM", "1")
     monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", rows)
@@ -492,7 +495,7 @@ def test_sampling_cut_compact_window_of_flat_rows_on_this_gpu():
     from test_sampling_cut import _assert_window, _cut64, _top_p_cut_ok
 
     from ignition.components.sampling_cut import sampling_cut_reference
-    from ignition.components.triton_kernels import SAMPLING_CUT_BUFFER, sampling_cut_compact_triton
+    from ignition.components.kernels.sampling_cut import SAMPLING_CUT_BUFFER, sampling_cut_compact_triton
 
     g = torch.Generator(device="cuda").manual_seed(9)
     b = 9
@@ -588,7 +591,7 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n)
     cuda = [t.cuda() if t is not None else None for t in (x, w, nw, r)]
@@ -602,9 +605,9 @@ def test_tensor_core_gemv_on_this_gpu(monkeypatch, m, n, k, norm, gated, residua
     err = (got.float() - ref.float()).abs()
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
     if norm:
-        from ignition.components import triton_kernels as tk
+        from ignition.components.kernels import linear
 
-        monkeypatch.setattr(tk, "GEMM_ROWS_NORM_STAGES", 0)
+        monkeypatch.setattr(linear, "GEMM_ROWS_NORM_STAGES", 0)
         assert torch.equal(run().view(torch.int16), got.view(torch.int16))
 
 
@@ -617,7 +620,7 @@ def test_published_norm_on_this_gpu(m):
     from gemv_cases import _gemv_inputs, _gemv_tolerance
 
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     for (n, k), (n1, gated) in (((4096, 4096), (24576, True)), ((4096, 12288), (6144, False))):
         x, w, _, r = _gemv_inputs(m, n, k, norm=False, gated=False, residual=True, seed=m + k)
@@ -668,7 +671,7 @@ def test_tensor_core_gated_input_on_this_gpu(m, n, k):
     from gemv_cases import _gated_input_tolerance, _gemv_inputs
 
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, _, r = _gemv_inputs(m, n, 2 * k, norm=False, gated=False, residual=True, seed=m + n + k)
     w = w[:, :k].contiguous()  # x: the packed [gate; up] of 2 * K columns, w: [N, K]

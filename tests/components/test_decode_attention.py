@@ -28,7 +28,7 @@ if _HAVE_TRITON:  # (imported after test_triton_attention: its interpreter switc
     import triton
     import triton.language as tl
 
-    from ignition.components.triton_kernels import _decode_p_pieces
+    from ignition.components.kernels.paged_decode import _decode_p_pieces
 
     @triton.jit
     def _p_pieces_kernel(P, O1, O2, O3, N: tl.constexpr):
@@ -134,14 +134,15 @@ def fused_vs_two_kernels(case, scaling, num_splits, block_n=None):
     """Run the fused kernel and the two-kernel path on copies of ``case`` with the same split count (``None``: the
     fused kernel's default) and keys per block: ``(fused out, pools), (two-kernel out, pools)`` (device of the
     case)."""
-    from ignition.components import triton_kernels as tk
-    from ignition.components.triton_kernels import (paged_decode_attention_triton, rope_decode_attention_triton,
-                                                    rope_write_triton)
+    from ignition.components.kernels import decode_plan
+    from ignition.components.kernels.fused_decode import rope_decode_attention_triton
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton
+    from ignition.components.kernels.rope_write import rope_write_triton
 
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = case
-    block_n = tk.decode_block_n(kp.shape[1], block_n)  # the fused kernel's, for both (the sum order)
+    block_n = decode_plan.decode_block_n(kp.shape[1], block_n)  # the fused kernel's, for both (the sum order)
     if num_splits is None:  # the fused kernel's own choice, for both paths (the split count sets the sum order)
-        num_splits = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True, block_n=block_n)["SPLITS"]
+        num_splits = decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True, block_n=block_n)["SPLITS"]
     kp1, vp1, kp2, vp2 = kp.clone(), vp.clone(), kp.clone(), vp.clone()
     fused = rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp1, vp1, slots, bt, lens, scaling,
                                          num_splits=num_splits, block_n=block_n)
@@ -159,11 +160,11 @@ def assert_same_bits(a, b):
 @pytest.mark.parametrize("heads,kv_heads,d,norms", [(8, 2, 32, True), (4, 4, 16, False), (16, 2, 64, True)])
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d, norms, num_splits):
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan, rope_write
 
     case = make_decode_case(heads, kv_heads, d, norms=norms, seed=heads * d + (num_splits or 0))
     if num_splits is None:
-        assert tk.fused_decode_num_splits(len(SEQ_LENS), kv_heads, heads // kv_heads, WIDTH) > 1
+        assert decode_plan.fused_decode_num_splits(len(SEQ_LENS), kv_heads, heads // kv_heads, WIDTH) > 1
     (got, kp, vp), two = fused_vs_two_kernels(case, d ** -0.5, num_splits)
     assert_same_bits((got, kp, vp), two)
     # (the rope half is rope_write_triton's bits: test_triton_kernels.py bounds those against transformers)
@@ -171,7 +172,7 @@ def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d
     from test_triton_attention import check
 
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, d ** -0.5, 2.0 ** -7)
 
 
@@ -181,14 +182,14 @@ def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d
 def test_blocks_of_several_pages_equal_the_two_kernels_bitwise_and_fp64(block_n, num_splits):
     """Key blocks that gather several pages (one page id per key; the last block partly past the table width):
     the fused kernel equals the two-kernel path at the same block size, within the fp64 bound."""
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import rope_write
     from test_triton_attention import check
 
     case = make_decode_case(8, 2, 32, seed=block_n + (num_splits or 0))
     (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
     assert_same_bits((got, kp, vp), two)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
@@ -202,7 +203,7 @@ def test_new_key_apart_writes_the_same_pools_and_stays_within_fp64(monkeypatch, 
     the two-kernel path's (the same write), the output within the decode bound of fp64 over them (its sums group
     otherwise), zeros for an inactive row, and the same bits launch after launch; ragged rows, a row of one key, one
     split, blocks of several pages."""
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import rope_write
     from test_triton_attention import check
 
     case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=heads + len(seq_lens) + (num_splits or 0))
@@ -210,7 +211,7 @@ def test_new_key_apart_writes_the_same_pools_and_stays_within_fp64(monkeypatch, 
     (got, kp, vp), (two, kp2, vp2) = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
     assert _bits(kp, kp2) and _bits(vp, vp2)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
     assert (got[lens == 0] == 0).all()
     (again, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
@@ -243,16 +244,16 @@ def test_pv_split_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, kv
                                                            block_n):
     """``FLARE_DECODE_PV_SPLIT=1`` (P V from P's bf16 pieces) in both decode kernels: the fused kernel the two-kernel
     path's bits, the pools unchanged by it, the output within the decode bound of fp64, zeros for an inactive row."""
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan, rope_write
     from test_triton_attention import check
 
     case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=7 * heads + len(seq_lens))
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1")
-    assert tk.decode_pv_split()
+    assert decode_plan.decode_pv_split()
     (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
     assert_same_bits((got, kp, vp), two)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
     assert (got[lens == 0] == 0).all()
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0")
@@ -262,30 +263,32 @@ def test_pv_split_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, heads, kv
 
 def test_fused_decode_split_cap_switch(monkeypatch):
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
     # 544 programs over 8 KV heads would be 68 splits: capped
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == tk.FUSED_DECODE_MAX_SPLITS == 64
+    assert decode_plan.fused_decode_num_splits(1, 8, 2, 256) == decode_plan.FUSED_DECODE_MAX_SPLITS == 64
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "32")
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 32
+    assert decode_plan.fused_decode_num_splits(1, 8, 2, 256) == 32
     monkeypatch.setenv("FLARE_DECODE_MAX_SPLITS", "64")
-    assert tk.fused_decode_num_splits(1, 8, 2, 256) == 64  # G=2 allows 64
-    assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
-    assert tk.fused_decode_num_splits(4, 8, 2, 256) == 17 and tk.fused_decode_num_splits(1, 8, 2, 40) == 40
+    assert decode_plan.fused_decode_num_splits(1, 8, 2, 256) == 64  # G=2 allows 64
+    assert decode_plan.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
+    assert decode_plan.fused_decode_num_splits(4, 8, 2, 256) == 17
+    assert decode_plan.fused_decode_num_splits(1, 8, 2, 40) == 40
 
 
 def test_pv_split_default_per_launch_and_forced(monkeypatch):
     """``FLARE_DECODE_PV_SPLIT`` unset: the pieces for every launch but the wide one-row launch (measured slower
     there); ``1`` / ``0`` force it for every launch."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
     monkeypatch.delenv("FLARE_DECODE_PV_SPLIT", raising=False)
-    assert tk.decode_pv_split() is tk.DECODE_PV_SPLIT is True and tk.decode_pv_split(wide=True) is False
+    assert decode_plan.decode_pv_split() is decode_plan.DECODE_PV_SPLIT is True
+    assert decode_plan.decode_pv_split(wide=True) is False
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "1")
-    assert tk.decode_pv_split() and tk.decode_pv_split(wide=True)
+    assert decode_plan.decode_pv_split() and decode_plan.decode_pv_split(wide=True)
     monkeypatch.setenv("FLARE_DECODE_PV_SPLIT", "0")
-    assert not tk.decode_pv_split() and not tk.decode_pv_split(wide=True)
+    assert not decode_plan.decode_pv_split() and not decode_plan.decode_pv_split(wide=True)
 
 
 def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
@@ -293,35 +296,39 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
     ``FLARE_DECODE_MAXNREG`` a register cap of the launch (none by default, none in the interpreter); bad values name
     the switch."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    assert tk.FUSED_DECODE_PROGRAMS == 544 and tk.fused_decode_num_splits(4, 8, 4, 256) == 17  # 544 / 32 rounded up
+    assert decode_plan.FUSED_DECODE_PROGRAMS == 544
+    assert decode_plan.fused_decode_num_splits(4, 8, 4, 256) == 17  # 544 / 32 rounded up
     monkeypatch.setenv("FLARE_DECODE_PROGRAMS", "1024")
-    assert tk.fused_decode_num_splits(4, 8, 4, 256) == 32 and tk.fused_decode_num_splits(4, 8, 2, 256) == 32
-    assert tk.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
+    assert decode_plan.fused_decode_num_splits(4, 8, 4, 256) == 32
+    assert decode_plan.fused_decode_num_splits(4, 8, 2, 256) == 32
+    assert decode_plan.fused_decode_num_splits(1, 8, 4, 256) == 32  # G=4: the reduce kernel's 128 / GP rows
     monkeypatch.setenv("FLARE_DECODE_PROGRAMS", "768")
-    assert tk.fused_decode_num_splits(4, 8, 4, 256) == 24
+    assert decode_plan.fused_decode_num_splits(4, 8, 4, 256) == 24
     for bad in ("0", "2.5", "many"):
         monkeypatch.setenv("FLARE_DECODE_PROGRAMS", bad)
         with pytest.raises(ValueError, match="FLARE_DECODE_PROGRAMS"):
-            tk.fused_decode_num_splits(4, 8, 4, 256)
+            decode_plan.fused_decode_num_splits(4, 8, 4, 256)
     monkeypatch.delenv("FLARE_DECODE_PROGRAMS")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert tk.fused_decode_launch_options() == {"num_warps": 4}
+    assert decode_plan.fused_decode_launch_options() == {"num_warps": 4}
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")
-    assert tk.fused_decode_launch_options() == {"num_warps": 4, "maxnreg": 64}
+    assert decode_plan.fused_decode_launch_options() == {"num_warps": 4, "maxnreg": 64}
     monkeypatch.setenv("FLARE_DECODE_WARPS", "8")
     monkeypatch.setenv("FLARE_DECODE_SMEM_KB", "120")
     monkeypatch.setenv("FLARE_DECODE_TRIGGER", "1")
-    assert tk.fused_decode_launch_options() == {"num_warps": 8, "maxnreg": 64, "SMEM_PAD": 120 << 10, "TRIGGER": 1}
+    assert decode_plan.fused_decode_launch_options() == {"num_warps": 8, "maxnreg": 64, "SMEM_PAD": 120 << 10,
+                                                         "TRIGGER": 1}
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert tk.fused_decode_launch_options() == {"num_warps": 8}  # no register cap or padding in the interpreter
+    # no register cap or padding in the interpreter
+    assert decode_plan.fused_decode_launch_options() == {"num_warps": 8}
     for name, bads in (("FLARE_DECODE_MAXNREG", ("16", "300", "-1", "x")), ("FLARE_DECODE_WARPS", ("3", "32", "0")),
                        ("FLARE_DECODE_SMEM_KB", ("228", "-1", "1.5")), ("FLARE_DECODE_TRIGGER", ("3", "-1"))):
         for bad in bads:
             monkeypatch.setenv(name, bad)
             with pytest.raises(ValueError, match=name):
-                tk.fused_decode_launch_options()
+                decode_plan.fused_decode_launch_options()
         monkeypatch.delenv(name)
 
 
@@ -330,7 +337,7 @@ def test_reduce_prefetch_switch_and_arguments(monkeypatch):
     launch's prefetch arguments: none without a weight, for 0 bytes or in the interpreter, and a weight off CUDA is
     refused (the kernel's line arithmetic runs in the GPU test)."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import fused_decode
     from ignition.components.decode_attention import decode_reduce_prefetch_bytes
 
     monkeypatch.delenv("FLARE_DECODE_REDUCE_PREFETCH_MB", raising=False)
@@ -342,32 +349,33 @@ def test_reduce_prefetch_switch_and_arguments(monkeypatch):
         decode_reduce_prefetch_bytes()
     weight = torch.zeros(64, 64, dtype=torch.bfloat16)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert tk._reduce_prefetch_args(None) == {} and tk._reduce_prefetch_args((weight, 1 << 20)) == {}
+    assert fused_decode._reduce_prefetch_args(None) == {}
+    assert fused_decode._reduce_prefetch_args((weight, 1 << 20)) == {}
     monkeypatch.delenv("TRITON_INTERPRET")
-    assert tk._reduce_prefetch_args((weight, 0)) == {}
+    assert fused_decode._reduce_prefetch_args((weight, 0)) == {}
     with pytest.raises(ValueError, match="contiguous CUDA tensor on a 128-byte line"):
-        tk._reduce_prefetch_args((weight, 1 << 20))
+        fused_decode._reduce_prefetch_args((weight, 1 << 20))
 
 
 def test_kv_prefetch_rows_switch(monkeypatch):
     """The pre-wait K/V prefetch: batch 1 by default, up to ``FLARE_DECODE_KV_PREFETCH_ROWS`` rows when set (0: none),
     ``FLARE_DECODE_KV_PREFETCH=0`` off whatever the rows; a bad row count names the switch."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    keys = tk.DECODE_KV_PREFETCH_KEYS
-    assert [tk.decode_kv_prefetch_keys(b) for b in (1, 2, 4)] == [keys, 0, 0]
+    keys = decode_plan.DECODE_KV_PREFETCH_KEYS
+    assert [decode_plan.decode_kv_prefetch_keys(b) for b in (1, 2, 4)] == [keys, 0, 0]
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", "4")
-    assert [tk.decode_kv_prefetch_keys(b) for b in (1, 4, 8)] == [keys, keys, 0]
+    assert [decode_plan.decode_kv_prefetch_keys(b) for b in (1, 4, 8)] == [keys, keys, 0]
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH", "0")
-    assert tk.decode_kv_prefetch_keys(1) == 0
+    assert decode_plan.decode_kv_prefetch_keys(1) == 0
     monkeypatch.delenv("FLARE_DECODE_KV_PREFETCH")
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", "0")
-    assert tk.decode_kv_prefetch_keys(1) == 0
+    assert decode_plan.decode_kv_prefetch_keys(1) == 0
     for bad in ("-1", "1.5", "four"):
         monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_ROWS", bad)
         with pytest.raises(ValueError, match="FLARE_DECODE_KV_PREFETCH_ROWS"):
-            tk.decode_kv_prefetch_keys(1)
+            decode_plan.decode_kv_prefetch_keys(1)
 
 
 def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
@@ -376,20 +384,21 @@ def test_kv_prefetch_needs_a_long_enough_stream_before_it(monkeypatch):
     the bound (24: the previous one, Qwen3-8B's 48 MiB yes, Qwen3-0.6B's 8 no), a negative or non-numeric value names
     the switch."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    keys, mib = tk.DECODE_KV_PREFETCH_KEYS, 1 << 20
-    assert tk.DECODE_KV_PREFETCH_MIN_BYTES == 0
-    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (0, 8, 48)] == [keys, keys, keys]
-    assert tk.decode_kv_prefetch_keys(1, None) == keys and tk.decode_kv_prefetch_keys(4, 48 * mib) == 0
+    keys, mib = decode_plan.DECODE_KV_PREFETCH_KEYS, 1 << 20
+    assert decode_plan.DECODE_KV_PREFETCH_MIN_BYTES == 0
+    assert [decode_plan.decode_kv_prefetch_keys(1, n * mib) for n in (0, 8, 48)] == [keys, keys, keys]
+    assert decode_plan.decode_kv_prefetch_keys(1, None) == keys
+    assert decode_plan.decode_kv_prefetch_keys(4, 48 * mib) == 0
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "24")
-    assert [tk.decode_kv_prefetch_keys(1, n * mib) for n in (8, 23, 24, 48)] == [0, 0, keys, keys]
+    assert [decode_plan.decode_kv_prefetch_keys(1, n * mib) for n in (8, 23, 24, 48)] == [0, 0, keys, keys]
     monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", "64")
-    assert tk.decode_kv_prefetch_keys(1, 48 * mib) == 0
+    assert decode_plan.decode_kv_prefetch_keys(1, 48 * mib) == 0
     for bad in ("-1", "lots"):
         monkeypatch.setenv("FLARE_DECODE_KV_PREFETCH_MIN_MB", bad)
         with pytest.raises(ValueError, match="FLARE_DECODE_KV_PREFETCH_MIN_MB"):
-            tk.decode_kv_prefetch_keys(1, 8 * mib)
+            decode_plan.decode_kv_prefetch_keys(1, 8 * mib)
 
 
 def test_early_reduce_rows_switch(monkeypatch):
@@ -397,33 +406,33 @@ def test_early_reduce_rows_switch(monkeypatch):
     ``FLARE_PDL_EARLY_ROWS`` rows when set, up to 4 behind a QKV stream of at least 24 MiB
     (``FLARE_PDL_EARLY_LARGE_ROWS`` / ``_MIN_MB``), never with ``FLARE_PDL_EARLY=0``; a bad value names the switch."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import launch
 
-    assert [tk.pdl_early_enabled(b) for b in (1, 2, 4)] == [True, False, False]
+    assert [launch.pdl_early_enabled(b) for b in (1, 2, 4)] == [True, False, False]
     monkeypatch.setenv("FLARE_PDL_EARLY_ROWS", "4")
-    assert [tk.pdl_early_enabled(b) for b in (1, 4, 8)] == [True, True, False]
+    assert [launch.pdl_early_enabled(b) for b in (1, 4, 8)] == [True, True, False]
     monkeypatch.setenv("FLARE_PDL_EARLY", "0")
-    assert not tk.pdl_early_enabled(1)
+    assert not launch.pdl_early_enabled(1)
     monkeypatch.delenv("FLARE_PDL_EARLY")
     for bad in ("-1", "2.5", "many"):
         monkeypatch.setenv("FLARE_PDL_EARLY_ROWS", bad)
         with pytest.raises(ValueError, match="FLARE_PDL_EARLY_ROWS"):
-            tk.pdl_early_enabled(1)
+            launch.pdl_early_enabled(1)
     monkeypatch.delenv("FLARE_PDL_EARLY_ROWS")
     # behind a large stream (the reduce's overlap_bytes: the QKV weight) FLARE_PDL_EARLY_LARGE_ROWS more rows
     mib = 1 << 20
-    assert tk.PDL_EARLY_LARGE_ROWS == 4  # the default: Qwen3-8B's batch 4 (run 157)
-    early = [tk.pdl_early_enabled(b, n * mib) for b, n in ((1, 8), (4, 8), (4, 23), (4, 24), (4, 48), (8, 48))]
+    assert launch.PDL_EARLY_LARGE_ROWS == 4  # the default: Qwen3-8B's batch 4 (run 157)
+    early = [launch.pdl_early_enabled(b, n * mib) for b, n in ((1, 8), (4, 8), (4, 23), (4, 24), (4, 48), (8, 48))]
     assert early == [True, False, False, True, True, False]
-    assert not tk.pdl_early_enabled(4) and not tk.pdl_early_enabled(4, None)  # unknown stream: the rows decide
+    assert not launch.pdl_early_enabled(4) and not launch.pdl_early_enabled(4, None)  # unknown stream: the rows decide
     monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_MIN_MB", "64")
-    assert not tk.pdl_early_enabled(4, 48 * mib)
+    assert not launch.pdl_early_enabled(4, 48 * mib)
     monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_MIN_MB", "-1")
     with pytest.raises(ValueError, match="FLARE_PDL_EARLY_LARGE_MIN_MB"):
-        tk.pdl_early_enabled(4, 48 * mib)
+        launch.pdl_early_enabled(4, 48 * mib)
     monkeypatch.delenv("FLARE_PDL_EARLY_LARGE_MIN_MB")
     monkeypatch.setenv("FLARE_PDL_EARLY_LARGE_ROWS", "1")  # off: the rows alone decide
-    assert not tk.pdl_early_enabled(4, 48 * mib)
+    assert not launch.pdl_early_enabled(4, 48 * mib)
 
 
 def test_wide_blocks_rule(monkeypatch):
@@ -432,16 +441,16 @@ def test_wide_blocks_rule(monkeypatch):
     SM; more rows, larger groups, ``FLARE_DECODE_WIDE=0`` or an explicit ``FLARE_DECODE_BLOCK_N`` / ``block_n`` keep
     whole pages; the two-kernel path never widens."""
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    assert tk.DECODE_WIDE and tk.fused_decode_wide(1, 2)
+    assert decode_plan.DECODE_WIDE and decode_plan.fused_decode_wide(1, 2)
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
-    assert [tk.fused_decode_wide(b, g) for b, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (4, 1))] == [
+    assert [decode_plan.fused_decode_wide(b, g) for b, g in ((1, 1), (1, 2), (1, 3), (1, 4), (2, 2), (4, 1))] == [
         True, True, False, False, False, False]
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(4, 2, 32, (40,), seed=3)
 
     def geo(**kw):
-        return tk._decode_geometry("test", q, kp, vp, bt, None, **kw)
+        return decode_plan._decode_geometry("test", q, kp, vp, bt, None, **kw)
 
     assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (32, True)
     assert geo(fused=True, block_n=16)["BLOCK_N"] == 16 and geo()["BLOCK_N"] == 16
@@ -452,50 +461,53 @@ def test_wide_blocks_rule(monkeypatch):
     assert (geo(fused=True)["BLOCK_N"], geo(fused=True)["WIDE"]) == (16, False)
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     big = [x.new_zeros(x.shape[0], 64, *x.shape[2:]) for x in (kp, vp)]  # 64-key pages: a block is at least a page
-    assert tk._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
+    assert decode_plan._decode_geometry("test", q, *big, bt, None, fused=True)["BLOCK_N"] == 64
 
     # larger groups at one row: 64-key blocks (fused_decode_one_row_blocks), at more rows 32-key blocks
     # (fused_decode_multi_row_blocks); FLARE_DECODE_ONE_ROW_BLOCKS=0 / FLARE_DECODE_MULTI_ROW_BLOCKS=0, an explicit
     # block_n or FLARE_DECODE_BLOCK_N, the two-kernel path: whole pages (or what was asked)
     for b, expect in ((1, 64), (2, 32), (4, 32)):
         q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,) * b, seed=3)
-        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == expect, b
-        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16, b
+        assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == expect, b
+        assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16, b
         monkeypatch.setenv("FLARE_DECODE_MULTI_ROW_BLOCKS", "0")
-        assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == (64 if b == 1 else 16)
+        geo = decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)
+        assert geo["BLOCK_N"] == (64 if b == 1 else 16)
         monkeypatch.delenv("FLARE_DECODE_MULTI_ROW_BLOCKS")
-    assert [tk.fused_decode_one_row_blocks(b, g) for b, g in ((1, 4), (1, 8), (1, 2), (4, 4))] == [
+    assert [decode_plan.fused_decode_one_row_blocks(b, g) for b, g in ((1, 4), (1, 8), (1, 2), (4, 4))] == [
         True, True, False, False]
-    assert [tk.fused_decode_multi_row_blocks(b, g) for b, g in ((1, 4), (4, 8), (4, 2), (4, 4), (2, 3))] == [
+    assert [decode_plan.fused_decode_multi_row_blocks(b, g) for b, g in ((1, 4), (4, 8), (4, 2), (4, 4), (2, 3))] == [
         False, True, False, True, True]
     q4, _, _, _, _, _, _, kp4, vp4, _, bt4, _ = make_decode_case(16, 4, 32, (40,), seed=3)
-    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True, block_n=32)["BLOCK_N"] == 32
-    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16
+    assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True, block_n=32)["BLOCK_N"] == 32
+    assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None)["BLOCK_N"] == 16
     monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
-    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 32
+    assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 32
     monkeypatch.delenv("FLARE_DECODE_BLOCK_N")
     monkeypatch.setenv("FLARE_DECODE_ONE_ROW_BLOCKS", "0")
-    assert tk._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 16
+    assert decode_plan._decode_geometry("test", q4, kp4, vp4, bt4, None, fused=True)["BLOCK_N"] == 16
     monkeypatch.delenv("FLARE_DECODE_ONE_ROW_BLOCKS")
 
     # Qwen3-0.6B's shape (16 heads, 8 KV heads) with a 4096-key table: 128 blocks of 32 keys would take the 64-split
     # cap (512 programs, two waves at 2 per SM); capped at one wave of the SMs the interpreter assumes (132)
     q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(16, 8, 32, (40,), width=256, seed=3)
-    wide = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
-    assert wide["WIDE"] and wide["SPLITS"] * 8 <= 2 * tk.DEFAULT_SMS < (wide["SPLITS"] + 1) * 8
+    wide = decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    assert wide["WIDE"] and wide["SPLITS"] * 8 <= 2 * decode_plan.DEFAULT_SMS < (wide["SPLITS"] + 1) * 8
     monkeypatch.setenv("FLARE_DECODE_WIDE_PER_SM", "4")  # a leaner kernel's wave (FLARE_DECODE_PV_SPLIT's registers)
-    assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == min(64, 4 * tk.DEFAULT_SMS // 8)
+    geo = decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    assert geo["SPLITS"] == min(64, 4 * decode_plan.DEFAULT_SMS // 8)
     monkeypatch.setenv("FLARE_DECODE_WIDE_PER_SM", "0")
     with pytest.raises(ValueError, match="FLARE_DECODE_WIDE_PER_SM"):
-        tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+        decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)
     monkeypatch.delenv("FLARE_DECODE_WIDE_PER_SM")
     monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1")  # the new key's own programs count in the wave
-    apart = tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)
-    assert (apart["SPLITS"] + 1) * 8 <= 2 * tk.DEFAULT_SMS < (apart["SPLITS"] + 2) * 8
+    apart = decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)
+    assert (apart["SPLITS"] + 1) * 8 <= 2 * decode_plan.DEFAULT_SMS < (apart["SPLITS"] + 2) * 8
     monkeypatch.delenv("FLARE_DECODE_NEW_KEY_APART")
-    assert tk._decode_geometry("test", q, kp, vp, bt, 48, fused=True)["SPLITS"] == 48  # an explicit count stays
+    # an explicit count stays
+    assert decode_plan._decode_geometry("test", q, kp, vp, bt, 48, fused=True)["SPLITS"] == 48
     monkeypatch.setenv("FLARE_DECODE_WIDE", "0")
-    assert tk._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == 64
+    assert decode_plan._decode_geometry("test", q, kp, vp, bt, None, fused=True)["SPLITS"] == 64
 
 
 @interpreter
@@ -504,42 +516,41 @@ def test_one_row_launch_equals_the_two_kernels_bitwise_and_fp64(monkeypatch, hea
     """The one-row launches' own blocks -- the wide one of a 2-head group (``FLARE_DECODE_WIDE=1``: 32-key blocks,
     ``fused_decode_wide``), 64-key blocks for a 4-head group (``fused_decode_one_row_blocks``) -- equal the two-kernel
     path at those blocks bit for bit, within the fp64 bound."""
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan, fused_decode, rope_write
     from test_triton_attention import check
 
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     case = make_decode_case(heads, 4, 32, (90,), seed=11)
     q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
-    geo = tk._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)
+    geo = decode_plan._decode_geometry("test", q, kp0, vp0, bt, None, fused=True)
     assert (geo["WIDE"], geo["BLOCK_N"]) == (wide, block_n)
     kp, vp = kp0.clone(), vp0.clone()
-    got = tk.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, 32 ** -0.5)
+    got = fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp, vp, slots, bt, lens, 32 ** -0.5)
     _, two = fused_vs_two_kernels(case, 32 ** -0.5, geo["SPLITS"], block_n)
     assert_same_bits((got, kp, vp), two)
-    q_rot = tk.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
     check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
 
 
 def test_decode_block_n_names_a_bad_value(monkeypatch):
     pytest.importorskip("triton")
-    from ignition.components import triton_kernels as tk
+    from ignition.components.kernels import decode_plan
 
-    assert tk.decode_block_n(16) == 16 and tk.decode_block_n(8) == 16 and tk.decode_block_n(32) == 32
-    assert tk.decode_block_n(16, 64) == 64
+    assert decode_plan.decode_block_n(16) == 16 and decode_plan.decode_block_n(8) == 16
+    assert decode_plan.decode_block_n(32) == 32
+    assert decode_plan.decode_block_n(16, 64) == 64
     for bad in (24, 8, 48):
         with pytest.raises(ValueError, match=f"block_n {bad}"):
-            tk.decode_block_n(16, bad)
+            decode_plan.decode_block_n(16, bad)
     monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "32")
-    assert tk.decode_block_n(16) == 32
+    assert decode_plan.decode_block_n(16) == 32
     monkeypatch.setenv("FLARE_DECODE_BLOCK_N", "thirty")
     with pytest.raises(ValueError, match="FLARE_DECODE_BLOCK_N"):
-        tk.decode_block_n(16)
+        decode_plan.decode_block_n(16)
 
 
 @interpreter
 def test_fused_kernel_on_a_single_split_per_group_and_an_all_inactive_batch():
-    from ignition.components import triton_kernels as tk
-
     case = make_decode_case(8, 2, 32, seq_lens=(0, 0), seed=11)
     (got, kp, vp), two = fused_vs_two_kernels(case, 0.2, None)
     assert_same_bits((got, kp, vp), two)

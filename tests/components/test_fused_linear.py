@@ -160,7 +160,7 @@ def test_published_block_count_is_recorded_by_the_caller(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ignition.components.fused_linear import _published_norm, fused_linear_publish
-    from ignition.components.triton_kernels import gemm_rows_parts
+    from ignition.components.kernels.linear import gemm_rows_parts
 
     assert gemm_rows_parts(4, 4096, 4096) == 4096 // 32  # the table's 32-column blocks
     monkeypatch.setenv("FLARE_GEMV_CONFIG", "4x4096x4096=16/512/4/4")

@@ -35,7 +35,7 @@ def _stamps(n_stamps, rows):
 
 def test_gemv_stats_counts_resident_programs_and_times_phases_after_the_predecessor():
     probe = _script()
-    n = probe.tk.PROBE_STAMPS.value
+    n = probe.launch.PROBE_STAMPS.value
     # three programs entered before the predecessor's end at 1000 ns (two on SM 0, one on SM 1), two of them with their
     # tiles by then; three entered after it, on three other SMs
     buf = _stamps(n, [(100, 500, 1050, 1500, 1600, 0), (200, 600, 1060, 1600, 1700, 0),
@@ -100,7 +100,7 @@ def _rows(n_stamps, rows):
 
 def test_kv_neighbours_pairs_each_k_v_phase_with_what_shared_its_sm():
     probe = _script()
-    n = probe.tk.PROBE_STAMPS.value
+    n = probe.launch.PROBE_STAMPS.value
     # attention programs: two on SM 3 (K, V over cycles 100-300 and 150-550), one on SM 4 (100-200), one without a key
     # block (no stamps 9, 10); o_proj programs: on SM 3 preloading over 1-200 (overlaps both), 500-900 (the second
     # only), 600-700 (neither); on SM 4 over 250-400 (after its phase); on SM 5 over 0-1000 (another SM)

@@ -88,7 +88,7 @@ def test_triton_kernel_in_the_interpreter(head_dim, shape, scaling):
     different libms), both halves filled, the rows past a program's block (37 = 2 x 16 + 5) and a head size whose
     half is no power of two (96) masked right; its bf16 output is its own fp32 result rounded the interpreter's way
     (truncation), within one bf16 spacing of the module's."""
-    from ignition.components.triton_kernels import rotary_cos_sin_triton
+    from ignition.components.kernels.rotary import rotary_cos_sin_triton
 
     rot = qwen3_rotary(head_dim=head_dim)
     pos = positions_case(shape, seed=head_dim)

@@ -145,7 +145,7 @@ def test_op_checks_arguments_and_compiles():
 @interpreter
 @pytest.mark.parametrize("b,v,block", [(12, 2000, 512), (5, 777, 256), (1, 64, 64), (0, 100, 64)])
 def test_triton_kernel_is_the_definition(b, v, block):
-    from ignition.components.triton_kernels import sampling_cut_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_triton
 
     y = _rows(b, v, v + block)
     top_k, top_p = _params(v, b)
@@ -169,7 +169,7 @@ def test_compact_kernels_are_the_definition(b, v, chunk, cap, buffer, ends):
     """``flare::sampling_cut_compact``'s five launches against the definition (the rows and mixes above), with
     chunks that do not divide the row and caps small enough that each of its three ends runs: survivors sorted (at
     most ``cap``), searched in the buffer (at most ``buffer``), the whole row searched (more)."""
-    from ignition.components.triton_kernels import sampling_cut_compact_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
 
     y = _rows(b, v, v + chunk)
     top_k, top_p = _params(v, b)
@@ -197,7 +197,7 @@ def _assert_window(row: torch.Tensor, plan: torch.Tensor, k: int) -> None:
     """A row's plan ``(last bin, window count, first bin, count above)``: the window is a run of the row sorted
     (ties never split), the count above it is its values in earlier bins, a top-k row's window starts at the row max
     and reaches the k-th."""
-    from ignition.components.triton_kernels import SAMPLING_CUT_BINS, SAMPLING_CUT_INV_W
+    from ignition.components.kernels.sampling_cut import SAMPLING_CUT_BINS, SAMPLING_CUT_INV_W
 
     last, n, first, above = plan.tolist()
     v = row.numel()
@@ -216,7 +216,7 @@ def _assert_window(row: torch.Tensor, plan: torch.Tensor, k: int) -> None:
 def test_compact_kernels_on_peaked_and_flat_rows():
     """Rows shaped like a language model's (a few logits far above a flat bulk, at several temperatures) and flat
     ones, random top_k / top_p: the compacted cut is the definition up to top-p near ties, whichever end decides."""
-    from ignition.components.triton_kernels import sampling_cut_compact_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
 
     g = torch.Generator().manual_seed(11)
     b, v = 16, 1500
@@ -298,7 +298,7 @@ def test_sorted_cut_kernel_takes_the_values_tied_with_the_kth_past_its_blocks(bl
     values tie at the k-th (top_k 50) and run past those blocks; without them the mass would be too small and top_p
     0.7 would cut at 4.0 instead of keeping every tie (the reference's 0.0).  Rows 1-2: the same ties with top_p 1
     (no pass) and top_k off (the whole row)."""
-    from ignition.components.triton_kernels import sorted_cut_triton
+    from ignition.components.kernels.sampling_cut import sorted_cut_triton
 
     row = torch.tensor([5.0, 4.0, 3.0] + [0.0] * 150 + [-1.0] * 300)
     s = row.repeat(3, 1)
@@ -315,7 +315,7 @@ def test_sorted_cut_kernel_is_the_reference_up_to_top_p_near_ties(b, v, block):
     """The one-program-per-row kernel on sorted rows (several blocks, a masked tail, ties, -inf, signed zeros, a
     constant row, top_k off / at / beyond the row, top_p 1 and below): the reference's cut, except where the mass
     above a value is within rounding of top_p (``_cut64``'s near ties); top-k alone exact."""
-    from ignition.components.triton_kernels import sorted_cut_triton
+    from ignition.components.kernels.sampling_cut import sorted_cut_triton
 
     y, s, top_k, top_p = _sorted_cases(b, v, v + block)
     got = sorted_cut_triton(top_k, top_p, s, block=block, scan=max(16, block // 4))
@@ -340,7 +340,7 @@ def test_compact_window_of_flat_rows():
     """Flat rows (high temperatures), top_k off: the nucleus holds most of the row, far more than the buffer, yet the
     plan's window of possible cut values fits it -- no row falls back to the whole-row search -- and the cut is the
     definition up to top-p near ties."""
-    from ignition.components.triton_kernels import sampling_cut_compact_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
 
     g = torch.Generator().manual_seed(5)
     b, v, buffer = 9, 4096, 512

@@ -50,7 +50,7 @@ def test_compiled_op_equals_eager():
 @interpreter
 @pytest.mark.parametrize("b,v,k", [(3, 5000, 64), (1, 9000, 32), (3, 1000, 20), (1, 40, 40), (2, 900, 1)])
 def test_triton_kernel_equals_torch_topk(b, v, k):
-    from ignition.components.triton_kernels import topk_values_triton
+    from ignition.components.kernels.topk import topk_values_triton
 
     x = _rows(b, v, v + k)
     got = topk_values_triton(x, k)

@@ -232,7 +232,8 @@ CASES = [(4, 2, 64), (8, 2, 128), (8, 2, 64), (16, 2, 128)]  # GQA groups 2, 4, 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", CASES)
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_triton_decode_kernel_matches_fp64_and_the_reference(heads, kv_heads, head_dim, num_splits):
-    from ignition.components.triton_kernels import paged_decode_attention_triton, paged_decode_num_splits
+    from ignition.components.kernels.decode_plan import paged_decode_num_splits
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton
 
     if num_splits is None:  # the static choice: > 1 here (5 rows x 2 KV heads, 8 pages)
         assert paged_decode_num_splits(len(SEQ_LENS), kv_heads, WIDTH) > 1
@@ -249,7 +250,7 @@ def test_triton_decode_kernel_matches_fp64_and_the_reference(heads, kv_heads, he
 @interpreter
 def test_triton_decode_kernel_reads_only_seq_lens_keys():
     """Every slot past seq_lens (page tails, unused pages, the sink) is NaN: the output stays finite and exact."""
-    from ignition.components.triton_kernels import paged_decode_attention_triton
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton
 
     q, k, v, bt, lens = make_case(8, 2, 64, poison=True, seed=7)
     for splits in (None, 5):
@@ -259,7 +260,7 @@ def test_triton_decode_kernel_reads_only_seq_lens_keys():
 
 @interpreter
 def test_triton_decode_kernel_workspace_and_more_splits_than_pages():
-    from ignition.components.triton_kernels import paged_decode_attention_triton
+    from ignition.components.kernels.paged_decode import paged_decode_attention_triton
 
     q, k, v, bt, lens = make_case(8, 4, 64, seq_lens=(1, 33, 0), seed=3)
     splits = WIDTH  # row 0 has 1 page: 7 splits empty; row 2 none
@@ -404,7 +405,7 @@ PF_KERNEL_CASES = [  # heads, kv_heads, head_dim, page, config (None: paged_pref
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page,config", PF_KERNEL_CASES)
 def test_triton_prefill_kernel_matches_fp64_and_the_cpu_op(heads, kv_heads, head_dim, page, config):
     from ignition.components.attention import paged_prefill_attention_reference
-    from ignition.components.triton_kernels import paged_prefill_attention_triton
+    from ignition.components.kernels.prefill_attention import paged_prefill_attention_triton
 
     case = make_prefill_case(heads, kv_heads, head_dim, page, PF_ROWS, 20, seed=heads * head_dim + page)
     q, k, v, bt, positions, lens, valid = case
@@ -426,7 +427,7 @@ def test_triton_prefill_kernel_stops_at_the_context():
     round after 28 keys and an inactive row stay finite and exact -- a V row past seq_lens entering a tile would
     make the output NaN (0 * NaN in P @ V).  (That the loop also skips key blocks past the tile's largest position
     is by construction of its bound; the interpreter does not time it.)"""
-    from ignition.components.triton_kernels import paged_prefill_attention_triton
+    from ignition.components.kernels.prefill_attention import paged_prefill_attention_triton
 
     case = make_prefill_case(4, 2, 16, 4, [(0, 3), (28, 2), (0, 0)], 3, seed=5)
     got = paged_prefill_attention_triton(*case[:6], 0.25, config={"BLOCK_M": 16, "BLOCK_N": 16})

@@ -21,7 +21,7 @@ from ignition.components.norms import rms_norm_reference  # noqa: E402
 
 @pytest.mark.parametrize("shape", [(3, 64), (2, 5, 4, 128), (1, 1, 4096), (7, 1000)])
 def test_rms_norm_triton_matches_the_reference_within_one_bf16_rounding(shape):
-    from ignition.components.triton_kernels import rms_norm_triton
+    from ignition.components.kernels.rms_norm import rms_norm_triton
 
     gen = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=gen) * 3).to(torch.bfloat16)
@@ -36,7 +36,7 @@ def test_rms_norm_triton_matches_the_reference_within_one_bf16_rounding(shape):
 
 
 def test_rms_norm_triton_reads_strided_rows():
-    from ignition.components.triton_kernels import rms_norm_triton
+    from ignition.components.kernels.rms_norm import rms_norm_triton
 
     base = torch.randn(4, 3 * 128).to(torch.bfloat16)
     x = base[:, 128:256].view(4, 1, 128)  # a slice of a fused projection's output (row stride 384)
@@ -69,7 +69,7 @@ _GEMV_CASES = [  # (M, N weight rows, K, norm, gated, residual)
 @pytest.mark.parametrize("m,n,k,norm,gated,residual", _GEMV_CASES)
 def test_fused_linear_triton_matches_the_reference(m, n, k, norm, gated, residual):
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m * 7 + n + k)
     # The interpreter costs ~15 ms per program: wide outputs run with BN=32 (a quarter of the heuristic's
@@ -95,7 +95,7 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
     import torch.nn.functional as F
 
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     gen = torch.Generator().manual_seed(m + n + k)
     x = (torch.randn(m, 2 * k, generator=gen) * 2).to(torch.bfloat16)
@@ -113,7 +113,7 @@ def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual
 
 @pytest.mark.parametrize("cfg", [{"BN": 4, "BK": 64}, {"BN": 16, "BK": 256}, {"BN": 32, "BK": 128, "num_warps": 8}])
 def test_fused_linear_triton_configs_are_deterministic(cfg):
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(3, 128, 256, norm=True, gated=True, residual=True, seed=5)
     a = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=True, config=cfg)
@@ -128,7 +128,7 @@ def test_fused_linear_triton_preloaded_tiles_change_no_bit(monkeypatch, tiles):
     first -- the same accumulation order, so the same bits as without (and within the reference's bound); with
     ``FLARE_GEMV_PRELOAD_PROLOGUE=0`` a GEMV with a prologue keeps none, nor does one of more rows or a ragged K."""
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_preload_tiles
 
     x, w, _, r = _gemv_inputs(1, 64, 512, norm=False, gated=False, residual=True, seed=tiles)
     cfg = {"BN": 32, "BK": 128}  # 4 tiles of K
@@ -156,7 +156,7 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
     or whose streamed tiles are pipelined (``FLARE_GEMV_STREAM_STAGES``, default 0); never for more rows; both
     accumulators within the reference's bound, a whole-K preload and a pipelined stream alike."""
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_flat
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_flat
 
     assert gemv_flat(1, 512, 128, 4) == (True, 0) and gemv_flat(1, 512, 128, 2) == (False, 0)
     assert gemv_flat(2, 512, 128, 4) == (False, 0)
@@ -189,7 +189,7 @@ def test_shared_memory_gemv_takes_only_the_plain_one_row_cuda_launches(monkeypat
     switch on), K a power of two of at least 1024, rows fitting shared memory; a bad row count names its switch."""
     from ignition.components.fused_linear import fused_linear_reference
     from ignition.components.smem_gemv import smem_gemv_applies, smem_gemv_rows
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_smem_enabled
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_smem_enabled
 
     cpu = torch.device("cpu")
     plain = dict(norm=False, gated=False, gated_input=False, dot=False, prenorm=False)
@@ -225,7 +225,7 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
     K (``FLARE_GEMV_PRELOAD_PROLOGUE``: 1 forces it, 0 never), and multiply the preloaded tiles with the loop's own
     input tiles: the same bits as without -- whole K (the default) and a partial preload (forced)."""
-    from ignition.components.triton_kernels import fused_linear_triton, gemv_preload_tiles
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_preload_tiles
 
     k = 384
     x, w, nw, r = _gemv_inputs(1, 64, k, norm=norm, gated=gated, residual=gated_input, seed=3)
@@ -267,7 +267,7 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     ``tl.dot`` (fp32 products of the bf16 values in the interpreter, as the MMA's are exact) -- within the
     elementwise kernel's bound, and the same bits on a second launch."""
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(m, n, k, norm=norm, gated=gated, residual=residual, seed=m + n + k)
     if gated_input:
@@ -289,9 +289,9 @@ def test_tensor_core_variant_matches_the_reference(monkeypatch, m, n, k, norm, g
     err = (got.float() - ref.float()).abs()
     assert got.shape == ref.shape and (err <= tol).all(), f"max excess {(err - tol).max().item()}"
     if norm:  # the norm prologue's pipelined row statistics and tiled norm weights: the plain loops' bits
-        from ignition.components import triton_kernels as tk
+        from ignition.components.kernels import linear
 
-        monkeypatch.setattr(tk, "GEMM_ROWS_NORM_STAGES", 0)
+        monkeypatch.setattr(linear, "GEMM_ROWS_NORM_STAGES", 0)
         plain = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, gated=gated, config=cfg, dot=True)
         assert torch.equal(plain.view(torch.int16), got.view(torch.int16))
 
@@ -304,7 +304,7 @@ def test_published_norm_feeds_the_next_launch(m, n, k, n1, gated):
     bound of the canonical norm + projection (two producer configs: blocks of 16 and 32 columns, N not a multiple of
     one), and it reads them: four times the sums halve rstd, so a linear output halves."""
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, _, r = _gemv_inputs(m, n, k, norm=False, gated=False, residual=True, seed=m + n)
     _, w1, nw, _ = _gemv_inputs(m, 2 * n1 if gated else n1, n, norm=True, gated=gated, residual=False, seed=n1)
@@ -337,7 +337,7 @@ def test_published_norm_of_an_input_no_launch_wrote(rows, n, parts):
     ``bf16(nw * h)`` within the interpreter's truncation of one rounding and each column block's sum of squares (fp64
     reference), blocks of ``cdiv(N, parts)`` with a short last one; the CPU op computes the same."""
     from ignition.components.fused_linear import published_norm_op
-    from ignition.components.triton_kernels import published_norm_triton
+    from ignition.components.kernels.linear import published_norm_triton
 
     gen = torch.Generator().manual_seed(rows + n)
     h = (torch.randn(rows, n, generator=gen) * 3).to(torch.bfloat16)
@@ -357,7 +357,7 @@ def test_published_norm_of_an_input_no_launch_wrote(rows, n, parts):
 def test_tensor_core_residual_first_changes_no_bit(monkeypatch):
     """``FLARE_GEMM_ROWS_RES_FIRST=1`` (``GEMM_ROWS_RES_FIRST``): the residual tile loaded before the main loop instead
     of after it -- the same values, the same bits, with and without a published norm."""
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, r = _gemv_inputs(4, 96, 128, norm=True, gated=False, residual=True, seed=11)
     cfg = {"BN": 16, "BK": 64}
@@ -373,7 +373,7 @@ def test_tensor_core_residual_first_changes_no_bit(monkeypatch):
 def test_published_norm_arguments_are_checked():
     """The published norm names what is wrong: the tensor-core kernel's only; the producer ungated with weights of its
     output width; the consumer's statistics fp32 rows of x and no second norm."""
-    from ignition.components.triton_kernels import fused_linear_triton
+    from ignition.components.kernels.linear import fused_linear_triton
 
     x, w, nw, _ = _gemv_inputs(4, 32, 64, norm=True, gated=False, residual=False, seed=5)
     stats = torch.ones(4, 2)
@@ -395,7 +395,7 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     """The tensor-core kernel (default; ``FLARE_GEMV_DOT=0`` turns it off) takes 2..16 rows of plain-input, ungated
     projections only -- the launches that beat cuBLAS in run 23; the narrow few-row rule and one row are unchanged."""
     from ignition.components.fused_linear import prefers_fused, uses_dot_kernel
-    from ignition.components.triton_kernels import fused_linear_triton, gemm_rows_config
+    from ignition.components.kernels.linear import fused_linear_triton, gemm_rows_config
 
     wide, gated_w, narrow = torch.zeros(4096, 8), torch.zeros(2 * 12288, 8), torch.zeros(1024, 8)
     monkeypatch.setenv("FLARE_GEMV_DOT", "0")
@@ -443,7 +443,7 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
                                                                                               prologue=True, norm=True)
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS")
     monkeypatch.delenv("FLARE_GEMM_ROWS_GATED")
-    from ignition.components.triton_kernels import GEMV_PREFETCH_TILES, gemm_rows_prefetch_tiles
+    from ignition.components.kernels.linear import GEMV_PREFETCH_TILES, gemm_rows_prefetch_tiles
 
     assert gemm_rows_prefetch_tiles() == GEMV_PREFETCH_TILES == 2  # L2 prefetch before the wait: side-by-side switch
     monkeypatch.setenv("FLARE_GEMM_ROWS_PREFETCH", "8")
@@ -476,7 +476,7 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
 
 
 def test_gemv_config_is_a_pure_function_of_the_shapes():
-    from ignition.components.triton_kernels import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
+    from ignition.components.kernels.linear import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
     for (m, n, k, gated), (bn, bk, warps, stages) in GEMV_MEASURED.items():  # measured shapes: their table entry
         assert gemv_config(m, n, k, gated) == {"BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
@@ -497,7 +497,7 @@ def test_gemv_config_is_a_pure_function_of_the_shapes():
 def test_rope_write_triton_matches_the_reference(b, t, heads, kv_heads, d, norms):
     from test_rope_write import EPS, check_triton, make_case
 
-    from ignition.components.triton_kernels import rope_write_triton
+    from ignition.components.kernels.rope_write import rope_write_triton
 
     case = make_case(b, t, heads, kv_heads, d, norms=norms, seed=b + t)
     q, k, v, qw, kw, cos, sin, kp, vp, slots = [x.clone() if isinstance(x, torch.Tensor) else x for x in case]
@@ -508,7 +508,7 @@ def test_rope_write_triton_matches_the_reference(b, t, heads, kv_heads, d, norms
 def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypatch):
     """``FLARE_GEMV_CONFIG``: per-shape launch configs for side-by-side runs (``g``: the gated launch of the same
     shape is another key); a malformed item raises naming it; unset, the measured table."""
-    from ignition.components.triton_kernels import GEMV_MEASURED, gemv_config
+    from ignition.components.kernels.linear import GEMV_MEASURED, gemv_config
 
     table = dict(zip(("BN", "BK", "num_warps", "num_stages"), GEMV_MEASURED[(1, 4096, 4096, False)]))
     monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
@@ -528,7 +528,7 @@ def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypat
 def test_gemv_config_override_reaches_the_tensor_core_launch_by_row_count(monkeypatch):
     """``FLARE_GEMV_CONFIG`` names tensor-core launches too, keyed by their row count: the named count takes the
     override, other counts keep the measured table's entry."""
-    from ignition.components.triton_kernels import GEMM_ROWS_MEASURED, gemm_rows_config
+    from ignition.components.kernels.linear import GEMM_ROWS_MEASURED, gemm_rows_config
 
     table = dict(zip(("BN", "BK", "num_warps", "num_stages"), GEMM_ROWS_MEASURED[(4096, 12288, False)]))
     monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
@@ -542,7 +542,7 @@ def test_programs_per_sm_follows_registers_shared_memory_and_warps():
     """sm90 residency: registers per warp rounded up to 256 (8 per thread), 65,536 per SM; shared memory with 1 KiB
     per program of 228 KiB; 64 warps; at most 32 programs -- the counts the measured launch notes rely on."""
     pytest.importorskip("triton")
-    from ignition.components.triton_kernels import programs_per_sm
+    from ignition.components.kernels.decode_plan import programs_per_sm
 
     assert [programs_per_sm(r, 4) for r in (255, 176, 168, 154, 127, 128, 95, 84, 64)] == [2, 2, 3, 3, 4, 4, 5, 5, 8]
     assert programs_per_sm(122, 4, 147456) == 1  # shared memory binds (the tensor-core 32x512 tiles)

@@ -1,0 +1,58 @@
+"""The rotary embedding's cos and sin (``flare::rotary_cos_sin``, ``ignition/components/rotary.py``)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The rotary embedding's cos and sin (``flare::rotary_cos_sin``, ``ignition/components/rotary.py``): one launch for
+# what the canonical module runs as nine (the position cast, the product with inv_freq, the cat, cos, sin, two
+# scalings, two casts -- about 17 us on the Qwen3 decode step's critical path on the H200, run 39).  The same
+# operations in the same order, each rounded where the module rounds: ``f = fp32(position) * inv_freq`` (one fp32
+# product; the module's K=1 matmul or elementwise product rounds it once), ``cos(f)`` / ``sin(f)`` (``tl.cos`` /
+# ``tl.sin`` compile to libdevice's ``__nv_cosf`` / ``__nv_sinf`` for sm90 -- the CUDA math library's accurate
+# functions, which PyTorch's own kernels call; offline PTX: no ``.approx``), ``* scaling`` in fp32, one rounding to
+# the output dtype; both halves of the head dimension get the same values (the module's ``cat((freqs, freqs))``).
+
+
+@triton.jit
+def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, HALF: tl.constexpr, HP: tl.constexpr,
+                           BLOCK_R: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    h = tl.arange(0, HP)
+    r_mask = rows < R
+    h_mask = h < HALF
+    pos = tl.load(POS + rows, mask=r_mask, other=0).to(tl.float32)
+    inv = tl.load(INV + h, mask=h_mask, other=0.0)
+    f = pos[:, None] * inv[None, :]  # [BLOCK_R, HP] fp32
+    c = (tl.cos(f) * scaling).to(COS.dtype.element_ty)  # libdevice's cosf on NVIDIA: no .approx in the PTX
+    s = (tl.sin(f) * scaling).to(SIN.dtype.element_ty)
+    off = rows.to(tl.int64)[:, None] * (2 * HALF) + h[None, :]
+    m = r_mask[:, None] & h_mask[None, :]
+    tl.store(COS + off, c, mask=m)
+    tl.store(COS + off + HALF, c, mask=m)
+    tl.store(SIN + off, s, mask=m)
+    tl.store(SIN + off + HALF, s, mask=m)
+
+
+#: Positions per program of the rotary kernel (a decode step's rows fit one program; a prefill chunk's spread).
+ROTARY_BLOCK_ROWS = 16
+
+
+def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``positions [...]`` (integer), ``inv_freq [D / 2]`` float32 -> ``(cos, sin)``, each ``[..., D]`` in ``dtype``,
+    one launch (see above).  Shapes are checked by the op (``rotary.py``)."""
+    half = inv_freq.shape[0]
+    cos = torch.empty((*positions.shape, 2 * half), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    r = positions.numel()
+    if r == 0:
+        return cos, sin
+    _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS),)](
+        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), HALF=half,
+        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4)
+    return cos, sin
