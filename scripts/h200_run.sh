@@ -13,7 +13,9 @@
 #   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS;
 #                   either set empty: the recipe's full catalog); exported with --eager ($EXPORT_ARGS, default
 #                   --eager: the same core, its steps validated uncompiled -- every stage that times a core compiles
-#                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29)
+#                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29).  A machine
+#                   still warm from the previous call reuses its core when ignition/'s files, the catalog and the
+#                   export arguments are the same (the stage says so in build.log)
 #   memory-G        qualify.fixed_memory on core G ($ATTN attention): weights, KV pool, graph pool, workspaces, slack
 #   served-G        qualify.served_equivalence on core G (served == eager, cache hit == miss)
 #   overhead-G      qualify.serve_overhead on core G, batch 1 and 8 ($ATTN attention)
@@ -71,11 +73,21 @@ for s in ${STAGES:?set STAGES}; do
     gemv) timeout 150 python3 scripts/bench_gemv.py --budget-s ${GEMV_S:-70} ${GEMV_ARGS:-} --json "$OUT/gemv.json" > "$OUT/gemv.log" 2>&1
           tail -n 45 "$OUT/gemv.log" ;;
     core-*)
-      timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
       catalog=(); [ -n "$CAPS" ] && catalog+=(--capacities "$CAPS"); [ -n "$CHUNKS" ] && catalog+=(--prefill-chunks "$CHUNKS")
-      timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
-          --out $W/core-$g --hub-cache .hub "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
-          | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"; tail -n 4 "$OUT/build.log" ;;
+      # a machine still warm from the last call keeps $W: its core is reused when what made it is the same (the
+      # ignition/ sources, the catalog and the export arguments); anything else exports again
+      key=$( (find ignition -type f -not -path "*/__pycache__/*" | LC_ALL=C sort | xargs cat;
+              echo "$g ${catalog[*]} ${EXPORT_ARGS---eager}") | md5sum | cut -d" " -f1)
+      if [ -s $W/core-$g.key ] && [ "$(cat $W/core-$g.key)" = "$key" ] && [ -d $W/core-$g ]; then
+        echo "core $g reused from the warm machine (same sources and catalog, key $key)" | tee -a "$OUT/build.log"
+      else
+        rm -rf $W/core-$g $W/core-$g.key $W/ckpt-$g
+        timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
+        timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
+            --out $W/core-$g --hub-cache .hub "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
+            | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"
+        [ "${PIPESTATUS[0]}" = 0 ] && echo "$key" > $W/core-$g.key
+      fi; tail -n 4 "$OUT/build.log" ;;
     memory-*) timeout ${MEMORY_S:-200} python3 -m qualify.fixed_memory $W/core-$g --attention $ATTN --json "$OUT/memory-$g.json" \
           > "$OUT/memory-$g.log" 2>&1; tail -n 3 "$OUT/memory-$g.log" ;;
     served-*) timeout 200 python3 -m qualify.served_equivalence $W/core-$g --max-tokens 64 --prompt-tokens 100 \
