@@ -3,7 +3,7 @@
 ``python -m qualify.gpu_replay --core CORE --capacities 1,4 [--context N] [--samples N] [--seeds 0,1]
 [--eager] [--timeline [--timeline-widths 1,2] [--timeline-variants decode_greedy]] [--check-compiled --steps 256]
 [--widths 1,2,4,8] [--greedy-variant] [--topk-variant K] [--out DIR] [--no-archive]
-[--ab NAME=VALUE[:NAME=VALUE] [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
+[--ab NAME=VALUE[:NAME=VALUE] ... [--ab-blocks N] [--ab-null]] [--device cuda|cpu]``
 
 ``--widths``: speculative verification rounds (``ignition.graphs.rounds``) of each capacity ``B`` and width
 ``W`` -- the pending token plus ``W - 1`` proposals per row -- timed the same way, with the ratio to decode
@@ -56,7 +56,9 @@ both were the same kernels (Qwen3-8B batch 1, ``results/20261201T114716Z-sm90-ru
 in the run and B is called faster or slower only when its min-max range clears both A's and A2's.  A second verdict
 pairs the blocks (:func:`paired_blocks`: each block's median ratio, the blocks where B was faster, the exact sign
 test) and calls B faster or slower only when that holds against A and A2 alike at p < 0.05; it is stated beside the
-min-max one, which stays the rule.
+min-max one, which stays the rule.  ``--ab`` repeated builds one B bench per entry (``ab`` ``B1: ...``, ``B2: ...``),
+all timed interleaved with A (and A2, built after every B) and each compared with them as above: the A side, its
+build and the null are shared (each bench holds its own copy of the weights: Qwen3-8B's 16 GiB each).
 
 On CPU (``--device cpu``) the same paths run without capture (perf_counter timing, no floor): it is how
 CI exercises the tool; the numbers mean nothing there.
@@ -106,6 +108,17 @@ def parse_ab(text: str) -> dict[str, str]:
     if not env:
         raise ValueError(f"--ab {text!r}: no switch given")
     return env
+
+
+def ab_labels(envs: list[dict[str, str]]) -> list[str]:
+    """The ``ab`` labels of the B benches: ``B: NAME=VALUE...`` for one, ``B1: ...``, ``B2: ...`` for several (in the
+    order given); raises when two entries set the same switches."""
+    texts = [":".join(f"{k}={v}" for k, v in env.items()) for env in envs]
+    if len({tuple(sorted(env.items())) for env in envs}) != len(envs):
+        raise ValueError(f"--ab: the same switches given twice ({', '.join(texts)})")
+    if len(envs) == 1:
+        return [f"B: {texts[0]}"]
+    return [f"B{i}: {t}" for i, t in enumerate(texts, 1)]
 
 
 @contextlib.contextmanager
@@ -372,8 +385,9 @@ def run(args) -> dict:
         from ignition.components.fused_linear import set_fused_projections
 
         set_fused_projections(False)
-    env_b = parse_ab(args.ab) if args.ab else None
-    if env_b and not cuda and not args.eager:
+    envs_b = [parse_ab(text) for text in args.ab or ()]
+    labels_b = ab_labels(envs_b)
+    if envs_b and not cuda and not args.eager:
         raise ValueError("--ab without a GPU needs --eager (an uncompiled step reads the switches at every call)")
 
     def make(widths, extra):
@@ -382,16 +396,15 @@ def run(args) -> dict:
                            greedy_variant=args.greedy_variant, topk_variant=args.topk_variant)
 
     bench = make(_caps(args.widths), args.steps if args.check_compiled else 0)
-    bench_b = bench_null = None
-    if env_b:
+    benches_b, bench_null = [], None
+    for env_b in envs_b:
         with switched_env(env_b, reset=not args.eager):
-            bench_b = make((), 0)
-        if args.ab_null:  # A again, built after B the same way: the side by side's own build-order bias
-            with switched_env({}, reset=not args.eager):
-                bench_null = make((), 0)
+            benches_b.append(make((), 0))
+    if envs_b and args.ab_null:  # A again, built after every B the same way: the side by side's own build-order bias
+        with switched_env({}, reset=not args.eager):
+            bench_null = make((), 0)
     elif args.ab_null:
         raise ValueError("--ab-null needs --ab")
-    label_b = "B: " + ":".join(f"{k}={v}" for k, v in (env_b or {}).items())
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     samples, cases = [], []
     for cap in bench.capacities:
@@ -399,22 +412,24 @@ def run(args) -> dict:
         floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
         kinds = ("decode",) + variant_kinds(args.greedy_variant, args.topk_variant)
         for seed, kind in ((sd, k) for k in kinds for sd in _caps(args.seeds)):
-            if bench_b is None:
+            paired = {}
+            if not benches_b:
                 timed = [(None, bench.time_case(cap, seed, args.samples, args.warmup, kind))]
             else:
-                def time_b(n, w, cap=cap, seed=seed, kind=kind):
-                    with switched_env(env_b, reset=False):  # uncompiled steps read the switches at each call
-                        return bench_b.time_case(cap, seed, n, w, kind)
+                def time_on(which, env=None):
+                    def time(n, w, cap=cap, seed=seed, kind=kind):
+                        with switched_env(env or {}, reset=False):  # uncompiled steps read the switches per call
+                            return which.time_case(cap, seed, n, w, kind)
+                    return time
 
-                def time_on(which):
-                    return lambda n, w, cap=cap, seed=seed, kind=kind: which.time_case(cap, seed, n, w, kind)
-
-                timers = [time_on(bench), time_b] + ([time_on(bench_null)] if bench_null is not None else [])
+                timers = ([time_on(bench)] + [time_on(b, env) for b, env in zip(benches_b, envs_b)]
+                          + ([time_on(bench_null)] if bench_null is not None else []))
                 raws = interleaved(timers, args.samples, args.warmup, args.ab_blocks)
-                timed = list(zip(["A", label_b, NULL_LABEL][:len(raws)], raws))
-                paired = {"A": paired_blocks(raws[0], raws[1], args.ab_blocks)}
-                if len(raws) > 2:
-                    paired["A2"] = paired_blocks(raws[2], raws[1], args.ab_blocks)
+                timed = list(zip(["A", *labels_b, NULL_LABEL], raws))
+                for i, label in enumerate(labels_b, 1):  # each B against A (and A2), block by block
+                    paired[label] = {"A": paired_blocks(raws[0], raws[i], args.ab_blocks),
+                                     **({"A2": paired_blocks(raws[-1], raws[i], args.ab_blocks)}
+                                        if bench_null is not None else {})}
             for ab, raw in timed:
                 s = summarize(raw)
                 case = {"tool": "gpu_replay", "core": name, "capacity": cap, "context": args.context,
@@ -424,8 +439,8 @@ def run(args) -> dict:
                         **({"ab": ab} if ab else {})}
                 rec = {"case": case, "seed": seed, "replay_s": raw, **s, "traffic_bytes": traffic["total_bytes"],
                        "traffic": {k: traffic[k] for k in TRAFFIC_FIELDS if k in traffic}}
-                if ab == label_b:  # B against each reference, block by block
-                    rec["paired_blocks"] = paired
+                if ab in paired:  # this B against each reference, block by block
+                    rec["paired_blocks"] = paired[ab]
                 if floor is not None:
                     rec.update(floor_s=floor["floor_s"], floor_samples_s=floor["samples_s"],
                                floor_bandwidth_bytes_per_s=floor["bandwidth_bytes_per_s"],
@@ -446,16 +461,17 @@ def run(args) -> dict:
                        "vs_decode": s["median_ms"] / decode_median[cap]}
                 samples.append(rec)
                 cases.append({k: v for k, v in rec.items() if k != "replay_s"})
-    out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": label_b} if env_b else {})}
+    out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": labels_b} if envs_b else {})}
     if args.timeline:
         if not cuda:
             raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
         out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases,
                                                      args.timeline_variants)
-        if bench_b is not None:
-            a_side = list(out["timeline"])
+        a_side = list(out["timeline"])
+        for i, (bench_b, env_b, label_b) in enumerate(zip(benches_b, envs_b, labels_b), 1):
             for cap in (c for c in bench.capacities if c in (1, 4)):
-                make_b = b_timeline_maker(bench_b, env_b, cap, args.timeline_dir, compiled=not args.eager)
+                make_b = b_timeline_maker(bench_b, env_b, cap, args.timeline_dir, compiled=not args.eager,
+                                          prefix="ab-" if len(benches_b) == 1 else f"ab{i}-")
                 out["timeline"].append(ab_timeline(a_side, cap, label_b, make_b))
     if args.check_compiled:
         out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
@@ -495,7 +511,8 @@ def decode_and_round_timelines(bench, widths, trace_dir, cases, variants=()) -> 
     return out
 
 
-def b_timeline_maker(bench_b, env_b: dict[str, str], capacity: int, trace_dir, compiled: bool):
+def b_timeline_maker(bench_b, env_b: dict[str, str], capacity: int, trace_dir, compiled: bool,
+                     prefix: str = "ab-"):
     """The B side's decode timeline of ``capacity`` rows as a thunk for :func:`ab_timeline`.  Its attributed run
     calls the step's compiled regions uncaptured, and Dynamo's caches do not guard on the environment: whatever they
     hold then (A's regions, compiled by A's attributed run) would run in B's place -- the kernel list no longer
@@ -506,7 +523,7 @@ def b_timeline_maker(bench_b, env_b: dict[str, str], capacity: int, trace_dir, c
 
     def make_b():
         with switched_env(env_b, reset=compiled):
-            return timeline(bench_b, capacity, trace_dir, prefix="ab-")
+            return timeline(bench_b, capacity, trace_dir, prefix=prefix)
 
     return make_b
 
@@ -573,18 +590,19 @@ def _print(out: dict) -> None:
             if "ab" in c["case"]:
                 by.setdefault(c["case"]["ab"], {})[(c["case"]["capacity"], c["case"]["variant"], c["seed"])] = c
         a_cases, null = by.pop("A"), by.pop(NULL_LABEL, None)
-        print(f"side by side in one process: A = the environment as started, {out['ab']}; B / A per case"
-              + (" and the null A2 / A (A built again after B: the side by side's own bias; B's verdict is against "
-                 "both)" if null else "") + ":")
-        for key, c in next(iter(by.values())).items():
-            a = a_cases[key]
-            refs = [a] + ([null[key]] if null else [])
-            extra = f"  null A2/A {null[key]['median_ms'] / a['median_ms']:.4f}" if null else ""
-            pb = c.get("paired_blocks")
-            if pb:
-                extra += f"  (paired blocks: {paired_verdict(list(pb.values()))}; {describe(pb)})"
-            print(f"{key[0]:>8} {key[1]:>13} {key[2]:>4} {c['median_ms'] / a['median_ms']:10.4f}  "
-                  f"({ab_verdict(c, refs)}: min-max ranges){extra}")
+        for label, b_cases in by.items():  # each B in the order given
+            print(f"side by side in one process: A = the environment as started, {label}; B / A per case"
+                  + (" and the null A2 / A (A built again after every B: the side by side's own bias; B's verdict is "
+                     "against both)" if null else "") + ":")
+            for key, c in b_cases.items():
+                a = a_cases[key]
+                refs = [a] + ([null[key]] if null else [])
+                extra = f"  null A2/A {null[key]['median_ms'] / a['median_ms']:.4f}" if null else ""
+                pb = c.get("paired_blocks")
+                if pb:
+                    extra += f"  (paired blocks: {paired_verdict(list(pb.values()))}; {describe(pb)})"
+                print(f"{key[0]:>8} {key[1]:>13} {key[2]:>4} {c['median_ms'] / a['median_ms']:10.4f}  "
+                      f"({ab_verdict(c, refs)}: min-max ranges){extra}")
     rounds = [c for c in out["cases"] if c["case"]["tool"] == "gpu_replay.round"]
     if rounds:
         print(f"{'capacity':>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>8} {'max':>8} {'vs decode':>9}")
@@ -629,9 +647,10 @@ def main(argv=None) -> int:
                    help="with --timeline: the decode variants that get a timeline too (decode_greedy with "
                         "--greedy-variant, decode_topk with --topk-variant), each with its difference against decode "
                         "at the same batch (default none)")
-    p.add_argument("--ab", default=None, metavar="NAME=VALUE[:NAME=VALUE]",
+    p.add_argument("--ab", default=None, action="append", metavar="NAME=VALUE[:NAME=VALUE]",
                    help="also a bench built with these FLARE_* switches, every decode case timed on both, "
-                        "interleaved (see the module docstring)")
+                        "interleaved (see the module docstring); repeated: one bench per entry, all interleaved "
+                        "with A")
     p.add_argument("--ab-blocks", type=int, default=10, help="blocks per case of an --ab side by side (A B B A ...)")
     p.add_argument("--ab-null", action="store_true",
                    help="with --ab: also A built again after B, timed interleaved with both (A B A2 A2 B A ...): "

@@ -66,21 +66,24 @@ def paired_verdict(pairs: list[dict], alpha: float = PAIRED_BLOCKS_ALPHA) -> str
 
 
 def from_samples(samples: list[dict], blocks: int) -> list[dict]:
-    """Per decode case of an archived ``--ab`` run (``samples.jsonl`` records): B against A (and A2), the paired
-    blocks and their verdict -- ``[{"case", "seed", "vs": {ref: paired_blocks}, "verdict"}]``."""
+    """Per decode case of an archived ``--ab`` run (``samples.jsonl`` records) and per B (several with ``--ab``
+    repeated): that B against A (and A2), the paired blocks and their verdict -- ``[{"case", "seed", "ab", "vs":
+    {ref: paired_blocks}, "verdict"}]``, ``ab`` the B's label."""
     by: dict = {}
     for rec in samples:
         case = rec.get("case", {})
         if case.get("tool") == "gpu_replay" and "ab" in case and "replay_s" in rec:
             key = (case["capacity"], case["variant"], rec["seed"])
-            by.setdefault(key, {})["B" if case["ab"].startswith("B") else case["ab"][:2]] = rec["replay_s"]
+            label = case["ab"] if case["ab"].startswith("B") else case["ab"][:2]
+            by.setdefault(key, {})[label] = rec["replay_s"]
     out = []
     for (cap, variant, seed), sides in sorted(by.items()):
-        if "A" not in sides or "B" not in sides:
+        if "A" not in sides:
             continue
-        vs = {ref: paired_blocks(sides[ref], sides["B"], blocks) for ref in ("A", "A2") if ref in sides}
-        out.append({"case": {"capacity": cap, "variant": variant}, "seed": seed, "vs": vs,
-                    "verdict": paired_verdict(list(vs.values()))})
+        for label in (x for x in sides if x.startswith("B")):
+            vs = {ref: paired_blocks(sides[ref], sides[label], blocks) for ref in ("A", "A2") if ref in sides}
+            out.append({"case": {"capacity": cap, "variant": variant}, "seed": seed, "ab": label, "vs": vs,
+                        "verdict": paired_verdict(list(vs.values()))})
     return out
 
 
@@ -93,8 +96,8 @@ def describe(vs: dict[str, dict]) -> str:
 def line(entry: dict) -> str:
     """One printed line of :func:`from_samples`' entry."""
     c = entry["case"]
-    return (f"B={c['capacity']} {c['variant']} seed {entry['seed']}: {entry['verdict']} by paired blocks -- "
-            f"{describe(entry['vs'])}")
+    return (f"B={c['capacity']} {c['variant']} seed {entry['seed']} ({entry['ab']}): {entry['verdict']} by paired "
+            f"blocks -- {describe(entry['vs'])}")
 
 
 def main(argv=None) -> int:

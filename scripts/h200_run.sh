@@ -34,8 +34,10 @@
 #                   $AB_IN (each NAME=VALUE[:NAME=VALUE...], the B side; A is the environment as started; AB_ARGS more
 #                   gpu_replay arguments -- AB_ARGS=--timeline: A's and B's decode timelines at B=1/4 and B's critical
 #                   path against A's per layer position, give it REPLAYIN_S=300; AB_NULL=1: --ab-null, A built again
-#                   after B; AB_IN_8B, AB_IN_0_6B: the entries of that model's stage instead) -- the order and
-#                   machine effects of separate processes cancel
+#                   after B; AB_IN_8B, AB_IN_0_6B: the entries of that model's stage instead; AB_TOGETHER=1: every
+#                   entry a B bench of ONE process, all interleaved with one A (and A2): A's load, build and
+#                   timelines once instead of once per entry; each bench holds its own copy of the weights, Qwen3-8B's
+#                   16 GB) -- the order and machine effects of separate processes cancel
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -109,13 +111,18 @@ for s in ${STAGES:?set STAGES}; do
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin-*) i=0; k=AB_IN_${g//./_}; for v in ${!k:-${AB_IN:?set AB_IN}}; do i=$((i + 1)); n=$i-$(slug "$v")
-          timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
-            --samples 200 --seeds 0 --attention $ATTN --ab "$v" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
-            --out $R/replayin-$g-$n 2>&1 | log \
-            > "$OUT/replayin-$g-$n.log"
-          tar czf "$OUT/replayin-$g-$n.tgz" -C $R/replayin-$g-$n . 2>/dev/null
-          sed -n '/side by side in one process/,$p' "$OUT/replayin-$g-$n.log" | head -n 8; done ;;
+    replayin-*) i=0; k=AB_IN_${g//./_}; entries=(${!k:-${AB_IN:?set AB_IN}}); runs=()
+          if [ "${AB_TOGETHER:-0}" = 1 ]; then  # every entry a B bench of one process: A (and A2) built once
+            abs=(); for v in "${entries[@]}"; do abs+=(--ab "$v"); done; runs=("${#entries[@]}-together")
+          else for v in "${entries[@]}"; do i=$((i + 1)); runs+=("$i-$(slug "$v")"); done; fi
+          i=0; for n in "${runs[@]}"; do
+            [ "${AB_TOGETHER:-0}" = 1 ] || { abs=(--ab "${entries[$i]}"); i=$((i + 1)); }
+            timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
+              --samples 200 --seeds 0 --attention $ATTN "${abs[@]}" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
+              --out $R/replayin-$g-$n 2>&1 | log \
+              > "$OUT/replayin-$g-$n.log"
+            tar czf "$OUT/replayin-$g-$n.tgz" -C $R/replayin-$g-$n . 2>/dev/null
+            grep -A 3 "side by side in one process" "$OUT/replayin-$g-$n.log" | head -n 40; done ;;
     prefill-*) for chunk in 1024 4096; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 --attention $ATTN \
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done

@@ -150,3 +150,45 @@ def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
     assert all("paired_blocks" not in s for s in timed if not s["case"]["ab"].startswith("B"))
     assert gpu_replay.main(["--core", core, "--device", "cpu", "--eager", "--ab-null", "--no-archive"]) == 2
     assert "--ab-null needs --ab" in capsys.readouterr().err
+
+
+def test_several_ab_entries_share_one_a_side(core, tmp_path, capsys, monkeypatch):
+    """``--ab`` repeated: one B bench per entry, all interleaved with one A (and the null A2, built after every B);
+    each B archived under its own label with its paired blocks against A and A2, each printed with its own header,
+    each read back by ``qualify.paired_blocks``; the same switches twice are refused, naming them."""
+    import os
+
+    from qualify import paired_blocks
+
+    monkeypatch.delenv("FLARE_TRITON_TOPK", raising=False)
+    seen = []
+    real = gpu_replay.ReplayBench.time_case
+
+    def spying(self, cap, seed, samples, warmup, kind="decode"):
+        seen.append(os.environ.get("FLARE_TRITON_TOPK"))
+        return real(self, cap, seed, samples, warmup, kind)
+
+    monkeypatch.setattr(gpu_replay.ReplayBench, "time_case", spying)
+    args = ["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
+            "--device", "cpu", "--eager", "--ab", "FLARE_TRITON_TOPK=0", "--ab", "FLARE_TRITON_TOPK=1",
+            "--ab-blocks", "2", "--ab-null", "--out", str(tmp_path)]
+    assert gpu_replay.main(args) == 0
+    assert "FLARE_TRITON_TOPK" not in os.environ
+    assert seen == [None, "0", "1", None, None, "1", "0", None]  # A B1 B2 A2, then the block reversed
+    (run,) = tmp_path.iterdir()
+    timed = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    labels = ["B1: FLARE_TRITON_TOPK=0", "B2: FLARE_TRITON_TOPK=1"]
+    assert [s["case"].get("ab") for s in timed] == ["A", *labels, gpu_replay.NULL_LABEL]
+    for rec in timed[1:3]:
+        assert set(rec["paired_blocks"]) == {"A", "A2"} and rec["paired_blocks"]["A"]["blocks"] == 2
+        assert rec["paired_blocks"]["A"]["median_ratio"] > 0
+    printed = capsys.readouterr().out
+    headers = [ln for ln in printed.splitlines() if ln.startswith("side by side in one process")]
+    assert len(headers) == 2 and all(label in h for label, h in zip(labels, headers))
+    entries = paired_blocks.from_samples(timed, 2)
+    assert [e["ab"] for e in entries] == labels and all(set(e["vs"]) == {"A", "A2"} for e in entries)
+    assert labels[1] in paired_blocks.line(entries[1])
+    twice = args[:-2] + ["--ab", "FLARE_TRITON_TOPK=0", "--no-archive"]
+    assert gpu_replay.main(twice) == 2
+    assert "the same switches given twice" in capsys.readouterr().err
+    assert gpu_replay.ab_labels([{"FLARE_X": "1"}]) == ["B: FLARE_X=1"]  # one entry keeps its label
