@@ -110,9 +110,9 @@ def test_ab_verdict_needs_every_reference_cleared():
     assert gpu_replay.ab_verdict(rng(1.0, 1.1), [rng(1.2, 1.3), rng(1.15, 1.2)]) == "B faster"
 
 
-def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
-    """``--ab``: each decode case timed on the bench as started (A) and on one built with the switches (B), the
-    samples interleaved, both archived; the environment is restored after; without a GPU it needs --eager."""
+@pytest.fixture
+def seen(monkeypatch):
+    """``FLARE_TRITON_TOPK`` as each decode case's timing saw it (unset when the test starts), in timing order."""
     import os
 
     monkeypatch.delenv("FLARE_TRITON_TOPK", raising=False)
@@ -124,6 +124,14 @@ def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
         return real(self, cap, seed, samples, warmup, kind)
 
     monkeypatch.setattr(gpu_replay.ReplayBench, "time_case", spying)
+    return seen
+
+
+def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, seen):
+    """``--ab``: each decode case timed on the bench as started (A) and on one built with the switches (B), the
+    samples interleaved, both archived; the environment is restored after; without a GPU it needs --eager."""
+    import os
+
     args = ["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
             "--device", "cpu", "--ab", "FLARE_TRITON_TOPK=0", "--ab-blocks", "2", "--out", str(tmp_path)]
     assert gpu_replay.main(args) == 2 and "needs --eager" in capsys.readouterr().err
@@ -152,7 +160,7 @@ def test_ab_side_by_side_in_one_process(core, tmp_path, capsys, monkeypatch):
     assert "--ab-null needs --ab" in capsys.readouterr().err
 
 
-def test_several_ab_entries_share_one_a_side(core, tmp_path, capsys, monkeypatch):
+def test_several_ab_entries_share_one_a_side(core, tmp_path, capsys, seen):
     """``--ab`` repeated: one B bench per entry, all interleaved with one A (and the null A2, built after every B);
     each B archived under its own label with its paired blocks against A and A2, each printed with its own header,
     each read back by ``qualify.paired_blocks``; the same switches twice are refused, naming them."""
@@ -160,15 +168,6 @@ def test_several_ab_entries_share_one_a_side(core, tmp_path, capsys, monkeypatch
 
     from qualify import paired_blocks
 
-    monkeypatch.delenv("FLARE_TRITON_TOPK", raising=False)
-    seen = []
-    real = gpu_replay.ReplayBench.time_case
-
-    def spying(self, cap, seed, samples, warmup, kind="decode"):
-        seen.append(os.environ.get("FLARE_TRITON_TOPK"))
-        return real(self, cap, seed, samples, warmup, kind)
-
-    monkeypatch.setattr(gpu_replay.ReplayBench, "time_case", spying)
     args = ["--core", core, "--capacities", "1", "--context", "20", "--samples", "4", "--warmup", "1",
             "--device", "cpu", "--eager", "--ab", "FLARE_TRITON_TOPK=0", "--ab", "FLARE_TRITON_TOPK=1",
             "--ab-blocks", "2", "--ab-null", "--out", str(tmp_path)]

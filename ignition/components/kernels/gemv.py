@@ -287,27 +287,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # predecessor -- and multiplied in order after it, with the loop's own x tiles (``_gemv_x_tile``): the same
     # tiles, the same elementwise accumulation order as without (the same bits with the 3-D accumulator; a whole-K
     # preload takes the 2-D one by default, ``GEMV_FLAT``, whose final sum over K groups the lanes otherwise).
-    if PRELOAD >= 1:
-        w_p0, u_p0 = _gemv_weight_tile(w_rows, u_rows, 0, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
-    if PRELOAD >= 2:
-        w_p1, u_p1 = _gemv_weight_tile(w_rows, u_rows, 1, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
-    if PRELOAD >= 3:
-        w_p2, u_p2 = _gemv_weight_tile(w_rows, u_rows, 2, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
-    if PRELOAD >= 4:
-        w_p3, u_p3 = _gemv_weight_tile(w_rows, u_rows, 3, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
+    wp, up = (), ()  # the preloaded tiles and their up halves, in K order (tuples: static_range unrolls)
+    for i in tl.static_range(PRELOAD):
+        w_i, u_i = _gemv_weight_tile(w_rows, u_rows, i, offs_k, n_mask, BK, GATED, PRELOAD_EVICT)
+        wp, up = wp + (w_i,), up + (u_i,)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
     if HAS_PROBE and PRELOAD >= 1:  # stamp 1: the preloaded tiles arrived (the first and the last of them)
-        if PRELOAD >= 4:
-            w_last = w_p3
-        elif PRELOAD >= 3:
-            w_last = w_p2
-        elif PRELOAD >= 2:
-            w_last = w_p1
-        else:
-            w_last = w_p0
-        _probe_stamp(PROBE, prog, 1, (tl.sum(tl.sum(w_p0.to(tl.float32) + w_last.to(tl.float32), axis=1), axis=0)
-                                      ).to(tl.int32, bitcast=True), HAS_PROBE)
+        arrived = tl.sum(tl.sum(wp[0].to(tl.float32) + wp[PRELOAD - 1].to(tl.float32), axis=1), axis=0)
+        _probe_stamp(PROBE, prog, 1, arrived.to(tl.int32, bitcast=True), HAS_PROBE)
     else:
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     _pdl_enter(USE_PDL, EARLY)
@@ -321,19 +309,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # batch 1 (runs 66 and 67, ``results/20261201T173333Z-sm90-gpu-replay-0.6B``, ``...173900Z...-8B``).
     early: tl.constexpr = X_FIRST and PRELOAD >= 1
     whole: tl.constexpr = early and HAS_NORM and not GATED_IN and PRELOAD * BK == K
+    xp = ()  # the preloaded tiles' input tiles when loaded together (early), in K order
     if whole:
-        x_p0, x_p1, x_p2, x_p3 = _gemv_whole_row(x_rows, NW, offs_k, m_mask, eps, K, BK, PRELOAD)
+        xp = _gemv_whole_row(x_rows, NW, offs_k, m_mask, eps, K, BK, PRELOAD)
         rstd = tl.full([MP], 1.0, dtype=tl.float32)  # unused: the tiles are normed
     else:
         rstd = _gemv_rstd(x_rows, m_mask, offs_k, eps, K, MP, BK, HAS_NORM)
     if early and not whole:
-        x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-    if early and not whole and PRELOAD >= 2:
-        x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-    if early and not whole and PRELOAD >= 3:
-        x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-    if early and not whole and PRELOAD >= 4:
-        x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        for i in tl.static_range(PRELOAD):
+            xp = xp + (_gemv_x_whole_tile(x_rows, NW, i, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN),)
     if early:
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
 
@@ -342,22 +326,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         acc_u = _gemv_acc(MP, BN, BK, FLAT)
     else:
         acc_u = acc  # unused
-    if PRELOAD >= 1:
-        if not X_FIRST:
-            x_p0 = _gemv_x_whole_tile(x_rows, NW, 0, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p0, u_p0, _gemv_x_f32(x_p0, FLAT), GATED, FLAT)
-    if PRELOAD >= 2:
-        if not X_FIRST:
-            x_p1 = _gemv_x_whole_tile(x_rows, NW, 1, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p1, u_p1, _gemv_x_f32(x_p1, FLAT), GATED, FLAT)
-    if PRELOAD >= 3:
-        if not X_FIRST:
-            x_p2 = _gemv_x_whole_tile(x_rows, NW, 2, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p2, u_p2, _gemv_x_f32(x_p2, FLAT), GATED, FLAT)
-    if PRELOAD >= 4:
-        if not X_FIRST:
-            x_p3 = _gemv_x_whole_tile(x_rows, NW, 3, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
-        acc, acc_u = _gemv_tile_product(acc, acc_u, w_p3, u_p3, _gemv_x_f32(x_p3, FLAT), GATED, FLAT)
+    for i in tl.static_range(PRELOAD):  # the preloaded tiles, in order; each input tile here unless loaded early
+        if X_FIRST:
+            x_i = xp[i]
+        else:
+            x_i = _gemv_x_whole_tile(x_rows, NW, i, offs_k, m_mask, rstd, K, BK, HAS_NORM, GATED_IN)
+        acc, acc_u = _gemv_tile_product(acc, acc_u, wp[i], up[i], _gemv_x_f32(x_i, FLAT), GATED, FLAT)
     # The streamed tiles (tried and removed: ``FLARE_GEMV_PIPELINE=1``, each iteration issuing the NEXT tile's weight
     # loads before its input tile -- more registers, so fewer programs resident: Qwen3-8B's one-row layer graph 1.086x
     # slower side by side, qkv and down each in a late wave, ``results/20261201T183600Z-sm90-run71``; nor with
