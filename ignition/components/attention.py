@@ -376,15 +376,17 @@ class TritonPagedAttention(PyTorchPagedAttention):
                     prefetch_weight: torch.Tensor | None = None) -> torch.Tensor:
         """Decode steps (T == 1, a static shape): norms, rotary, KV write and attention as ONE op
         (``flare::rope_decode_attention_``: the composition of ``rope_write_`` and ``paged_decode_attention``;
-        ``overlap_bytes`` decides its K/V prefetch, ``prefetch_weight`` is the weight its reduce may prefetch);
-        other steps as the base class."""
+        ``overlap_bytes`` decides its K/V prefetch, ``prefetch_weight`` is the weight its reduce prefetches the last
+        :func:`~ignition.components.decode_attention.decode_reduce_prefetch_bytes` of, read here, when the step is
+        traced); other steps as the base class."""
         if q.shape[1] != 1 or not self.fused_decode:
             return super().rope_attend(layer, q, k, v, q_norm, k_norm, eps, cos, sin, batch, overlap_bytes)
-        from ignition.components.decode_attention import rope_decode_attention_
+        from ignition.components.decode_attention import decode_reduce_prefetch_bytes, rope_decode_attention_
 
+        ahead = decode_reduce_prefetch_bytes() if prefetch_weight is not None else 0
         return rope_decode_attention_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer],
                                       batch.cache.v[layer], batch.slots, batch.block_tables, batch.decode_lens(),
-                                      self.scaling, overlap_bytes, prefetch_weight)
+                                      self.scaling, overlap_bytes, prefetch_weight if ahead else None, ahead)
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]

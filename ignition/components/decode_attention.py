@@ -39,8 +39,8 @@ __all__ = ["rope_decode_attention_", "rope_decode_attention_reference", "DECODE_
 
 #: MiB of the output projection's weight -- its last rows, which its late programs stream after the attention -- that
 #: the decode reduce kernel's programs prefetch into L2 by the TMA unit after their early trigger and before their
-#: wait, while the attention runs (``FLARE_DECODE_REDUCE_PREFETCH_MB=N``; read when a step is traced, and where
-#: the probe launches).  0: off -- not yet measured.  Run 162's stamps (Qwen3-8B, one row): o_proj's late programs
+#: wait, while the attention runs (``FLARE_DECODE_REDUCE_PREFETCH_MB=N``; read once, when a step is traced -- the op
+#: takes the byte count as an argument, which the traced graph records -- and where the probe launches).  0: off -- not yet measured.  Run 162's stamps (Qwen3-8B, one row): o_proj's late programs
 #: take 4.6 us to get their 64 KiB each from HBM after the reduce, while HBM idles through most of the ~11 us
 #: attention window; earlier weight prefetches were issued by the attention's own programs, which then stalled
 #: (runs 50-52, ``kernels.linear.GEMV_PREFETCH_FULL_BYTES``) -- the reduce's programs only wait there.
@@ -78,21 +78,21 @@ def rope_decode_attention_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_
                            k_norm: Optional[torch.Tensor], eps: float, cos: torch.Tensor, sin: torch.Tensor,
                            k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scaling: float,
-                           overlap_bytes: Optional[int] = None,
-                           prefetch_weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+                           overlap_bytes: Optional[int] = None, prefetch_weight: Optional[torch.Tensor] = None,
+                           prefetch_bytes: int = 0) -> torch.Tensor:
     """``q [B, 1, H, D]``, ``k, v [B, 1, KV, D]`` (views of the packed QKV output are fine), per-head norm weights
     ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools ``[pages + 1, page, KV, D]``, sanitized ``slots [B]``,
     ``block_tables [B, P]``, ``seq_lens [B]`` -> a new contiguous ``[B, 1, H * D]``; writes the rotated key and the
     value of each row into the pools (see the module docstring).  ``overlap_bytes``: the bytes the kernel before it
     streams (the QKV projection's weight; None: unknown) -- a scheduling hint for the CUDA kernel's K/V prefetch
     (``kernels.decode_plan.decode_kv_prefetch_keys``), no effect on the values.  ``prefetch_weight``: the output
-    projection's weight, read by nothing but the CUDA reduce kernel's L2 prefetch of its last
-    :func:`decode_reduce_prefetch_bytes` (no effect on the values)."""
+    projection's weight, read by nothing but the CUDA reduce kernel's L2 prefetch of its last ``prefetch_bytes``
+    (:func:`decode_reduce_prefetch_bytes` where the caller traced the step; 0: none) -- no effect on the values."""
     if q.is_cuda:
         from ignition.components.kernels.fused_decode import rope_decode_attention_triton  # imports triton: CUDA only
 
         _checked(q, k, v, cos, sin, k_pool, v_pool, slots, block_tables, seq_lens)
-        prefetch = None if prefetch_weight is None else (prefetch_weight, decode_reduce_prefetch_bytes())
+        prefetch = None if prefetch_weight is None else (prefetch_weight, prefetch_bytes)
         return rope_decode_attention_triton(q, k, v, q_norm, k_norm, eps, cos, sin, k_pool, v_pool, slots,
                                             block_tables, seq_lens, scaling, overlap_bytes=overlap_bytes,
                                             prefetch=prefetch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ignition.components.kernels.launch import _interpreting
+from ignition.components.kernels.launch import _interpreting, pad_shared_memory
 from ignition.components.switches import mebibytes, number, rows as switch_rows, switch, whole
 
 
@@ -414,9 +414,9 @@ def fused_decode_launch_options() -> dict:
     ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (a register cap of N per thread -- 64 holds 8 programs per SM, one wave
     of 1024 -- at the cost of a few spilled values); ``num_warps`` from ``FLARE_DECODE_WARPS=N`` (default 4);
     ``SMEM_PAD`` from ``FLARE_DECODE_SMEM_KB=N``: each program reserves at least N KiB of shared memory, which caps
-    the programs one SM holds (:func:`pad_shared_memory`); ``TRIGGER`` from ``FLARE_DECODE_TRIGGER=N``: where the
-    kernel lets the reduce (and through its early trigger the output projection) launch -- 0 after its wait, 1 once
-    its query rows are ready, 2 after its key loop."""
+    the programs one SM holds (:func:`pad_shared_memory`, :mod:`.launch`); ``TRIGGER`` from
+    ``FLARE_DECODE_TRIGGER=N``: where the kernel lets the reduce (and through its early trigger the output projection)
+    launch -- 0 after its wait, 1 once its query rows are ready, 2 after its key loop."""
     cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
     if cap and not 24 <= cap <= 255:
         raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
@@ -439,28 +439,3 @@ def fused_decode_launch_options() -> dict:
         pad_shared_memory()
         options["SMEM_PAD"] = pad << 10
     return options
-
-
-def pad_shared_memory() -> None:
-    """Let a kernel with a ``SMEM_PAD`` constexpr reserve that many bytes of dynamic shared memory per program
-    (when more than its own use): the launch then holds fewer programs per SM and the block scheduler spreads them
-    over more SMs -- a side-by-side knob (``FLARE_DECODE_SMEM_KB``).  Triton has no such option: this wraps
-    ``CompiledKernel._init_handles`` once, so the size is set before the binary is loaded (which opts in to more than
-    48 KiB) and before its first launch."""
-    from triton.compiler.compiler import CompiledKernel
-
-    if getattr(CompiledKernel, "_flare_shared_pad", False):
-        return
-    load = CompiledKernel._init_handles
-
-    def _init_handles(self):
-        fn = getattr(self.src, "fn", None)
-        if self.module is None and fn is not None and "SMEM_PAD" in fn.arg_names:
-            pad = int(self.src.constants.get((fn.arg_names.index("SMEM_PAD"),), 0) or 0)
-            if pad > self.metadata.shared:
-                self.metadata = self.metadata._replace(shared=pad)
-                self.packed_metadata = (self.metadata.num_warps, self.metadata.num_ctas, pad)
-        load(self)
-
-    CompiledKernel._init_handles = _init_handles
-    CompiledKernel._flare_shared_pad = True

@@ -1,5 +1,6 @@
 """How the kernels launch: programmatic dependent launch (PDL) and what a kernel may do before its wait, the L2
-prefetch helper, and the diagnostic timing probe (stamps per program, off unless a probe buffer is passed)."""
+prefetch helper, the shared-memory padding of a launch (``SMEM_PAD``), and the diagnostic timing probe (stamps per
+program, off unless a probe buffer is passed)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,31 @@ def _prefetch_l2(ptrs, LAST: tl.constexpr = False):
     the evict-last L2 priority."""
     asm: tl.constexpr = f"prefetch.global.L2{'::evict_last' if LAST else ''} [$1]; mov.u32 $0, 0;"
     tl.inline_asm_elementwise(asm, "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def pad_shared_memory() -> None:
+    """Let a kernel with a ``SMEM_PAD`` constexpr reserve that many bytes of dynamic shared memory per program
+    (when more than its own use): the launch then holds fewer programs per SM and the block scheduler spreads them
+    over more SMs -- a side-by-side knob (``FLARE_DECODE_SMEM_KB``).  Triton has no such option: this wraps
+    ``CompiledKernel._init_handles`` once, so the size is set before the binary is loaded (which opts in to more than
+    48 KiB) and before its first launch."""
+    from triton.compiler.compiler import CompiledKernel
+
+    if getattr(CompiledKernel, "_flare_shared_pad", False):
+        return
+    load = CompiledKernel._init_handles
+
+    def _init_handles(self):
+        fn = getattr(self.src, "fn", None)
+        if self.module is None and fn is not None and "SMEM_PAD" in fn.arg_names:
+            pad = int(self.src.constants.get((fn.arg_names.index("SMEM_PAD"),), 0) or 0)
+            if pad > self.metadata.shared:
+                self.metadata = self.metadata._replace(shared=pad)
+                self.packed_metadata = (self.metadata.num_warps, self.metadata.num_ctas, pad)
+        load(self)
+
+    CompiledKernel._init_handles = _init_handles
+    CompiledKernel._flare_shared_pad = True
 
 
 #: Stamps per program of the decode kernels' timing probe (``scripts/probe_decode_attention.py``): the first half
