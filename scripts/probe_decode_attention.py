@@ -18,6 +18,9 @@ on how many SMs its programs ran and the most on one SM, the attention's span fr
 last store, the reduce's wait and its own span; pooled over layers, the last block's K, V phase grouped by the
 attention programs on its SM and by the output projection's preloads on its SM overlapping it (``kv_neighbours``).
 The variants' unprobed graphs are then timed side by side (interleaved replays; ratios to the first variant).
+Two variables shape a variant's graph itself (read at capture): ``FLARE_PROBE_QKV_EARLY=1`` (the qkv projection lets
+the attention launch before its own wait) and ``FLARE_PROBE_ATTENTION_ALONE=1`` (each layer its attention and reduce
+alone on a fixed qkv output: the K, V phase without any weight stream beside it).
 """
 
 from __future__ import annotations
@@ -82,13 +85,15 @@ def build(shape, ctx, max_ctx, page, gen):
     ang = pos[:, None, None].float() * (1.0 / (1e6 ** (torch.arange(0, d, 2, device="cuda").float() / d)))
     emb = torch.cat((ang, ang), dim=-1)
     meta = dict(lens=lens, slots=slots, cos=emb.cos().to(torch.bfloat16), sin=emb.sin().to(torch.bfloat16),
-                heads=heads, kvh=kvh, d=d, mlp=mlp, hidden=hidden)
+                heads=heads, kvh=kvh, d=d, mlp=mlp, hidden=hidden,
+                qkv=torch.randn(1, (heads + 2 * kvh) * d, device="cuda", generator=gen).to(torch.bfloat16))
     return layers, meta
 
 
 def step(x, layers, meta, probe=True):
     heads, kvh, d = meta["heads"], meta["kvh"], meta["d"]
     qkv_early = os.environ.get("FLARE_PROBE_QKV_EARLY", "0") == "1"  # a variant of this graph only (read at capture)
+    alone = attention_alone()
     for i, layer in enumerate(layers):
         gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
         if linear.gemv_smem_enabled():  # the shared-memory o_proj (smem_gemv) has no stamps: left unprobed
@@ -96,14 +101,21 @@ def step(x, layers, meta, probe=True):
         # FLARE_PROBE_QKV_EARLY=1: the qkv projection of layers 1.. lets the attention launch before its own wait --
         # legal there (the attention reads the step's metadata before its wait, and the previous layer's attention
         # passed its wait, after everything before it completed); not in layer 0
-        qkv = linear.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS, early=qkv_early and i > 0,
-                                         **gp["qkv"])
+        if alone:
+            qkv = meta["qkv"]
+        else:
+            qkv = linear.fused_linear_triton(x, layer["wqkv"], norm_weight=layer["ln1"], eps=EPS,
+                                             early=qkv_early and i > 0, **gp["qkv"])
         q, k, v = (t.view(1, 1, -1, d) for t in qkv.split([heads * d, kvh * d, kvh * d], dim=-1))
         attn = fused_decode.rope_decode_attention_triton(
             q, k, v, layer["qn"], layer["kn"], EPS, meta["cos"], meta["sin"], layer["kp"], layer["vp"], meta["slots"],
             layer["bt"], meta["lens"], d ** -0.5, overlap_bytes=layer["wqkv"].numel() * layer["wqkv"].element_size(),
             probe=(layer["fused_probe"], layer["reduce_probe"]) if probe else None,
-            prefetch=(layer["wo"], decode_reduce_prefetch_bytes()))  # FLARE_DECODE_REDUCE_PREFETCH_MB (0: none)
+            # the reduce's o_proj prefetch: FLARE_DECODE_REDUCE_PREFETCH_MB (0: none)
+            prefetch=None if alone else (layer["wo"], decode_reduce_prefetch_bytes()))
+        if alone:
+            x = attn.view(1, -1)
+            continue
         h = linear.fused_linear_triton(attn.view(1, -1), layer["wo"], residual=x, early=True, **gp["o_proj"])
         if meta["mlp"] == "packed":
             gu = linear.fused_linear_triton(h, layer["wgu"], norm_weight=layer["ln2"], eps=EPS, early=True,
@@ -114,6 +126,14 @@ def step(x, layers, meta, probe=True):
                                              **gp["gate_up"])
             x = linear.fused_linear_triton(act, layer["wdown"], residual=h, early=True, **gp["down"])
     return x
+
+
+def attention_alone() -> bool:
+    """``FLARE_PROBE_ATTENTION_ALONE=1`` (a variant of this graph only, read at capture): each layer is its fused
+    attention and reduce alone, on a fixed qkv output -- no projection streams weights beside them (the reduce
+    prefetches nothing), so the K, V phase shows what the loads take without that traffic; its step time is not a
+    layer's."""
+    return os.environ.get("FLARE_PROBE_ATTENTION_ALONE", "0") == "1"
 
 
 def sm_spread(sm_ids: torch.Tensor) -> tuple[int, int]:
@@ -177,7 +197,7 @@ def gemv_stats(buf, weight, pred_end):
 
     phases = {f"{which}_{what}": med(mask, a, z) for which, mask in (("early", early), ("late", ~early))
               for what, a, z in (("preload", 0, 1), ("release_to_loop_end", 2, 3), ("loop_end_to_store", 3, 4))}
-    return dict(**phases,programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
+    return dict(**phases, programs=rows, weight_mib=weight.numel() * weight.element_size() / 2 ** 20,
                 resident_before=int(early.sum().item()), preloaded_before=int((t[:, 1] < ref).sum().item()),
                 sms_before=sms_before, max_per_sm_before=max_per_sm_before,
                 sms_all=int(sms.unique().numel()),
@@ -220,20 +240,21 @@ def analyse(layers, meta, splits):
             attention_sms=sms, attention_max_per_sm=most,
             kv_neighbours=kv_neighbours(f, probes["o_proj"], ghz)))
         reduce_end = rt[:, 6].max().item()
-        ends = {"qkv": down_before[:, 4][down_before[:, 0] != 0].max().item(), "o_proj": reduce_end}
-        weights = {"qkv": layer["wqkv"], "o_proj": layer["wo"], "gate_up": layer["wgu"], "down": layer["wdown"]}
+        down_ran = down_before[:, 0] != 0  # none: the attention alone (no projection probed)
+        ends = {"qkv": down_before[:, 4][down_ran].max().item() if down_ran.any() else None, "o_proj": reduce_end}
+        weights = {"qkv": "wqkv", "o_proj": "wo", "gate_up": "wgu", "down": "wdown"}  # the launches' weights
         for name in GEMVS:
             if (probes[name][:, 0] != 0).any():
                 pred = ends.get(name)
                 if name == "down":
                     pred = probes["gate_up"][:, 4][probes["gate_up"][:, 0] != 0].max().item()
                 per_layer[-1]["gemv"] = {**per_layer[-1].get("gemv", {}),
-                                         name: gemv_stats(probes[name], weights[name], pred)}
+                                         name: gemv_stats(probes[name], layer[weights[name]], pred)}
     keys = [k for k in per_layer[0] if k not in ("phases", "gemv", "kv_neighbours")]
     summary = {k: statistics.median(p[k] for p in per_layer) for k in keys}
     summary["kv_neighbours"] = neighbour_table([x for p in per_layer for x in p.pop("kv_neighbours")])
     summary["gemv"] = {name: {k: statistics.median(p["gemv"][name][k] for p in per_layer)
-                              for k in per_layer[0]["gemv"][name]} for name in per_layer[0]["gemv"]}
+                              for k in per_layer[0]["gemv"][name]} for name in per_layer[0].get("gemv", {})}
     summary["phases"] = {ph: (statistics.median(p["phases"][ph][0] for p in per_layer),
                               statistics.median(p["phases"][ph][1] for p in per_layer))
                          for ph in per_layer[0]["phases"]}
@@ -338,7 +359,9 @@ def main(argv=None) -> int:
         base = shape_cases[0]["graph"]["median_s"]
         for case in shape_cases:
             show(case)
-            print(f"    step ratio to {shape_cases[0]['variant']}: {case['graph']['median_s'] / base:.4f}")
+            alone = "FLARE_PROBE_ATTENTION_ALONE=1" in case["variant"]
+            alone = " (the attention alone: not a layer's time)" if alone else ""
+            print(f"    step ratio to {shape_cases[0]['variant']}: {case['graph']['median_s'] / base:.4f}{alone}")
         cases += shape_cases
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "device": torch.cuda.get_device_name(),

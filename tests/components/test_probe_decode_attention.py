@@ -113,3 +113,33 @@ def test_kv_neighbours_pairs_each_k_v_phase_with_what_shared_its_sm():
     table = probe.neighbour_table(got + [(10.0, 3, 5)])
     assert table["by_attention_on_sm"] == {"2": [3, 100.0], "3+": [1, 10.0]}
     assert table["by_gemv_preloads"] == {"0": [1, 50.0], "1": [1, 100.0], "2": [1, 200.0], "3+": [1, 10.0]}
+
+
+def test_analyse_reads_the_attention_alone_without_projection_stamps():
+    """``FLARE_PROBE_ATTENTION_ALONE=1``'s graph stamps only the fused attention and its reduce: the reading takes the
+    phases and spans from those, and reports no GEMV (none ran) instead of failing on their empty rows."""
+    probe = _script()
+    n = probe.launch.PROBE_STAMPS.value
+    kvh, heads, splits = 2, 4, 1
+
+    def layer(shift):
+        fused = torch.zeros(kvh * splits, 2 * n, dtype=torch.int64)
+        for p in range(kvh * splits):  # globaltimer ns at stamps 0-6 and 8-12; the SM clock at 2 GHz; SM p
+            ns = {0: 100, 1: 200, 2: 300, 3: 500, 4: 600, 8: 650, 9: 700, 10: 1700 + 100 * p, 11: 1800 + 100 * p,
+                  12: 1900 + 100 * p, 5: 2000 + 100 * p, 6: 2100 + 100 * p}
+            for point, t in ns.items():
+                fused[p, point] = shift + t
+                fused[p, n + point] = 2 * (shift + t)
+            fused[p, n - 1] = p
+        red = torch.zeros(heads, 2 * n, dtype=torch.int64)
+        red[:, 0], red[:, 2], red[:, 6] = shift + 400, shift + 2400, shift + 2600
+        zeros = {f"{name}_probe": torch.zeros(8, 2 * n, dtype=torch.int64) for name in probe.GEMVS}
+        return dict(fused_probe=fused, reduce_probe=red, **zeros)
+
+    summary, per_layer = probe.analyse([layer(0), layer(10_000)], dict(kvh=kvh, heads=heads), splits)
+    assert len(per_layer) == 1 and summary["gemv"] == {}
+    assert summary["ghz"] == 2.0
+    assert summary["phases"]["  last block: K, V"] == (1050.0, 1100.0)  # 1000 and 1100 ns
+    assert summary["attention_span_ns"] == 2200 - 300 and summary["reduce_span_ns"] == 200
+    assert summary["reduce_release_after_attention_end_ns"] == 2400 - 2200
+    assert summary["kv_neighbours"]["by_gemv_preloads"] == {"0": [2, 1050.0]}
