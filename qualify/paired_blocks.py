@@ -6,7 +6,7 @@ median ratio B / A pairs them; the count of blocks B won is judged by the exact 
 difference then shows where the min-max ranges overlap -- the min-max rule (``qualify.report.verdict``) stays the
 rule of record; this verdict is stated beside it.
 
-CLI (archived ``--ab`` runs; their block count is the ``--ab-blocks`` they ran with, 10 unless set):
+CLI (archived ``--ab`` runs; the block count is the ``--ab-blocks`` each B's record states unless ``--blocks``):
 
     python -m qualify.paired_blocks RUN [RUN ...] [--blocks N]
 """
@@ -39,17 +39,20 @@ def paired_blocks(ref: list[float], cand: list[float], blocks: int) -> dict:
     two ran side by side within each block): each block's median ratio cand / ref, the blocks where the candidate
     was faster, and the exact two-sided sign-test p of that count under "no difference".  Blocks pair the two under
     the same machine state, so a small steady difference shows where the min-max ranges overlap (run 113: the fused
-    head 10 of 10 blocks faster at a 0.44% median difference, its min-max verdict "within noise").  Below 6 blocks
-    no count reaches p < 0.05 (6 of 6: 0.031)."""
+    head 10 of 10 blocks faster at a 0.44% median difference, its min-max verdict "within noise").  A tied block
+    (ratio exactly 1: the event clock's resolution makes ties possible) says nothing either way and is left out of
+    the test, as the sign test does (``tied_blocks``); none untied: p 1.  Below 6 untied blocks no count reaches
+    p < 0.05 (6 of 6: 0.031)."""
     sizes = block_sizes(min(len(ref), len(cand)), blocks)
     ratios, i = [], 0
     for n in sizes:
         ratios.append(statistics.median(cand[i:i + n]) / statistics.median(ref[i:i + n]))
         i += n
-    m, k = len(ratios), sum(r < 1.0 for r in ratios)
-    tail = sum(math.comb(m, j) for j in range(min(k, m - k) + 1)) / 2 ** m
-    return {"ratios": ratios, "median_ratio": statistics.median(ratios), "faster_blocks": k, "blocks": m,
-            "p": min(1.0, 2 * tail)}
+    k, slower = sum(r < 1.0 for r in ratios), sum(r > 1.0 for r in ratios)
+    m = k + slower  # the untied blocks
+    tail = sum(math.comb(m, j) for j in range(min(k, slower) + 1)) / 2 ** m
+    return {"ratios": ratios, "median_ratio": statistics.median(ratios), "faster_blocks": k, "slower_blocks": slower,
+            "tied_blocks": len(ratios) - m, "blocks": len(ratios), "p": min(1.0, 2 * tail)}
 
 
 def paired_verdict(pairs: list[dict], alpha: float = PAIRED_BLOCKS_ALPHA) -> str:
@@ -58,30 +61,36 @@ def paired_verdict(pairs: list[dict], alpha: float = PAIRED_BLOCKS_ALPHA) -> str
     says ``(no null)``: the bench built second runs up to ~0.6% slower with the same kernels (run 28), and the blocks
     see that bias as readily as a real difference (run 113: 0.15-0.17% "slower" at batch 4, which no variant there
     changed)."""
-    seen = {("faster" if d["faster_blocks"] * 2 > d["blocks"] else "slower") if d["p"] < alpha else "within noise"
-            for d in pairs}
+    seen = {("faster" if d["faster_blocks"] > d["slower_blocks"] else "slower") if d["p"] < alpha
+            else "within noise" for d in pairs}
     if len(seen) != 1 or "within noise" in seen:
         return "within noise"
     return f"B {seen.pop()}" + (" (no null)" if len(pairs) < 2 else "")
 
 
-def from_samples(samples: list[dict], blocks: int) -> list[dict]:
+def from_samples(samples: list[dict], blocks: int | None = None) -> list[dict]:
     """Per decode case of an archived ``--ab`` run (``samples.jsonl`` records) and per B (several with ``--ab``
     repeated): that B against A (and A2), the paired blocks and their verdict -- ``[{"case", "seed", "ab", "vs":
-    {ref: paired_blocks}, "verdict"}]``, ``ab`` the B's label."""
+    {ref: paired_blocks}, "verdict"}]``, ``ab`` the B's label.  ``blocks``: the block count; None: the one each B's
+    record archived (its ``--ab-blocks``), 10 for records from before it was archived."""
     by: dict = {}
+    archived: dict = {}  # (case key, B label) -> the block count its record states
     for rec in samples:
         case = rec.get("case", {})
         if case.get("tool") == "gpu_replay" and "ab" in case and "replay_s" in rec:
             key = (case["capacity"], case["variant"], rec["seed"])
             label = case["ab"] if case["ab"].startswith("B") else case["ab"][:2]
             by.setdefault(key, {})[label] = rec["replay_s"]
+            stated = {d.get("blocks") for d in (rec.get("paired_blocks") or {}).values()} - {None}
+            if len(stated) == 1:
+                archived[key, label] = stated.pop()
     out = []
     for (cap, variant, seed), sides in sorted(by.items()):
         if "A" not in sides:
             continue
         for label in (x for x in sides if x.startswith("B")):
-            vs = {ref: paired_blocks(sides[ref], sides[label], blocks) for ref in ("A", "A2") if ref in sides}
+            n = blocks if blocks is not None else archived.get(((cap, variant, seed), label), 10)
+            vs = {ref: paired_blocks(sides[ref], sides[label], n) for ref in ("A", "A2") if ref in sides}
             out.append({"case": {"capacity": cap, "variant": variant}, "seed": seed, "ab": label, "vs": vs,
                         "verdict": paired_verdict(list(vs.values()))})
     return out
@@ -89,8 +98,9 @@ def from_samples(samples: list[dict], blocks: int) -> list[dict]:
 
 def describe(vs: dict[str, dict]) -> str:
     """``{reference: paired_blocks(...)}`` as printed (``gpu_replay --ab``'s table and this CLI)."""
-    return ", ".join(f"{d['faster_blocks']}/{d['blocks']} faster vs {r} (p {d['p']:.3g}, median ratio "
-                     f"{d['median_ratio']:.4f})" for r, d in vs.items())
+    return ", ".join(f"{d['faster_blocks']}/{d['blocks']} faster vs {r}"
+                     + (f" ({d['tied_blocks']} tied)" if d.get("tied_blocks") else "")
+                     + f" (p {d['p']:.3g}, median ratio {d['median_ratio']:.4f})" for r, d in vs.items())
 
 
 def line(entry: dict) -> str:
@@ -103,9 +113,10 @@ def line(entry: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m qualify.paired_blocks", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="archived gpu_replay --ab runs (folders with samples.jsonl)")
-    ap.add_argument("--blocks", type=int, default=10, help="the --ab-blocks the runs were timed with (default 10)")
+    ap.add_argument("--blocks", type=int, default=None,
+                    help="the block count (default: the --ab-blocks each B's record archived; 10 without one)")
     args = ap.parse_args(argv)
-    if args.blocks < 1:
+    if args.blocks is not None and args.blocks < 1:
         ap.error("--blocks must be >= 1")
     for run in args.runs:
         path = run / "samples.jsonl"

@@ -4,6 +4,7 @@ the report format, and ``--check-compiled`` both passing on the real compiled st
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -30,10 +31,28 @@ def test_replay_archives_raw_samples_and_compiled_equals_uncompiled(core, tmp_pa
                                                                   ("decode_greedy", 1), ("decode_topk", 0),
                                                                   ("decode_topk", 1)]
     assert all(len(s["replay_s"]) == 4 and all(t > 0 for t in s["replay_s"]) for s in timed)
-    from qualify.replay_floor import region_bytes
+    # the case's traffic against a count of its own: every tensor of the core's shards (their safetensors headers),
+    # the tied embedding read whole as the head plus one gathered row per batch row, K and V of every layer over
+    # the context -- and the total the ratio divides by is those two
+    from safetensors import safe_open
 
-    # the traffic the report splits the floor with (per timeline region): the same bytes as the case's total
-    assert all(sum(region_bytes(s["traffic"]).values()) == s["traffic_bytes"] for s in timed)
+    from ignition.core import load_core
+
+    loaded = load_core(core, verify_checksums=False, progress=False)
+    stored = 0
+    for name, path in loaded.files.items():
+        if name.endswith(".safetensors"):
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    part = f.get_slice(key)
+                    stored += math.prod(part.get_shape()) * {"BF16": 2, "F16": 2, "F32": 4}[part.get_dtype()]
+    g = loaded.manifest.geometry
+    assert g.tie_word_embeddings
+    for s in timed:
+        traffic, rows = s["traffic"], s["case"]["capacity"]
+        assert traffic["weight_bytes_read"] == stored + rows * g.hidden_size * 2
+        assert traffic["kv_bytes"] == 2 * g.num_layers * g.num_kv_heads * g.head_dim * 2 * 20 * rows
+        assert s["traffic_bytes"] == traffic["weight_bytes_read"] + traffic["kv_bytes"]
     # and one layer's four projections (packed qkv, o, packed gate/up, down) for the per-kernel floors: the layers'
     # projection bytes are their weights less the norms (hidden 2 x, head_dim 2 x per layer, the final norm)
     proj = timed[0]["traffic"]["layer_projection_bytes"]
@@ -191,3 +210,23 @@ def test_several_ab_entries_share_one_a_side(core, tmp_path, capsys, seen):
     assert gpu_replay.main(twice) == 2
     assert "the same switches given twice" in capsys.readouterr().err
     assert gpu_replay.ab_labels([{"FLARE_X": "1"}]) == ["B: FLARE_X=1"]  # one entry keeps its label
+
+
+def test_compiled_verdict_bounds_a_non_repeatable_plan_on_logits_kv_and_state():
+    """Repeatable uncompiled graph: every field bytewise.  Not repeatable (variable reduction order): logits and KV
+    within the two uncompiled runs' difference, tokens and the sampling state equal -- a compiled graph whose KV moved
+    past that bound, or whose sampling state differs, fails although its tokens match."""
+    exact = {"logits_bytewise": True, "tokens_equal": True, "kv_bytewise": True, "sampling_state_equal": True,
+             "logits_max_abs_diff": 0.0, "kv_max_abs_diff": 0.0}
+    rule, ok = gpu_replay.compiled_verdict(exact, exact)
+    assert ok and "bytewise" in rule
+    assert not gpu_replay.compiled_verdict(exact, {**exact, "kv_bytewise": False, "kv_max_abs_diff": 1e-3})[1]
+    noisy = {**exact, "logits_bytewise": False, "kv_bytewise": False, "logits_max_abs_diff": 1e-3,
+             "kv_max_abs_diff": 2e-3}
+    within = {**noisy, "logits_max_abs_diff": 5e-4, "kv_max_abs_diff": 2e-3}
+    rule, ok = gpu_replay.compiled_verdict(noisy, within)
+    assert ok and "not repeatable" in rule and "0.001" in rule and "0.002" in rule
+    assert not gpu_replay.compiled_verdict(noisy, {**within, "kv_max_abs_diff": 3e-3})[1]
+    assert not gpu_replay.compiled_verdict(noisy, {**within, "logits_max_abs_diff": 2e-3})[1]
+    assert not gpu_replay.compiled_verdict(noisy, {**within, "tokens_equal": False})[1]
+    assert not gpu_replay.compiled_verdict(noisy, {**within, "sampling_state_equal": False})[1]

@@ -55,3 +55,41 @@ def test_the_cli_reads_an_archived_side_by_side(tmp_path, capsys):
     (empty / "samples.jsonl").write_text(json.dumps(recs[-1]))
     assert pb.main([str(empty)]) == 2 and "no --ab side by side" in capsys.readouterr().err
     assert pb.main([str(tmp_path / "missing")]) == 2 and "cannot read" in capsys.readouterr().err
+
+
+def test_tied_blocks_say_nothing_either_way():
+    """A block whose median ratio is exactly 1 (the event clock's resolution makes ties) is left out of the sign test:
+    identical timings are "within noise" at p 1, not "B slower"; ties beside a steady gain leave the untied blocks to
+    decide, and the printed line states them."""
+    a = [1.0 + 0.01 * (i % 3) for i in range(200)]
+    same = pb.paired_blocks(a, list(a), 10)
+    assert (same["faster_blocks"], same["slower_blocks"], same["tied_blocks"], same["p"]) == (0, 0, 10, 1.0)
+    assert pb.paired_verdict([same]) == "within noise"
+    # 9 blocks tied, one faster: p 1 (one untied block decides nothing)
+    one = [x * (0.99 if i < 20 else 1.0) for i, x in enumerate(a)]
+    d = pb.paired_blocks(a, one, 10)
+    assert (d["faster_blocks"], d["slower_blocks"], d["tied_blocks"], d["p"]) == (1, 0, 9, 1.0)
+    assert pb.paired_verdict([d]) == "within noise"
+    # 2 tied, 8 faster: p = 2 / 2**8 over the 8 untied blocks
+    eight = [x * (1.0 if i < 40 else 0.99) for i, x in enumerate(a)]
+    e = pb.paired_blocks(a, eight, 10)
+    assert (e["faster_blocks"], e["tied_blocks"]) == (8, 2) and abs(e["p"] - 2 / 256) < 1e-12
+    assert pb.paired_verdict([e]) == "B faster (no null)"
+    assert "8/10 faster vs A (2 tied) (p 0.00781" in pb.describe({"A": e})
+
+
+def test_the_cli_takes_the_block_count_each_record_archived(tmp_path, capsys):
+    """Without ``--blocks`` the CLI pairs each B with the block count its record states (its ``--ab-blocks``), not a
+    default of 10 -- here 6, whose 6 of 6 faster blocks reach p 0.031 where 10 blocks would differ."""
+    a = [1.0 + 0.01 * (i % 5) for i in range(60)]
+    b = [x * (0.99 if i < 40 else 1.02) for i, x in enumerate(a)]  # faster in the first 40 samples only
+    stated = {"A": {"blocks": 6}}
+    recs = [{"case": {"tool": "gpu_replay", "capacity": 1, "variant": "decode", "ab": "A"}, "seed": 0, "replay_s": a},
+            {"case": {"tool": "gpu_replay", "capacity": 1, "variant": "decode", "ab": "B: FLARE_X=1"}, "seed": 0,
+             "replay_s": b, "paired_blocks": stated}]
+    (entry,) = pb.from_samples(recs)
+    assert entry["vs"]["A"]["blocks"] == 6 and entry["vs"]["A"]["faster_blocks"] == 4  # 10-sample blocks: 4 of 6
+    (ten,) = pb.from_samples(recs, 10)
+    assert ten["vs"]["A"]["blocks"] == 10 and ten["vs"]["A"]["faster_blocks"] == 6  # 6-sample blocks: 6 of 10
+    del recs[1]["paired_blocks"]  # a record from before the count was archived: 10
+    assert pb.from_samples(recs)[0]["vs"]["A"]["blocks"] == 10
