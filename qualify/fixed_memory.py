@@ -12,7 +12,11 @@ compiles and captures the catalog, and reports each owner's bytes from the CUDA 
   intermediates and workspaces the captured graphs use, reserved for as long as the graphs live;
 - ``workspaces``: what stays allocated in the default pool after compile and capture beyond the above
   (cuBLAS workspaces of the current stream, compiled-graph constants);
-- ``allocator_slack``: reserved minus allocated over every pool, after ``empty_cache`` (capture does it).
+- ``allocator_slack``: reserved minus allocated over every pool, after ``empty_cache`` (capture does it);
+- ``kv_capacity``: the KV tokens the device holds beside all of the above -- whole pages of the core's geometry in
+  the serving budget (``helios``' ``gpu_memory_fraction`` of the device, default 0.90) less everything in use but
+  this measurement's own small KV pool, one page kept as the pool's sink (:func:`kv_capacity`; the engine's sizing
+  with the graphs' measured memory in place of its estimate).
 """
 
 from __future__ import annotations
@@ -42,10 +46,13 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     weights = torch.cuda.memory_allocated() - base_alloc
     m = loaded.manifest
     page_size = page_size or m.kv_layout.page_size
+    if kv_pages is not None and kv_pages < 1:
+        raise ValueError(f"kv_pages {kv_pages}: expected >= 1 (None: sized for the catalog)")
     decode = tuple(decode or m.graph_catalog.decode_capacities)
     prefill = tuple(m.graph_catalog.prefill_chunk_sizes if prefill is None else prefill)
     max_context = max(prefill, default=0) + 2 * page_size
-    kv_pages = kv_pages or (max(decode) + 1) * (max_context // page_size + 1)
+    if kv_pages is None:
+        kv_pages = (max(decode) + 1) * (max_context // page_size + 1)
     a0 = torch.cuda.memory_allocated()
     model.allocate_kv_cache(kv_pages, page_size, max_context)
     kv = torch.cuda.memory_allocated() - a0
@@ -62,6 +69,11 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     stats = torch.cuda.memory_stats()
     pools = pool_split()
     graph_pool = pools["graph_pools"]
+    from helios.runtime.engine import EngineConfig
+    from helios.runtime.kv_sizing import Geometry
+
+    capacity = kv_capacity(free, total, kv, Geometry.from_manifest(m.geometry).bytes_per_page(page_size), page_size,
+                           EngineConfig.gpu_memory_fraction)
     return {
         "core": core, "attention": attention or "recipe default", "decode_capacities": list(decode),
         "prefill_chunks": list(prefill),
@@ -77,9 +89,24 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
         "reserved_growth_during_capture_bytes": r2 - r1,
         "device_free_bytes": free, "device_total_bytes": total,
         "non_torch_bytes": (total - free) - torch.cuda.memory_reserved(),
-        "num_alloc_retries": stats.get("num_alloc_retries", 0),
+        "num_alloc_retries": stats.get("num_alloc_retries", 0), "kv_capacity": capacity,
         "graphs": [s.shape.name for s in graphs.steps],
     }
+
+
+def kv_capacity(free: int, total: int, kv_pool_bytes: int, bytes_per_page: int, page_size: int,
+                fraction: float) -> dict:
+    """The KV tokens the device holds once everything measured here is in place: of ``fraction`` of ``total`` device
+    bytes, less what is in use (``total - free``) but the measurement's own KV pool (``kv_pool_bytes``, which a
+    served pool replaces), whole pages of ``bytes_per_page``, one of them the pool's sink (as ``helios``' sizing).
+    ``{"fraction", "bytes_per_token", "pages", "tokens", "budget_bytes"}``; 0 pages when nothing fits."""
+    if not 0 < fraction <= 1 or bytes_per_page <= 0 or page_size <= 0:
+        raise ValueError(f"kv_capacity: fraction in (0, 1], positive page bytes and size; got {fraction}, "
+                         f"{bytes_per_page}, {page_size}")
+    budget = int(fraction * total) - (total - free - kv_pool_bytes)
+    pages = max(budget // bytes_per_page - 1, 0)
+    return {"fraction": fraction, "bytes_per_token": bytes_per_page // page_size, "pages": pages,
+            "tokens": pages * page_size, "budget_bytes": budget}
 
 
 def pool_split() -> dict:
@@ -102,15 +129,29 @@ def main(argv=None) -> int:
     p.add_argument("core")
     p.add_argument("--capacities", default=None)
     p.add_argument("--prefill", default=None)
-    p.add_argument("--kv-pages", type=int, default=None)
+    p.add_argument("--kv-pages", type=int, default=None, help="the measured KV pool's pages (default: sized for the "
+                   "catalog's largest batch and context; the capacity in tokens is reported apart from it)")
     p.add_argument("--json", default=None)
     p.add_argument("--eager", action="store_true", help="capture the eager prepared steps (no torch.compile)")
     p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
                    "default: the recipe's")
     a = p.parse_args(argv)
-    caps = lambda t: tuple(int(x) for x in t.split(",") if x) if t is not None else None  # noqa: E731
-    report = measure(a.core, caps(a.capacities), caps(a.prefill), a.kv_pages, compile=not a.eager,
-                     attention=a.attention)
+
+    def sizes(flag, text):
+        if text is None:
+            return None
+        try:
+            values = tuple(int(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            p.error(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4")
+        if not values or min(values) < 1:
+            p.error(f"{flag} {text!r}: expected sizes >= 1")
+        return values
+
+    decode, prefill = sizes("--capacities", a.capacities), sizes("--prefill", a.prefill)
+    if a.kv_pages is not None and a.kv_pages < 1:
+        p.error(f"--kv-pages {a.kv_pages}: expected >= 1 (default: sized for the catalog)")
+    report = measure(a.core, decode, prefill, a.kv_pages, compile=not a.eager, attention=a.attention)
     text = json.dumps(report, indent=2)
     print(text)
     if a.json:

@@ -166,6 +166,21 @@ def _caps(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in str(text).split(",") if x.strip())
 
 
+def _int_list(parser, flag: str, text: str, *, least: int, empty: bool) -> tuple[int, ...]:
+    """``text`` (comma-separated integers) as a tuple, or ``parser.error`` naming ``flag``: an item not an integer,
+    below ``least``, or no items at all unless ``empty``."""
+    try:
+        values = _caps(text)
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4")
+    if not values and not empty:
+        parser.error(f"{flag} {text!r}: expected at least one value")
+    low = [v for v in values if v < least]
+    if low:
+        parser.error(f"{flag} {text!r}: {low} below {least}")
+    return values
+
+
 class ReplayBench:
     """One core, its decode steps prepared for ``capacities`` at ``context`` (+ ``extra`` decode steps)."""
 
@@ -465,7 +480,7 @@ def run(args) -> dict:
                                ratio=s["median_ms"] / 1e3 / floor["floor_s"])
                 samples.append(rec)
                 cases.append({k: v for k, v in rec.items() if not k.endswith("samples_s") and k != "replay_s"})
-    decode_median = {c["case"]["capacity"]: c["median_ms"] for c in cases
+    decode_median = {(c["case"]["capacity"], c["seed"]): c["median_ms"] for c in cases
                      if c["case"]["variant"] == "decode" and c["case"].get("ab", "A") == "A"}
     for cap in bench.capacities:
         for width in bench.widths:
@@ -476,13 +491,11 @@ def run(args) -> dict:
                         "context": args.context, "compiled": bench.compiled,
                         "graph": "captured" if cuda else "eager-launch"}
                 rec = {"case": case, "seed": seed, "replay_s": raw, **s,
-                       "vs_decode": s["median_ms"] / decode_median[cap]}
+                       "vs_decode": s["median_ms"] / decode_median[cap, seed]}  # the same rows and seed
                 samples.append(rec)
                 cases.append({k: v for k, v in rec.items() if k != "replay_s"})
     out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": labels_b} if envs_b else {})}
-    if args.timeline:
-        if not cuda:
-            raise SystemExit("gpu_replay: --timeline needs a CUDA GPU")
+    if args.timeline:  # main() refused --timeline without CUDA
         out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases,
                                                      args.timeline_variants)
         a_side = list(out["timeline"])
@@ -518,10 +531,14 @@ def decode_and_round_timelines(bench, widths, trace_dir, cases, variants=()) -> 
             which = {"capacity": cap, "width": width, **({} if kind == "decode" else {"kind": kind})}
             try:
                 t = timeline(bench, cap, trace_dir, width=width, kind=kind)
-                if width is None and kind == "decode":
-                    _add_gap_to_floor(t, cases)
             except Exception as exc:  # a profiler failure must not lose the timings above: reported, not hidden
                 t = {**which, "error": repr(exc), "table": f"timeline {step_label(which, '')}: {exc!r}"}
+            if width is None and kind == "decode" and "error" not in t:
+                try:  # regions the floor cannot split (no layer ranges): said, the timeline kept
+                    _add_gap_to_floor(t, cases)
+                except ValueError as exc:
+                    t["gap_error"] = str(exc)
+                    t["table"] += f"\nnot set against the floor: {exc}"
             entries.append(t)
         out += entries
         base = entries[0] if "error" not in entries[0] else None
@@ -681,14 +698,20 @@ def main(argv=None) -> int:
     import torch
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.context < 1 or args.samples < 1 or args.ab_blocks < 1:
-        p.error("--context, --samples and --ab-blocks must be >= 1")
-    try:
-        args.timeline_widths = _caps(args.timeline_widths)
-    except ValueError:
-        p.error(f"--timeline-widths {args.timeline_widths!r}: expected comma-separated widths, e.g. 1,2")
-    if any(w < 1 for w in args.timeline_widths):
-        p.error(f"--timeline-widths {args.timeline_widths}: widths must be >= 1")
+    for flag, value, least in (("--context", args.context, 1), ("--samples", args.samples, 1),
+                               ("--warmup", args.warmup, 0), ("--ab-blocks", args.ab_blocks, 1),
+                               ("--steps", args.steps, 1 if args.check_compiled else 0)):
+        if value < least:
+            p.error(f"{flag} {value}: must be >= {least}" + (" with --check-compiled" if flag == "--steps" else ""))
+    # every list checked here, before anything is loaded or timed (a late failure would lose the timings)
+    caps = _int_list(p, "--capacities", args.capacities, least=1, empty=False)
+    _int_list(p, "--seeds", args.seeds, least=0, empty=False)
+    _int_list(p, "--widths", args.widths, least=1, empty=True)
+    args.timeline_widths = _int_list(p, "--timeline-widths", args.timeline_widths, least=1, empty=True)
+    if args.timeline and not args.device.startswith("cuda"):
+        p.error(f"--timeline needs a CUDA GPU (device {args.device})")
+    if args.timeline and not {1, 4} & set(caps):
+        p.error(f"--timeline profiles batch 1 and 4 only; --capacities {args.capacities} has neither")
     args.timeline_variants = tuple(v.strip() for v in args.timeline_variants.split(",") if v.strip())
     unknown = [v for v in args.timeline_variants if v not in VARIANT_KINDS]
     if unknown:

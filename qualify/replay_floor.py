@@ -34,6 +34,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import sys
 from typing import Any, Mapping
 
@@ -221,7 +222,7 @@ def measured_floor(nbytes: int, samples: int = 50, warmup: int = 5) -> dict:
     out = torch.empty((), dtype=torch.float32, device="cuda")
     graph = captured(functools.partial(torch.sum, buf, dim=0, dtype=torch.float32, out=out))
     times = time_samples(graph.replay, samples=samples, warmup=warmup, device="cuda")
-    median = sorted(times)[len(times) // 2]
+    median = statistics.median(times)  # the statistic the replay's ratio divides (qualify.timing.summarize)
     del graph, buf
     torch.cuda.empty_cache()
     return {"floor_s": median, "samples_s": times, "bandwidth_bytes_per_s": (nbytes // 2) * 2 / median,
@@ -242,6 +243,16 @@ def main(argv=None) -> int:
                    help="measured read bandwidth in bytes/s (e.g. 4.23e12); without it no floor_s is printed")
     p.add_argument("--measure", action="store_true", help="measure the read bandwidth on this GPU (CUDA only)")
     args = p.parse_args(argv)
+    if args.measure and args.bandwidth is not None:
+        p.error("--measure and --bandwidth: give one (the measured bandwidth would replace the given one)")
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        p.error(f"--bandwidth {args.bandwidth}: expected bytes/s > 0")
+    try:
+        batches = [int(x) for x in args.batch.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--batch {args.batch!r}: expected comma-separated batch sizes, e.g. 1,4")
+    if not batches or min(batches) < 1:
+        p.error(f"--batch {args.batch!r}: expected batch sizes >= 1")
     bandwidth = args.bandwidth
     if args.measure:
         try:
@@ -249,7 +260,6 @@ def main(argv=None) -> int:
         except RuntimeError as exc:
             print(f"replay_floor: {exc}", file=sys.stderr)
             return 2
-    batches = [int(x) for x in args.batch.split(",") if x.strip()]
     try:
         cases = [weight_traffic(args.core, b, args.context, bandwidth) for b in batches]
     except (ValueError, KeyError, TypeError) as exc:  # CoreFormatError is a ValueError

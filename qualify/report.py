@@ -68,6 +68,10 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     return env, read_samples(run_dir)
 
 
+class DeviceMismatch(ReportError):
+    """Two runs of one GPU class on different devices (an H100 and an H200 are both sm90): not compared."""
+
+
 def gpu_class(env: dict) -> str:
     cls = (env.get("gpu") or {}).get("gpu_class")
     if not cls:
@@ -142,6 +146,11 @@ def compare(baseline: str | Path, candidate: str | Path, metric: str | None = No
     if bcls != ccls:
         raise ReportError(f"refusing to compare runs of different GPU classes: baseline {bdir.name} is {bcls}, "
                           f"candidate {cdir.name} is {ccls} (classes are never compared with each other)")
+    bdev, cdev = ((env.get("gpu") or {}).get("name") for env in (benv, cenv))
+    if bdev and cdev and bdev != cdev:
+        raise DeviceMismatch(f"refusing to compare runs of different devices: baseline {bdir.name} ran on {bdev}, "
+                             f"candidate {cdir.name} on {cdev} (both {bcls}, but their bandwidths differ: the ratio "
+                             "would not be a change of the code)")
     metric = metric or default_metric(bs + cs)
     ignore = frozenset(ignore)
     bg, cg = group(bs, metric, ignore), group(cs, metric, ignore)
@@ -190,14 +199,17 @@ def _critical_paths(bdir: Path, cdir: Path, bs: list[dict] = (), cs: list[dict] 
         if b is not None and c is not None:
             out[tag] = {"baseline": b, "candidate": c}
             rows = int(tag[1:])  # b<rows>
-            gaps = {k: critical_path.gap_from_samples(r, samples, rows)
-                    for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
-            if any(gaps.values()):
-                out[tag]["gap_to_floor"] = gaps
-            pos = {k: critical_path.position_gaps_from_samples(r, samples, rows, config)
-                   for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
-            if any(pos.values()):
-                out[tag]["position_gaps"] = pos
+            try:  # a timeline whose regions cannot be set against the floor: said, the rest of the report kept
+                gaps = {k: critical_path.gap_from_samples(r, samples, rows)
+                        for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
+                if any(gaps.values()):
+                    out[tag]["gap_to_floor"] = gaps
+                pos = {k: critical_path.position_gaps_from_samples(r, samples, rows, config)
+                       for k, r, samples in (("baseline", b, bs), ("candidate", c, cs))}
+                if any(pos.values()):
+                    out[tag]["position_gaps"] = pos
+            except ValueError as exc:
+                out[tag]["floor_error"] = str(exc)
     return out
 
 
@@ -240,6 +252,8 @@ def markdown(rep: dict, png_note: str) -> str:
         for key, title, text, table in _FLOOR_SECTIONS:
             if cp.get(key):
                 lines += [f"### {title}, timeline {tag}", "", text, ""] + table(cp[key]) + [""]
+        if cp.get("floor_error"):
+            lines += [f"Not set against the floor: {cp['floor_error']}", ""]
     return "\n".join(lines)
 
 

@@ -321,6 +321,12 @@ def test_cli_rereads_an_archived_run_with_the_projection_bytes_of_a_config(tmp_p
     assert "samples.jsonl" in capsys.readouterr().err  # the error names the file it did not find
     assert cp.main([str(tmp_path), "--config", str(tmp_path / "missing.json")]) == 2
     assert "--config" in (err := capsys.readouterr().err) and "missing.json" in err
+    # a timeline that cannot be read (3 kernels do not split into the 20 replays): named, and the exit says so
+    (tmp_path / "replay-b4.trace.json.gz").write_bytes(gzip.compress(json.dumps(
+        {"traceEvents": _replay([step[:3]])}).encode()))
+    (tmp_path / "attributed-b4.trace.json").write_text(json.dumps({"traceEvents": _attributed(layout)}))
+    assert cp.main([str(tmp_path)]) == 1
+    assert "timeline b4" in capsys.readouterr().err
 
 
 def short(name: str) -> str:
@@ -418,3 +424,45 @@ def test_timeline_widths_rejects_a_bad_value_naming_the_option(capsys, bad):
     with pytest.raises(SystemExit) as exc:
         gpu_replay.main(["--core", "no-such-core", "--timeline-widths", bad, "--no-archive"])
     assert exc.value.code == 2 and "--timeline-widths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--seeds", "x"], "--seeds 'x': expected comma-separated integers"),
+    (["--seeds", ","], "--seeds ',': expected at least one value"),
+    (["--capacities", "1,x"], "--capacities '1,x'"),
+    (["--capacities", "0,1"], "--capacities '0,1': [0] below 1"),
+    (["--widths", "0"], "--widths '0'"),
+    (["--check-compiled", "--steps", "0"], "--steps 0: must be >= 1 with --check-compiled"),
+    (["--samples", "0"], "--samples 0: must be >= 1"),
+    (["--ab-blocks", "0"], "--ab-blocks 0"),
+    (["--timeline", "--device", "cpu"], "--timeline needs a CUDA GPU"),
+    (["--timeline", "--device", "cuda", "--capacities", "8"], "--capacities 8 has neither")])
+def test_gpu_replay_refuses_bad_arguments_by_name_before_loading_anything(capsys, argv, needle):
+    """Every refusal names its option, and comes before the core is even looked for (``no-such-core``): nothing is
+    timed and then lost to a late failure."""
+    from qualify import gpu_replay
+
+    with pytest.raises(SystemExit) as exc:
+        gpu_replay.main(["--core", "no-such-core", *argv, "--no-archive"])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_decode_timeline_the_floor_cannot_split_is_kept(monkeypatch):
+    """``gpu_replay --timeline``: a decode timeline whose critical path has no layer ranges (one "step" region, as an
+    eager step's) keeps its table and kernel counts; the floor's refusal is said beside them, not in their place."""
+    from types import SimpleNamespace
+
+    from qualify import gpu_replay, timeline
+
+    def fake(bench, cap, trace_dir, width=None, kind="decode"):
+        return {"capacity": cap, "width": width, "table": f"timeline B={cap}", "kernels": 7,
+                "critical_path": {"per_region": {"step": 100.0}, "span_us": 100.0, "layers": 0, "per_layer_us": 0.0}}
+
+    monkeypatch.setattr(timeline, "timeline", fake)
+    traffic = {"num_layers": 2, "weight_bytes_read": 40, "lm_head_bytes": 18, "embedding_bytes_gathered": 2,
+               "kv_bytes": 10, "total_bytes": 50}
+    cases = [{"case": {"capacity": 1, "variant": "decode"}, "traffic": traffic, "floor_bandwidth_bytes_per_s": 1e6}]
+    bench = SimpleNamespace(capacities=(1,), widths=(), variants=("decode",))
+    (t,) = gpu_replay.decode_and_round_timelines(bench, (), None, cases)
+    assert "error" not in t and t["kernels"] == 7 and "no region" in t["gap_error"]
+    assert t["table"].startswith("timeline B=1\nnot set against the floor: gap to the floor")

@@ -161,3 +161,14 @@ def test_cli_on_exported_core(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [c["total_bytes"] for c in out["cases"]] == [_tiny_hand(1, 16), _tiny_hand(4, 16)]
     assert out["cases"][0]["floor_s"] == pytest.approx(_tiny_hand(1, 16) / 1e9)
+
+
+@pytest.mark.parametrize("argv,needle", [(["--batch", "1,x"], "--batch '1,x'"), (["--batch", "0"], "--batch '0'"),
+                                         (["--measure", "--bandwidth", "4e12"], "give one"),
+                                         (["--bandwidth", "0"], "--bandwidth 0.0")])
+def test_cli_refuses_bad_arguments_by_name(capsys, argv, needle):
+    """Before any core is read (``no-such-core``): a malformed batch list, a batch below 1, a bandwidth given with
+    --measure (which would silently replace it) or not positive."""
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-core", *argv])
+    assert exc.value.code == 2 and needle in capsys.readouterr().err

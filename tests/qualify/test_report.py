@@ -155,3 +155,35 @@ def test_ignored_fields_match_side_by_side_variants(tmp_path):
     (row,) = rep["cases"]
     assert row["verdict"] == "faster" and row["ratio"] == pytest.approx(1.05 / 2.05)
     assert "case fields ignored (side-by-side variants): attention" in rp.markdown(rep, "none")
+
+
+def test_devices_of_one_class_are_not_compared(tmp_path):
+    """An H100 and an H200 are both sm90, with different bandwidths: refused by name (``DeviceMismatch``, which the
+    main job reports as "no baseline comparison for this device" instead of a failure); the same device compares."""
+    for name, device, cases in (("base", "NVIDIA H200", BASE), ("cand", "NVIDIA H100 80GB HBM3", CAND),
+                                ("same", "NVIDIA H200", CAND)):
+        d = _run(tmp_path, name, "sm90", cases)
+        env = json.loads((d / "environment.json").read_text())
+        env["gpu"]["name"] = device
+        (d / "environment.json").write_text(json.dumps(env))
+    with pytest.raises(rp.DeviceMismatch, match="baseline base ran on NVIDIA H200, candidate cand on NVIDIA H100"):
+        rp.compare("base", "cand", results=tmp_path)
+    assert rp.compare("base", "same", results=tmp_path)["common_cases"] == 3
+
+
+def test_a_timeline_the_floor_cannot_split_keeps_the_report(tmp_path, monkeypatch):
+    """A critical path whose regions cannot be set against the floor (e.g. an eager timeline without layer ranges)
+    is said in its section; the timing table and the rest of the report are still written."""
+    _run(tmp_path, "base", "sm90", BASE)
+    _run(tmp_path, "cand", "sm90", CAND)
+    monkeypatch.setattr(rp.critical_path, "from_run", lambda run, tag: {"run": run.name} if tag == "b1" else None)
+
+    def no_region(r, samples, rows):
+        raise ValueError("gap to the floor: the timeline has no region ['layers (all)', 'head']")
+
+    monkeypatch.setattr(rp.critical_path, "gap_from_samples", no_region)
+    monkeypatch.setattr(rp.critical_path, "compare", lambda b, c: [f"{b['run']} against {c['run']}"])
+    rep = rp.compare("base", "cand", results=tmp_path)
+    assert "no region" in rep["critical_path"]["b1"]["floor_error"] and len(rep["cases"]) == 5
+    text = rp.markdown(rep, "none")
+    assert "base against cand" in text and "Not set against the floor: gap to the floor" in text
