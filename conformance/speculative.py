@@ -54,6 +54,19 @@ class Rows:
         return {k: v.to(device) for k, v in out.items()}
 
 
+_PROBE_DIR: list = []
+
+
+def shared_probe_checkpoint():
+    """:func:`probe_checkpoint` in one temporary folder per process (every suite that decodes on it shares it)."""
+    import tempfile
+    from pathlib import Path
+
+    if not _PROBE_DIR:
+        _PROBE_DIR.append(Path(tempfile.mkdtemp(prefix="flare-probe-")) / "checkpoint")
+    return probe_checkpoint(_PROBE_DIR[0])
+
+
 def probe_checkpoint(path):
     """A seeded tiny Qwen3 checkpoint whose greedy continuations vary and depend on their context (the
     embedded default's tiny model falls into a one-token loop, which would hide KV defects)."""

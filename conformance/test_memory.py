@@ -1,15 +1,17 @@
 """GPU memory invariants of a captured catalog (issue 4 §3/§4), per recipe x GPU class:
 
-- **allocation stability**: 10,000 replays alternating every decode capacity and, where the recipe declares
-  speculative widths, verification rounds (capacities 1 and 4 x every width, ragged proposals), with inactive
-  rows, make no allocation at all (the caching allocator's ``allocation.all.allocated`` counter and reserved bytes unchanged);
+- **allocation stability**: 10,000 replays alternating every graph a served catalog holds -- each decode capacity
+  with its greedy and bounded top-k variants, each prefill chunk, and, where the recipe declares speculative widths,
+  verification rounds (capacities 1 and 4 x every width, ragged proposals) -- with inactive rows, make no allocation
+  at all (the caching allocator's ``allocation.all.allocated`` counter and reserved bytes unchanged);
 - **poisoned scratch**: between replays every segment of the graphs' private pool (their intermediates and
   workspaces: inputs, outputs, KV pool and sampling state live outside it) is filled with NaN bytes (0xFF); the
   outputs of the next replays are bytewise those of an unpoisoned run -- every graph writes its scratch before
   reading it.
 
-The catalog is the recipe's tiny checkpoint (qwen3: the embedded default), compiled and captured like a served
-core.  CUDA only.
+The catalog is the recipe's tiny checkpoint (qwen3: :func:`conformance.speculative.probe_checkpoint`, whose tokens
+depend on their context), prepared as ``helios`` prepares a served core (the greedy variant, here a top-k variant
+too, every prefill chunk), compiled and captured.  CUDA only.
 """
 
 from __future__ import annotations
@@ -24,48 +26,62 @@ CASES = [c for c in graph_cases() if c.capacity == 1]  # one case per recipe x c
 REPLAYS = 10_000
 PAGE = 16
 ROUND_CAPACITIES = (1, 4)
+TOPK_VARIANT = 20  # a bounded top-k variant, as a core served with --topk-variant holds (Qwen3's top_k default)
 
 
-def _catalog(recipe: str):
+def _catalog(recipe: str, device: str = "cuda"):
+    """The catalog as served, its step kinds ``(kind, rows, tokens)`` and the vocabulary; compiled and captured on
+    CUDA (elsewhere eager: the test's mechanics alone)."""
     import torch
 
-    from ignition.checkpoints import embedded_default_checkpoint
+    from ignition.graphs.catalog import DECODE, DECODE_GREEDY, DECODE_TOPK, PREFILL
+
+    from .speculative import shared_probe_checkpoint
 
     module = importlib.import_module(f"ignition.recipes.{recipe}.recipe")
     if not hasattr(module, "MODEL") or recipe != "qwen3":
         pytest.skip(f"recipe {recipe} has no prepared model with a tiny checkpoint yet")
     path, name = module.MODEL.split(":")
     cls = getattr(importlib.import_module(path), name)
-    model = cls.from_pretrained(embedded_default_checkpoint(), device="cuda")
-    caps = module.DECODE_CAPACITIES
-    model.allocate_kv_cache(num_pages=max(caps) * 8 + 8, page_size=PAGE, max_context=8 * PAGE)
-    graphs = module.graph_catalog().prepare(model, decode=caps, prefill=(module.PREFILL_CHUNKS[0],))
-    kinds = [("decode", c, 1) for c in caps]
+    model = cls.from_pretrained(shared_probe_checkpoint(), device=device)
+    caps, chunks = module.DECODE_CAPACITIES, module.PREFILL_CHUNKS
+    max_context = max(chunks) + 4 * PAGE  # a chunk from position 0..39 on, as _inputs places it
+    width = -(-max_context // PAGE)
+    model.allocate_kv_cache(num_pages=8 * max(caps) + width + 8, page_size=PAGE, max_context=max_context)
+    graphs = module.graph_catalog().prepare(model, decode=caps, prefill=chunks, greedy_variant=True,
+                                            topk_variant=TOPK_VARIANT)
+    kinds = [(kind, c, 1) for kind in (DECODE, DECODE_GREEDY, DECODE_TOPK) for c in caps]
+    kinds += [(PREFILL, 1, t) for t in chunks]
     if hasattr(module, "SPECULATIVE_WIDTHS"):
         from ignition.graphs.rounds import prepare_rounds
 
         rounds = prepare_rounds(graphs, ROUND_CAPACITIES, module.SPECULATIVE_WIDTHS)
         kinds += [("round", r.shape.rows, r.width) for r in rounds]
-    graphs.compile().capture()
-    torch.cuda.synchronize()
-    return graphs, kinds
+    if device == "cuda":
+        graphs.compile().capture()
+        torch.cuda.synchronize()
+    return graphs, kinds, model.vocab_size
 
 
-def _inputs(capacity: int, step: int, width: int, tokens: int = 1):
-    """Host tensors for a decode step (``tokens`` 1) or a round of ``tokens`` positions over ``capacity`` rows,
-    every third row inactive (row r owns pages 8r..; positions stay inside the first of them)."""
+def _inputs(kind: str, capacity: int, step: int, width: int, vocab: int, tokens: int = 1):
+    """Host tensors for a decode step (``tokens`` 1), a prefill chunk (one row of ``tokens`` positions) or a round
+    of ``tokens`` positions over ``capacity`` rows, every third row inactive (row r owns pages 8r..; decode and round
+    positions stay inside the first of them, a chunk's run on from there)."""
     import torch
 
     act = torch.tensor([r % 3 != 1 for r in range(capacity)])
     pos = (20 + step % 40 + torch.arange(tokens)).expand(capacity, tokens)
     bt = torch.stack([torch.arange(8 * r, 8 * r + width, dtype=torch.int32) for r in range(capacity)])
     slots = torch.where(act[:, None], bt[:, :1].long() * PAGE + pos, -1)
-    ids = torch.tensor([[(r * 31 + step + j) % 4000 + 5 for j in range(tokens)] for r in range(capacity)])
-    fed = torch.tensor([1 + (r + step) % tokens for r in range(capacity)])  # ragged: pending + 0..W-1 proposals
+    ids = torch.tensor([[(r * 31 + step + j) % (vocab - 5) + 5 for j in range(tokens)] for r in range(capacity)])
+    if kind == "round":  # ragged: pending + 0..W-1 proposals
+        fed = torch.tensor([1 + (r + step) % tokens for r in range(capacity)])
+    else:
+        fed = torch.full((capacity,), tokens)
     slots = torch.where(torch.arange(tokens) < fed[:, None], slots, -1)  # padding positions write nothing
     out = {"input_ids": ids, "positions": pos, "slot_mapping": slots, "block_tables": bt,
            "seq_lens": torch.where(act, pos[:, 0] + fed, 0), "active_rows": act}
-    if tokens > 1:
+    if kind == "round":
         out["draft_tokens"] = ids[:, 1:]
         out["n_proposals"] = fed - 1
     return out
@@ -98,13 +114,13 @@ def _poison_pool(pool) -> int:
 def test_replays_allocate_nothing_and_ignore_poisoned_scratch(case, flare_samples):
     import torch
 
-    graphs, kinds = _catalog(case.recipe)
+    graphs, kinds, vocab = _catalog(case.recipe)
     width = graphs.steps[0].max_pages
     schedule = [(kinds[i % len(kinds)], i) for i in range(REPLAYS)]
-    staged = {(k, i % 40): _inputs(k[1], i % 40, width, k[2]) for k, i in schedule[:len(kinds) * 40]}
+    staged = {(k, i % 40): _inputs(k[0], k[1], i % 40, width, vocab, k[2]) for k, i in schedule[:len(kinds) * 40]}
 
     def replay(k, i):
-        step = graphs.step(*k)  # (kind, rows, tokens): decode capacity or round (rows, width)
+        step = graphs.step(*k)  # (kind, rows, tokens): a decode capacity, a prefill chunk or a round (rows, width)
         inputs = dict(staged[(k, i % 40)])
         drafts = {n: inputs.pop(n) for n in ("draft_tokens", "n_proposals") if n in inputs}
         step.load(**inputs)
@@ -135,7 +151,7 @@ def test_replays_allocate_nothing_and_ignore_poisoned_scratch(case, flare_sample
                 poisoned = max(poisoned, _poison_pool(graphs.pool))
             step = replay(k, i)
             out.append((step.logits[:k[1]].clone(),
-                        (step.tokens if k[0] == "decode" else step.emitted)[:k[1]].clone()))
+                        (step.emitted if k[0] == "round" else step.tokens)[:k[1]].clone()))
         return out, poisoned
 
     clean, _ = run(False)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from .registry import GraphCase, speculative_cases
-from .speculative import Case, probe_checkpoint
+from .speculative import Case, shared_probe_checkpoint
 
 PARITY_STEPS = 256
 SPEC_TOKENS = 40
@@ -35,15 +35,6 @@ def _widths(recipe: str) -> tuple[int, ...]:
 
 
 _BUILT: dict = {}
-
-
-def _probe_dir():
-    import tempfile
-    from pathlib import Path
-
-    if "probe" not in _BUILT:
-        _BUILT["probe"] = Path(tempfile.mkdtemp(prefix="flare-spec-probe-")) / "checkpoint"
-    return _BUILT["probe"]
 
 
 def _device(gc: GraphCase) -> str:
@@ -64,7 +55,7 @@ def _new_case(gc: GraphCase) -> Case:
     cls = getattr(importlib.import_module(path), name)
     inactive = frozenset({1}) if capacity > 1 else frozenset()
     sampled = frozenset({2, 3}) if capacity > 2 else frozenset()
-    return Case(cls, probe_checkpoint(_probe_dir()), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
+    return Case(cls, shared_probe_checkpoint(), capacity, _widths(recipe), PARITY_STEPS + SPEC_TOKENS,
                 inactive=inactive, sampled_rows=sampled, device=device, compile=device == "cuda")
 
 
