@@ -71,6 +71,13 @@ class ResultsArchive:
             entry["outcome"] = "failed" if report.when == "call" else "error"
             entry["phase"] = report.when
 
+    # A module that fails to collect is an outcome of the run too (pytest then stops before any test runs).
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.outcomes[report.nodeid or "<collection>"] = {
+                "outcome": "error", "phase": "collect", "duration_s": 0.0,
+                "reason": str(report.longrepr)[-2000:]}
+
     def pytest_sessionfinish(self, session, exitstatus):
         if not self.outcomes:
             return

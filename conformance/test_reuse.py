@@ -65,4 +65,4 @@ def test_reusable_prefix_rate(frontend_case, frontend, flare_samples):
                         "variant": frontend_case.variant, "metric": "reusable_prefix_rate"},
                   rate=rate, kept=kept_all, total=total_all,
                   per_conversation={k: {"kept": a, "total": b} for k, (a, b) in per_conversation.items()})
-    assert 0 < kept_all <= total_all
+    assert kept_all > 0, "no message endpoint of a multi-turn conversation was reusable by the next turn"

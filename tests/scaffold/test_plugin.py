@@ -114,3 +114,16 @@ def test_gpu_class_read_from_a_case_object(pytester, monkeypatch):
     detect_gpu_class.cache_clear()
     out.assert_outcomes(passed=1, skipped=1)
     out.stdout.fnmatch_lines(["*case is for GPU class sm120; this machine is sm90*"])
+
+
+def test_a_run_that_fails_to_collect_is_archived_with_the_error(tester):
+    """pytest stops before any test when a module cannot be imported: the run is still archived, the module an error
+    of phase collect with its reason."""
+    tester.makepyfile(test_broken="import no_such_module_here\n")
+    out = tester.runpytest("-p", "no:cacheprovider", f"--flare-results={tester.path / 'res'}")
+    assert out.ret != 0
+    run = _archived(tester.path / "res")
+    summary = json.loads((run / "summary.json").read_text())
+    broken = summary["tests"]["test_broken.py"]
+    assert broken["outcome"] == "error" and broken["phase"] == "collect"
+    assert "no_such_module_here" in broken["reason"] and summary["counts"] == {"error": 1}
