@@ -10,12 +10,14 @@ from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, batched_greedy, canonical_greedy, logit_bound, make_checkpoint, prepared_greedy
 
 PROMPT = [(i * 37 + 11) % 512 for i in range(20)]
-CATALOG = GraphCatalog(decode_capacities=(1, 2, 4), prefill_chunks=(8, 32))
+# 8 rows: at this geometry the first decode capacity whose qkv and gate/up take the tensor-core launch behind a
+# published norm (1..4 rows run the fused GEMV with its own norm prologue)
+CATALOG = GraphCatalog(decode_capacities=(1, 2, 4, 8), prefill_chunks=(8, 32))
 
 
-def _prepare(ckpt):
-    model = PreparedQwen3.from_pretrained(ckpt, device="cuda")
-    model.allocate_kv_cache(num_pages=64, page_size=8, max_context=128)
+def _prepare(ckpt, device="cuda"):
+    model = PreparedQwen3.from_pretrained(ckpt, device=device)
+    model.allocate_kv_cache(num_pages=72, page_size=8, max_context=128)
     return CATALOG.prepare(model)
 
 
@@ -31,6 +33,9 @@ def test_captured_capacities_match_eager_and_canonical(tmp_path, monkeypatch, pr
         monkeypatch.setenv("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", "0")
     ckpt = make_checkpoint(tmp_path / "tiny", seed=0)
     eager = _prepare(ckpt)
+    layer = eager.model.hf.model.layers[0]
+    assert [layer.mlp.takes_prenorm(c) and layer.self_attn.takes_prenorm(c)
+            for c in CATALOG.decode_capacities] == [False, False, False, prenorm]  # the switch reaches decode at 8
     captured = _prepare(ckpt).compile().capture()
     assert {s.mode for s in captured.steps} == {"captured(compiled)"}
     assert captured.pool is not None
@@ -42,7 +47,7 @@ def test_captured_capacities_match_eager_and_canonical(tmp_path, monkeypatch, pr
         assert tokens == ref_tokens
         assert max(float((a - b).abs().max()) for a, b in zip(logits, ref_logits)) <= bound
 
-    prompts = [PROMPT, PROMPT[:7], None, PROMPT[5:18]]
+    prompts = [PROMPT, PROMPT[:7], None, PROMPT[5:18], PROMPT[2:11], None, PROMPT[9:20], PROMPT[:3]]
     for cap in CATALOG.decode_capacities:
         rows = prompts[:cap]
         a = batched_greedy(eager, rows, 6, page_size=8, chunk=32)
