@@ -111,3 +111,134 @@ def reference_sanitized_ids(tok, template, messages, variables, conv_options) ->
         continue_final_message=conv_options.continue_final_message, return_dict=False, **_plain(kwargs),
     )
     return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+# -- the reference's own reading of a request ------------------------------------------------------------------
+# The messages and template variables the upstream template is rendered with, read from the raw request JSON by the
+# protocols' documents and the recipe's FrontendSpec -- not from helios' decoding or lowering, so that a defect
+# there shows as a difference instead of on both sides.  It covers the corpus (fixtures/conversations): OpenAI chat
+# messages (string or text / image_url parts, reasoning, tool calls and results) and Anthropic messages (system,
+# text / image / tool_use / tool_result / thinking blocks); anything else raises, naming it.
+
+
+def reference_conversation(protocol: str, request: dict, spec) -> tuple[list[dict], dict, object]:
+    """``(messages, variables, options)`` for :func:`reference_render`: the template messages, the variables (tools,
+    the thinking switch, chat_template_kwargs) and an object with ``add_generation_prompt`` and
+    ``continue_final_message``."""
+    from types import SimpleNamespace
+
+    if protocol == "openai":
+        messages = [_ref_openai(m, spec) for m in request["messages"]]
+        cont = bool(request.get("continue_final_message", False))
+        gen = request.get("add_generation_prompt", not cont)
+        extra = dict(request.get("chat_template_kwargs") or {})
+        thinking = extra.pop("enable_thinking", None)
+        tools = request.get("tools")
+    elif protocol == "anthropic":
+        system = request.get("system")
+        if isinstance(system, list):
+            system = [b["text"] for b in system]
+        messages = [_ref_message("system", [system] if isinstance(system, str) else system, spec)] if system else []
+        for m in request["messages"]:
+            messages += _ref_anthropic(m, spec)
+        cont = request["messages"][-1]["role"] == "assistant"
+        gen, extra = not cont, {}
+        thinking = None if request.get("thinking") is None else request["thinking"]["type"] == "enabled"
+        tools = [{"type": "function", "function": {"name": t["name"], **(
+            {"description": t["description"]} if t.get("description") is not None else {}),
+            "parameters": t["input_schema"]}} for t in request["tools"]] if request.get("tools") else None
+    else:
+        raise ValueError(f"reference_conversation: unknown protocol {protocol!r}")
+    messages = _ref_results_in_call_order(messages)
+    variables = {"tools": tools or None, **extra}
+    if spec.thinking_kwarg is not None:
+        chosen = spec.default_thinking if thinking is None else thinking
+        if chosen is not None:
+            variables[spec.thinking_kwarg] = chosen
+    return messages, variables, SimpleNamespace(add_generation_prompt=gen, continue_final_message=cont)
+
+
+def _ref_results_in_call_order(messages: list[dict]) -> list[dict]:
+    """The frontend contract's tool-result sorting (seed 000: "tool-result sorting"): the tool messages right after
+    an assistant turn with tool calls, in the order of those calls (by id; results matching no call after them, in
+    the order given)."""
+    out = list(messages)
+    for i, m in enumerate(messages):
+        ids = [c.get("id") for c in m.get("tool_calls") or ()]
+        end = i + 1
+        while end < len(messages) and messages[end]["role"] == "tool":
+            end += 1
+        run = messages[i + 1:end]
+        if ids and run:
+            matched = [r for n in ids for r in run if r.get("tool_call_id") == n]
+            matched = [r for k, r in enumerate(matched) if all(r is not x for x in matched[:k])]  # first call wins
+            out[i + 1:end] = matched + [r for r in run if all(r is not x for x in matched)]
+    return out
+
+
+def _ref_message(role: str, pieces: list, spec, *, reasoning=None, calls=(), **fields) -> dict:
+    """One template message from its content pieces (text strings, ``None`` for an image) by ``spec``."""
+    d = {"role": "system" if role == "developer" and not spec.developer_role else role}
+    if not pieces and role == "assistant" and spec.assistant_null_content:
+        d["content"] = None
+    elif spec.content_format == "string":
+        d["content"] = spec.text_joiner.join(pieces)
+    else:
+        d["content"] = [{"type": "image"} if p is None else {"type": "text", "text": p} for p in pieces]
+    if reasoning is not None:
+        d[spec.reasoning_field] = reasoning
+    if calls:
+        d["tool_calls"] = [{"type": "function", **({"id": i} if i else {}), "function": {"name": name, "arguments": (
+            json.dumps(args, ensure_ascii=False) if spec.tool_arguments == "json" else args)}}
+            for i, name, args in calls]
+    return {**d, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _ref_openai(m: dict, spec) -> dict:
+    content = m.get("content")
+    if content is None:
+        pieces = []
+    elif isinstance(content, str):
+        pieces = [content]
+    else:
+        kinds = {"text": lambda p: p["text"], "image_url": lambda p: None}
+        pieces = [kinds[p["type"]](p) for p in content]
+    calls = []
+    for c in m.get("tool_calls") or ():
+        args = c["function"]["arguments"]
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        calls.append((c.get("id"), c["function"]["name"], args))
+    reasoning = m.get("reasoning_content") if m.get("reasoning_content") is not None else m.get("reasoning")
+    tool = m["role"] == "tool"
+    return _ref_message(m["role"], pieces, spec, reasoning=reasoning, calls=calls,
+                        tool_call_id=m.get("tool_call_id") if tool else None, name=m.get("name") if tool else None)
+
+
+def _ref_anthropic(m: dict, spec) -> list[dict]:
+    """An Anthropic message: its tool results first, as tool messages, then the message itself unless it held
+    nothing else."""
+    content = m["content"]
+    if isinstance(content, str):
+        return [_ref_message(m["role"], [content], spec)]
+    pieces, calls, thinking, results = [], [], [], []
+    for b in content:
+        if b["type"] == "text":
+            pieces.append(b["text"])
+        elif b["type"] == "image":
+            pieces.append(None)
+        elif b["type"] == "tool_use":
+            calls.append((b["id"], b["name"], b["input"]))
+        elif b["type"] == "thinking":
+            thinking.append(b["thinking"])
+        elif b["type"] == "tool_result":
+            inner = b.get("content")
+            parts = [inner] if isinstance(inner, str) else [
+                p["text"] if p["type"] == "text" else None for p in inner or ()]
+            results.append(_ref_message("tool", parts, spec, tool_call_id=b["tool_use_id"]))
+        elif b["type"] != "redacted_thinking":
+            raise ValueError(f"reference_conversation: Anthropic block {b['type']!r} not covered")
+    if results and not pieces and not calls and not thinking:
+        return results
+    return results + [_ref_message(m["role"], pieces, spec, reasoning="\n\n".join(thinking) if thinking else None,
+                                   calls=calls)]

@@ -9,12 +9,11 @@ from __future__ import annotations
 import pytest
 
 from helios.frontend.conversation import FrontendError
-from helios.frontend.lowering import lower
 from helios.protocol import decode_request
 from .checks import check_endpoint_invariants
 from .conftest import CORPUS, ERRORS, corpus_ids
-from .reference import (AssetMissing, reference_ids, reference_render, reference_sanitized_ids,
-                        reference_tokenizer, supports_sanitize, upstream_template)
+from .reference import (AssetMissing, reference_conversation, reference_ids, reference_render,
+                        reference_sanitized_ids, reference_tokenizer, supports_sanitize, upstream_template)
 
 
 def _reference(frontend_case, hub_cache):
@@ -58,9 +57,9 @@ def test_prompt_tokens_and_endpoints(frontend_case, frontend, hub_cache, sample,
         assert field in err.value.field
         return
     prepared = frontend.prepare(conv)
-    messages, _ = lower(conv, frontend.spec, lambda text: [])
-    variables = frontend.template_variables(conv, messages)
-    expected_prompt = reference_render(tok, template, messages, variables, conv.options)
+    # the reference reads the request itself (reference_conversation), not helios' decoding and lowering
+    messages, variables, options = reference_conversation(sample["protocol"], sample["request"], frontend.spec)
+    expected_prompt = reference_render(tok, template, messages, variables, options)
     assert prepared.prompt == expected_prompt
     problems = check_endpoint_invariants(prepared.prompt, prepared.token_ids, prepared.message_endpoints,
                                          prepared.token_endpoints, prepared.token_endpoint_bytes, _decode(tok),
@@ -98,9 +97,8 @@ def test_literal_special_spellings_stay_text(frontend_case, frontend, hub_cache)
     assert n_ours == n_naive - len(literal)
     assert _decode(tok)(prepared.token_ids) == _decode(tok)(naive)  # same text, fewer special IDs
     if supports_sanitize(tok):
-        messages, _ = lower(conv, frontend.spec, lambda text: [])
-        variables = frontend.template_variables(conv, messages)
-        sanitized = reference_sanitized_ids(tok, template, messages, variables, conv.options)
+        messages, variables, options = reference_conversation(sample["protocol"], sample["request"], frontend.spec)
+        sanitized = reference_sanitized_ids(tok, template, messages, variables, options)
         assert sum(1 for t in sanitized if t in specials) == n_ours
 
 
