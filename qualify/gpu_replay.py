@@ -382,6 +382,16 @@ def check_compiled(bench: ReplayBench, capacity: int, steps: int, seed: int = 0)
             "repeatability": repeat, "compiled_vs_uncompiled": cmp}
 
 
+def _checked(bench, capacity: int, steps: int) -> dict:
+    """:func:`check_compiled`, or a failed entry naming the exception it raised -- the timings already taken are
+    archived either way (a check that cannot run is a failure of the run, not a lost run)."""
+    try:
+        return check_compiled(bench, capacity, steps)
+    except Exception as exc:  # noqa: BLE001 -- reported as the check's failure, with its message
+        return {"capacity": capacity, "steps": steps, "seed": 0, "passed": False,
+                "rule": f"the check could not run: {exc!r}", "compiled_vs_uncompiled": {}}
+
+
 def _max_abs_diff(x, y) -> float:
     """``max |x - y|`` in fp32, one slice of the leading dimension at a time (a KV pool: no pool-sized temporary)."""
     return max((float((p.float() - q.float()).abs().max()) for p, q in zip(x, y) if p.numel()), default=0.0)
@@ -505,7 +515,7 @@ def run(args) -> dict:
                                           prefix="ab-" if len(benches_b) == 1 else f"ab{i}-")
                 out["timeline"].append(ab_timeline(a_side, cap, label_b, make_b))
     if args.check_compiled:
-        out["check_compiled"] = [check_compiled(bench, cap, args.steps) for cap in bench.capacities]
+        out["check_compiled"] = [_checked(bench, cap, args.steps) for cap in bench.capacities]
         for c in out["check_compiled"]:
             samples.append({"case": {"tool": "gpu_replay.check_compiled", "core": name, "capacity": c["capacity"],
                                      "steps": c["steps"]}, "seed": c["seed"], "passed": c["passed"],

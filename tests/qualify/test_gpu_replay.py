@@ -230,3 +230,20 @@ def test_compiled_verdict_bounds_a_non_repeatable_plan_on_logits_kv_and_state():
     assert not gpu_replay.compiled_verdict(noisy, {**within, "logits_max_abs_diff": 2e-3})[1]
     assert not gpu_replay.compiled_verdict(noisy, {**within, "tokens_equal": False})[1]
     assert not gpu_replay.compiled_verdict(noisy, {**within, "sampling_state_equal": False})[1]
+
+
+def test_a_check_that_cannot_run_fails_the_run_and_keeps_the_timings(core, tmp_path, capsys, monkeypatch):
+    """``--check-compiled`` raising (here planted) is that check's FAIL with the exception named, exit 1, and the run's
+    timed samples still archived."""
+    def broken(bench, capacity, steps, seed=0):
+        raise RuntimeError("planted: the uncompiled graphs could not be prepared")
+
+    monkeypatch.setattr(gpu_replay, "check_compiled", broken)
+    rc = gpu_replay.main(["--core", core, "--capacities", "1", "--context", "20", "--samples", "2", "--warmup", "0",
+                          "--check-compiled", "--steps", "2", "--device", "cpu", "--out", str(tmp_path)])
+    assert rc == 1
+    assert "FAIL -- the check could not run: RuntimeError('planted" in capsys.readouterr().out
+    (run,) = tmp_path.iterdir()
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["case"]["tool"] for s in samples] == ["gpu_replay", "gpu_replay.check_compiled"]
+    assert len(samples[0]["replay_s"]) == 2 and samples[1]["passed"] is False
