@@ -55,6 +55,7 @@ from typing import Callable, Iterable
 import torch
 
 from ignition.components.sampling import GREEDY_EPS
+from ignition.components.switches import switch
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +169,27 @@ def within_top_k(resolved: dict, k: int | None) -> bool:
     return (temperature is not None and temperature < GREEDY_EPS) or (top_k is not None and 1 <= top_k <= k)
 
 
+#: Whether Inductor's own kernels (the sampler's, the step metadata's, the head's glue) launch with programmatic
+#: dependent launch on sm90+ (``FLARE_INDUCTOR_PDL=1``, read at ``compile()``: Inductor's ``triton.enable_pdl``):
+#: each waits (``gdc_wait``) before its first read of what the kernel before it wrote -- at the start of a compiled
+#: region before any read -- and lets its dependents launch only after that wait, so the rules of
+#: ``kernels.launch`` hold across them (an ``EARLY`` kernel of ours is followed by our own kernels, or by a region's
+#: first kernel, which waits before reading anything).  Qwen3-8B's one-row step runs ~20 such kernels on its critical
+#: path (the sampler's 16, the head's gather, the metadata's: ~45 us in run 159), each now a full launch boundary.
+#: Off until measured side by side (``--ab FLARE_INDUCTOR_PDL=1``, with ``--check-compiled``).
+INDUCTOR_PDL = False
+
+
 def _inductor_options() -> dict:
     from torch._inductor import config as inductor_config
 
-    return {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+    opts = {"emulate_precision_casts": True} if hasattr(inductor_config, "emulate_precision_casts") else {}
+    if switch("FLARE_INDUCTOR_PDL", INDUCTOR_PDL):
+        if not hasattr(inductor_config.triton, "enable_pdl"):
+            raise ValueError(f"FLARE_INDUCTOR_PDL=1: this torch ({torch.__version__}) has no Inductor option "
+                             "triton.enable_pdl")
+        opts["triton.enable_pdl"] = True
+    return opts
 
 
 def _recompile_limit(n: int):

@@ -71,3 +71,20 @@ def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
 def test_unknown_compile_scope_is_refused(ckpt):
     with pytest.raises(ValueError, match="compile scope"):
         _graphs(ckpt).compile(scope="per-layer")
+
+
+def test_inductor_pdl_switch_reaches_the_compile_options(monkeypatch):
+    """``FLARE_INDUCTOR_PDL=1`` hands Inductor ``triton.enable_pdl`` with the graphs' compile options (off by default),
+    and a function compiled with them runs (off CUDA Inductor generates no PDL code: the same result)."""
+    import torch
+
+    from ignition.graphs.catalog import _inductor_options
+
+    monkeypatch.delenv("FLARE_INDUCTOR_PDL", raising=False)
+    assert "triton.enable_pdl" not in _inductor_options()
+    monkeypatch.setenv("FLARE_INDUCTOR_PDL", "1")
+    opts = _inductor_options()
+    assert opts["triton.enable_pdl"] is True
+    x = torch.arange(8, dtype=torch.float32)
+    fn = torch.compile(lambda t: t * 2 + 1, fullgraph=True, dynamic=False, options=opts)
+    assert torch.equal(fn(x), x * 2 + 1)
