@@ -64,11 +64,18 @@ def _replays(kernels: list[dict], replays: int) -> list[list[dict]]:
     return [ks[i * n:(i + 1) * n] for i in range(replays)]
 
 
+#: The kernels a captured graph runs that its uncaptured (attributed) run does not: the graph's memcpy and memset
+#: nodes (``memcpy32_post``, ``memset32`` in every archived H200 run).
+GRAPH_COPY_NODE = re.compile(r"^(memcpy|memset)", re.IGNORECASE)
+
+
 def _attributed_increments(step: list[dict],
                            attributed: list[tuple[dict, str]]) -> list[tuple[str, str, float, float]]:
     """``(kernel name, region, increment, launch lead)`` of one replay's kernels, matched by name in order with the
-    attributed run; a kernel the attributed run does not show (a graph memset or memcpy node) adds its increment to
-    the kernel before it (whose lead stays its own).  Lead: the end of the kernels before it minus its start."""
+    attributed run; a graph memcpy or memset node (:data:`GRAPH_COPY_NODE`), which the attributed run does not show,
+    adds its increment to the kernel before it (whose lead stays its own).  Any other kernel the attributed run does
+    not show raises, naming it: it would be counted in another operator's time.  Lead: the end of the kernels before
+    it minus its start."""
     out: list[list] = []
     j, prev_end = 0, step[0]["ts"]
     for k in step:
@@ -78,6 +85,9 @@ def _attributed_increments(step: list[dict],
         if j < len(attributed) and k["name"] == attributed[j][0]["name"]:
             out.append([k["name"], attributed[j][1], inc, lead])
             j += 1
+        elif not GRAPH_COPY_NODE.match(k["name"]):
+            raise ValueError(f"critical path: the replay's kernel {k['name'][:80]!r} is not in the attributed run "
+                             f"(after {j} of its {len(attributed)} kernels; different graphs?)")
         elif out:
             out[-1][2] += inc
         else:
@@ -282,9 +292,12 @@ def gap_lines(gaps: dict[str, dict]) -> list[str]:
     return lines
 
 
-def position_gaps(r: dict, projection_bytes: list[int], kv_bytes_per_layer: int, bandwidth: float) -> dict:
+def position_gaps(r: dict, projection_bytes: list[int], kv_bytes_per_layer: int, bandwidth: float,
+                  projection_names: list[str] | None = None) -> dict:
     """Each layer position of :func:`increments`' result ``r`` against its own floor (module doc): ``{"rows":
-    [{position, name, us, bytes, floor_us, over_us, tb_per_s}], "per_layer_us", "per_layer_floor_us"}``, or
+    [{position, name, operator, us, bytes, floor_us, over_us, tb_per_s}], "per_layer_us", "per_layer_floor_us"}``
+    -- ``operator``: the projection module a projection kernel runs (``projection_names``, in order; else
+    ``projection <k>``), ``attention`` for the attention kernel, ``-`` for the rest --, or
     ``{"error": reason}`` when the layer's projection kernels are not one per projection (another layer structure:
     then no kernel can be given its bytes) or no single attention kernel holds the KV cache."""
     if not bandwidth or bandwidth <= 0:
@@ -297,15 +310,20 @@ def position_gaps(r: dict, projection_bytes: list[int], kv_bytes_per_layer: int,
                          f" for {len(projection_bytes)} projections"}
     if kv_bytes_per_layer and len(attn) != 1:
         return {"error": f"{len(attn)} attention kernels in a layer for its KV cache"}
-    nbytes = [0] * len(names)
-    for j, n in zip(proj, projection_bytes):
+    if projection_names is not None and len(projection_names) != len(projection_bytes):
+        raise ValueError(f"position gaps: {len(projection_names)} projection names for {len(projection_bytes)} "
+                         "projections")
+    nbytes, operators = [0] * len(names), ["-"] * len(names)
+    for k, (j, n) in enumerate(zip(proj, projection_bytes)):
         nbytes[j] = int(n)
+        operators[j] = projection_names[k] if projection_names else f"projection {k}"
     if attn:
         nbytes[attn[0]] += int(kv_bytes_per_layer)
+        operators[attn[0]] = "attention"
     rows = []
-    for p, n in zip(r["positions"], nbytes):
+    for p, n, op in zip(r["positions"], nbytes, operators):
         floor = n / bandwidth * 1e6
-        rows.append({"position": p["position"], "name": p["name"], "us": p["median_us"], "bytes": n,
+        rows.append({"position": p["position"], "name": p["name"], "operator": op, "us": p["median_us"], "bytes": n,
                      "floor_us": floor, "over_us": p["median_us"] - floor,
                      "tb_per_s": n / (p["median_us"] * 1e-6) / 1e12 if n and p["median_us"] > 0 else None})
     return {"rows": rows, "per_layer_us": sum(x["us"] for x in rows),
@@ -321,11 +339,12 @@ def position_gaps_from_samples(r: dict, samples: list[dict], rows: int, config: 
 
     for s in _decode_samples(samples, rows):
         t = s["traffic"]
-        proj = t.get("layer_projection_bytes")
+        proj, names = t.get("layer_projection_bytes"), t.get("layer_projection_names")
         if not proj and config is not None:
-            proj = weight_traffic(config, rows, int(s["case"].get("context", 0)))["layer_projection_bytes"]
+            estimate = weight_traffic(config, rows, int(s["case"].get("context", 0)))
+            proj, names = estimate["layer_projection_bytes"], estimate["layer_projection_names"]
         if proj and t.get("num_layers"):
-            return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"])
+            return position_gaps(r, proj, t["kv_bytes"] // t["num_layers"], s["floor_bandwidth_bytes_per_s"], names)
     return None
 
 
@@ -342,13 +361,14 @@ def position_gap_lines(gaps: dict[str, dict]) -> list[str]:
             lines += [f"{k}: no per-kernel floor -- {g['error']}.", ""]
             continue
         lines += [f"{k} (floor bandwidth {g['bandwidth_tb_per_s']:.2f} TB/s):", "",
-                  "| position | kernel | critical path us | MB read | floor us | above floor us | TB/s reached |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| position | kernel | operator | critical path us | MB read | floor us | above floor us | "
+                  "TB/s reached |", "|---|---|---|---|---|---|---|---|"]
         for x in g["rows"]:
             tb = "-" if x["tb_per_s"] is None else f"{x['tb_per_s']:.2f}"
-            lines.append(f"| {x['position']} | `{short_name(x['name'])[:48]}` | {x['us']:.2f} | "
-                         f"{x['bytes'] / 1e6:.1f} | {x['floor_us']:.2f} | {x['over_us']:+.2f} | {tb} |")
-        lines += [f"| | **layer** | {g['per_layer_us']:.2f} | | {g['per_layer_floor_us']:.2f} | "
+            lines.append(f"| {x['position']} | `{short_name(x['name'])[:48]}` | {x.get('operator', '-')} | "
+                         f"{x['us']:.2f} | {x['bytes'] / 1e6:.1f} | {x['floor_us']:.2f} | {x['over_us']:+.2f} | "
+                         f"{tb} |")
+        lines += [f"| | **layer** | | {g['per_layer_us']:.2f} | | {g['per_layer_floor_us']:.2f} | "
                   f"{g['per_layer_us'] - g['per_layer_floor_us']:+.2f} | |", ""]
     return lines
 

@@ -94,7 +94,7 @@ NULL_LABEL = "A2: A rebuilt after B (null)"
 #: The weight-traffic fields each sample archives: the report splits the floor by timeline region from them
 #: (``qualify.replay_floor.region_bytes``) to say where the step's time above the floor goes.
 TRAFFIC_FIELDS = ("num_layers", "weight_bytes_read", "lm_head_bytes", "embedding_bytes_gathered", "kv_bytes",
-                  "total_bytes", "layer_projection_bytes")
+                  "total_bytes", "layer_projection_bytes", "layer_projection_names")
 
 
 def parse_ab(text: str) -> dict[str, str]:
@@ -720,6 +720,8 @@ def main(argv=None) -> int:
     args.timeline_widths = _int_list(p, "--timeline-widths", args.timeline_widths, least=1, empty=True)
     if args.timeline and not args.device.startswith("cuda"):
         p.error(f"--timeline needs a CUDA GPU (device {args.device})")
+    if args.timeline and args.eager:
+        p.error("--timeline with --eager: an uncompiled step has no layer regions to attribute kernels to")
     if args.timeline and not {1, 4} & set(caps):
         p.error(f"--timeline profiles batch 1 and 4 only; --capacities {args.capacities} has neither")
     args.timeline_variants = tuple(v.strip() for v in args.timeline_variants.split(",") if v.strip())
@@ -751,7 +753,25 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     failed = [c for c in out.get("check_compiled", []) if not c["passed"]]
-    return 1 if failed else 0
+    broken = timeline_failures(out.get("timeline", []))
+    for line in broken:
+        print(f"gpu_replay: timeline failed: {line}", file=sys.stderr)
+    return 1 if failed or broken else 0
+
+
+def timeline_failures(timelines: list[dict]) -> list[str]:
+    """What went wrong in ``--timeline``'s entries (a profile that raised, a critical path that could not be read, a
+    decode timeline the floor could not split), one line each -- the run then exits 1, its timings archived."""
+    out = []
+    for t in timelines:
+        what = f"B={t.get('capacity')}" + (f" W={t['width']}" if t.get("width") else "") + (
+            f" {t['kind']}" if t.get("kind") else "") + (f" ({t['ab']})" if t.get("ab") else "")
+        cp = t.get("critical_path") or {}
+        for key, err in (("profile", t.get("error")), ("critical path", cp.get("error")),
+                         ("floor", t.get("gap_error"))):
+            if err:
+                out.append(f"{what} {key}: {err}")
+    return out
 
 
 if __name__ == "__main__":

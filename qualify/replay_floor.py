@@ -15,8 +15,8 @@ The source is a core directory, a :class:`ignition.core.LoadedCore`, a ``Core`` 
 dict (Qwen3 layout: q/k/v/o projections, gate/up/down MLP, input/post-attention RMSNorms, per-head q/k norms,
 final norm; ``dtype_bytes`` / ``kv_dtype_bytes`` default 2, bf16).
 
-Both also give ``layer_projection_bytes``: the bytes of one decoder layer's projections in the order the step runs
-them (the manifest's order of its ``*_proj`` modules, each with every tensor stored under it -- packed parts, FP8
+Both also give ``layer_projection_bytes`` (and ``layer_projection_names``, their modules): the bytes of one decoder
+layer's projections in the order the step runs them (the manifest's order of its ``*_proj`` modules, each with every tensor stored under it -- packed parts, FP8
 scales; the geometry's packed q/k/v, o, packed gate/up, down), when every layer holds the same; a timeline's
 per-kernel floor comes from it (``qualify.critical_path.position_gaps``).
 
@@ -99,15 +99,17 @@ def _from_geometry(g: Mapping[str, Any], batch: int, context: int) -> dict:
             "weight_bytes_stored": stored * wb, "weight_bytes_read": read * wb,
             "embedding_bytes_gathered": gathered * wb, "lm_head_bytes": lm_head * wb, "tied_lm_head": tied,
             "layer_projection_bytes": [n * wb for n in projections],
+            "layer_projection_names": ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"],
             "kv_bytes": _kv_bytes(layers, kv_heads, head_dim, context, batch, kvb)}
 
 
 _LAYER = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(.+)$")
 
 
-def _layer_projection_bytes(named: list[tuple[str, int]], layers: int) -> list[int] | None:
-    """One decoder layer's projection bytes in manifest order (module doc) -- each ``*_proj`` module of
-    ``layers.<i>.`` with every tensor under it -- or None when a layer has none or the layers differ."""
+def _layer_projections(named: list[tuple[str, int]], layers: int) -> dict[str, int] | None:
+    """One decoder layer's projections in manifest order (module doc), ``{module path under layers.<i>: bytes}`` --
+    each ``*_proj`` module of ``layers.<i>.`` with every tensor under it -- or None when a layer has none or the layers
+    differ."""
     per_layer: list[dict[str, int]] = [{} for _ in range(layers)]
     for name, n in named:
         m = _LAYER.match(name)
@@ -121,7 +123,7 @@ def _layer_projection_bytes(named: list[tuple[str, int]], layers: int) -> list[i
     first = per_layer[0] if per_layer else {}
     if not first or any(list(d.items()) != list(first.items()) for d in per_layer):
         return None
-    return list(first.values())
+    return first
 
 
 def _from_manifest(m, batch: int, context: int) -> dict:
@@ -155,7 +157,7 @@ def _from_manifest(m, batch: int, context: int) -> dict:
     gathered = min(batch, vocab) * row_bytes
     read = stored - emb_bytes + gathered + (emb_bytes if tied else 0)
     lm_head = emb_bytes if tied else sum(nbytes(t) for t in tensors if t.name == LM_HEAD_NAME)
-    projections = _layer_projection_bytes([(t.name, nbytes(t)) for t in tensors], int(g.num_layers))
+    projections = _layer_projections([(t.name, nbytes(t)) for t in tensors], int(g.num_layers))
     kv_dtype = m.kv_layout.dtype
     if kv_dtype == pb.DTYPE_UNSPECIFIED:
         kv_dtype = emb.dtype  # no stated KV dtype: the activation dtype of the embedding
@@ -164,7 +166,8 @@ def _from_manifest(m, batch: int, context: int) -> dict:
             "weight_format": pb.WeightFormat.Name(m.weights.format),
             "weight_bytes_stored": stored, "weight_bytes_read": read,
             "embedding_bytes_gathered": gathered, "lm_head_bytes": lm_head, "tied_lm_head": tied,
-            "kv_dtype_bytes": kvb, **({"layer_projection_bytes": projections} if projections else {}),
+            "kv_dtype_bytes": kvb, **({"layer_projection_bytes": list(projections.values()),
+                                       "layer_projection_names": list(projections)} if projections else {}),
             "kv_bytes": _kv_bytes(int(g.num_layers), int(g.num_kv_heads), int(g.head_dim), context, batch, kvb)}
 
 

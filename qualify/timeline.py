@@ -31,11 +31,17 @@ REPLAYS = 20
 
 
 def _ranged(fn, name_of):
+    """``fn`` inside a profiler range named ``name_of(*args)`` -- the range this module reads back -- and, on a CUDA
+    build, an NVTX range of the same name (what Nsight Systems shows)."""
+    import torch
     from torch.profiler import record_function
+
+    nvtx = torch.cuda.nvtx.range if torch.cuda.is_available() else (lambda name: contextlib.nullcontext())
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with record_function(name_of(*args)):
+        name = name_of(*args)
+        with record_function(name), nvtx(name):
             return fn(*args, **kwargs)
 
     return wrapper

@@ -73,6 +73,10 @@ def test_mismatched_runs_and_uneven_replays_are_refused():
     other = [(None, ["embed"]), ("layer.0", ["qkv", "gate"])]
     with pytest.raises(ValueError, match="attributed run"):
         cp.increments(_replay([STEP]), _attributed(other), replays=1)
+    # a kernel only the replay runs that is no graph memcpy / memset node: named, not added to layer.0's o
+    extra = STEP[:4] + [("gemv_extra", 18, 10)] + [(n, ts + 10, d) for n, ts, d in STEP[4:]]
+    with pytest.raises(ValueError, match="kernel 'gemv_extra' is not in the attributed run"):
+        cp.increments(_replay([extra]), _attributed(LAYOUT), replays=1)
 
 
 def test_compare_and_report_section(tmp_path):
@@ -258,8 +262,15 @@ def test_position_gaps_give_each_projection_kernel_its_bytes_and_the_attention_i
     assert g["per_layer_us"] == 270 and g["per_layer_floor_us"] == 225
     assert g["rows"][0]["tb_per_s"] == pytest.approx(40 / 50e-6 / 1e12) and g["rows"][2]["tb_per_s"] is None
     md = "\n".join(cp.position_gap_lines({"candidate": g}))
-    assert "| 5 | `nvjet_sm90_tst_192x8` | 110.00 | 0.0 | 100.00 | +10.00 |" in md
-    assert "| | **layer** | 270.00 | | 225.00 | +45.00 | |" in md
+    assert "| 5 | `nvjet_sm90_tst_192x8` | projection 2 | 110.00 | 0.0 | 100.00 | +10.00 |" in md
+    assert "| 1 | `_rope_decode_kernel` | attention | 12.00 |" in md and "| 2 | `_paged_decode_reduce_kernel` | - |" in md
+    assert "| | **layer** | | 270.00 | | 225.00 | +45.00 | |" in md
+    # the projections named (the manifest's modules) where the samples carry them; a count that does not match: refused
+    names = ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]
+    named = cp.position_gaps(_positions(), [40, 20, 100, 60], 5, 1e6, names)
+    assert [x["operator"] for x in named["rows"]] == [names[0], "attention", "-", names[1], "-", names[2], names[3]]
+    with pytest.raises(ValueError, match="3 projection names for 4 projections"):
+        cp.position_gaps(_positions(), [40, 20, 100, 60], 5, 1e6, names[:3])
     # another layer structure: the bytes cannot be given out -- said, not guessed
     assert "3 projection kernels" in cp.position_gaps(_positions(LAYER_KERNELS[:6]), [40, 20, 100, 60], 5, 1e6)["error"]
     two = LAYER_KERNELS + [("flash_attn_fwd", 3.0)]
@@ -315,8 +326,9 @@ def test_cli_rereads_an_archived_run_with_the_projection_bytes_of_a_config(tmp_p
     assert cp.main([str(tmp_path), "--config", str(tmp_path / "config.json")]) == 0
     out = capsys.readouterr().out
     assert "critical path B=1: span 546.0 us" in out and "per layer 270.0 us (2 layers)" in out
-    assert "| 5 | `nvjet_sm90_tst_192x8` | 110.00 | 0.0 | 40.00 | +70.00 |" in out  # 40 bytes at 1 byte/us
-    assert "| 1 | `_rope_decode_kernel` | 12.00 | 0.0 | 5.00 | +7.00 |" in out  # 10 bytes of KV over 2 layers
+    # 40 bytes at 1 byte/us; the config's geometry names the packed projections
+    assert "| 5 | `nvjet_sm90_tst_192x8` | mlp.gate_up_proj | 110.00 | 0.0 | 40.00 | +70.00 |" in out
+    assert "| 1 | `_rope_decode_kernel` | attention | 12.00 | 0.0 | 5.00 | +7.00 |" in out  # 10 bytes of KV / 2 layers
     assert cp.main([str(tmp_path / "nothing")]) == 2
     assert "samples.jsonl" in capsys.readouterr().err  # the error names the file it did not find
     assert cp.main([str(tmp_path), "--config", str(tmp_path / "missing.json")]) == 2
@@ -436,7 +448,8 @@ def test_timeline_widths_rejects_a_bad_value_naming_the_option(capsys, bad):
     (["--samples", "0"], "--samples 0: must be >= 1"),
     (["--ab-blocks", "0"], "--ab-blocks 0"),
     (["--timeline", "--device", "cpu"], "--timeline needs a CUDA GPU"),
-    (["--timeline", "--device", "cuda", "--capacities", "8"], "--capacities 8 has neither")])
+    (["--timeline", "--device", "cuda", "--capacities", "8"], "--capacities 8 has neither"),
+    (["--timeline", "--device", "cuda", "--eager"], "--timeline with --eager")])
 def test_gpu_replay_refuses_bad_arguments_by_name_before_loading_anything(capsys, argv, needle):
     """Every refusal names its option, and comes before the core is even looked for (``no-such-core``): nothing is
     timed and then lost to a late failure."""
@@ -466,3 +479,19 @@ def test_a_decode_timeline_the_floor_cannot_split_is_kept(monkeypatch):
     (t,) = gpu_replay.decode_and_round_timelines(bench, (), None, cases)
     assert "error" not in t and t["kernels"] == 7 and "no region" in t["gap_error"]
     assert t["table"].startswith("timeline B=1\nnot set against the floor: gap to the floor")
+
+
+def test_timeline_failures_are_listed_for_the_exit_status():
+    """A profile that raised, a critical path that could not be read and a decode timeline the floor could not split
+    each make a line (``gpu_replay`` then exits 1); sound entries make none."""
+    from qualify import gpu_replay
+
+    good = {"capacity": 1, "width": None, "critical_path": {"span_us": 1.0}}
+    assert gpu_replay.timeline_failures([good]) == []
+    bad = [{"capacity": 4, "width": 2, "error": "RuntimeError('CUPTI')"},
+           {"capacity": 1, "width": None, "critical_path": {"error": "3 kernels"}},
+           {"capacity": 1, "width": None, "kind": "decode_greedy", "gap_error": "no region"},
+           {"capacity": 1, "width": None, "ab": "B1: FLARE_X=1", "error": "boom"}]
+    assert gpu_replay.timeline_failures([good, *bad]) == [
+        "B=4 W=2 profile: RuntimeError('CUPTI')", "B=1 critical path: 3 kernels", "B=1 decode_greedy floor: no region",
+        "B=1 (B1: FLARE_X=1) profile: boom"]
