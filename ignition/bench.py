@@ -72,8 +72,10 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 # -- contexts ------------------------------------------------------------------------------------------
 
 
-def context_tokens(loaded, source: str) -> list[int]:
-    """The token stream of ``source``, tokenized by the core's own tokenizer (and template, for examples)."""
+def context_tokens(loaded, source: str, skipped: list | None = None) -> list[int]:
+    """The token stream of ``source``, tokenized by the core's own tokenizer (and template, for examples);
+    ``skipped`` (a list) receives ``{"conversation", "field", "reason"}`` of each example this core's frontend refuses
+    (a feature its template lacks) -- any other error raises."""
     from helios.frontend.tokens import PromptTokenizer
 
     tokenizer = PromptTokenizer.from_file(loaded.tokenizer_path)
@@ -83,6 +85,7 @@ def context_tokens(loaded, source: str) -> list[int]:
         text = "\n\n".join(documents())
         return list(tokenizer.encode(text, [(0, len(text))]).ids)
     if source == "examples":
+        from helios.frontend.conversation import FrontendError
         from helios.frontend.frontend import Frontend
         from helios.protocol import decode_request
 
@@ -92,8 +95,9 @@ def context_tokens(loaded, source: str) -> list[int]:
         for conv in json.loads(EXAMPLES.read_text(encoding="utf-8")):
             try:
                 ids.extend(frontend.prepare(decode_request(conv["protocol"], conv["request"])).token_ids)
-            except Exception:  # noqa: BLE001 -- a conversation this core's template cannot render is skipped
-                continue
+            except FrontendError as exc:  # a feature this core's template lacks (images, tools...): said, skipped
+                if skipped is not None:
+                    skipped.append({"conversation": conv.get("name", "?"), "field": exc.field, "reason": str(exc)})
         if not ids:
             raise BenchError(f"--context-source examples: no conversation of {EXAMPLES} renders with this core")
         return ids
@@ -294,7 +298,8 @@ def run(args) -> dict:
     else:
         bench = ReplayBench(args.core, caps, ctx, compile=cuda and not args.eager, device=args.device,
                             prefill=(max(declared),), widths=widths, attention=args.attention)
-    stream = context_tokens(bench.loaded, args.context_source)
+    refused: list[dict] = []
+    stream = context_tokens(bench.loaded, args.context_source, refused)
     name = bench.manifest.source.repo_id or Path(args.core).name
     samples, cases = [], []
     plan = [(args.prefill_chunk_size, None)] if args.prefill else \
@@ -317,22 +322,25 @@ def run(args) -> dict:
             samples.append(rec)
             cases.append({k: v for k, v in rec.items() if k != "round_s"})
     total, medians = score(samples)
-    throughput = _prefill_throughput(bench, cases, ctx, cuda) if args.prefill else None
-    return {"core": args.core, "prefill_throughput": throughput, "device": args.device, "mode": "prefill" if args.prefill else "decode",
+    throughput = _prefill_throughput(bench, cases[0]["case"]["chunk"], medians, ctx, cuda) if args.prefill else None
+    return {"core": args.core, "prefill_throughput": throughput, "device": args.device,
+            "mode": "prefill" if args.prefill else "decode",
             "context": ctx, "context_source": args.context_source, "context_stream_tokens": len(stream),
+            "context_examples_refused": refused,
             "cases": cases, "case_medians_ms": medians, "score_ms": total,
             "score_rule": "equal-weight arithmetic mean of per-case medians (seeds pooled), ms; lower is better",
             "samples": samples}
 
 
-def _prefill_throughput(bench, cases: list[dict], ctx: int, cuda: bool) -> dict:
-    """Achieved TFLOP/s of the chunk (``qualify.flops``) and, on CUDA, its share of the measured bf16 matmul
-    throughput (an 8192^3 captured matmul timed in the same run: the best of its trials, ``qualify.flops``)."""
+def _prefill_throughput(bench, chunk: int, case_medians_ms: dict[str, float], ctx: int, cuda: bool) -> dict:
+    """Achieved TFLOP/s of the chunk (``qualify.flops``) at the case's median -- the one the score takes, its seeds
+    pooled (:func:`score`) -- and, on CUDA, its share of the measured bf16 matmul throughput (an 8192^3 captured
+    matmul timed in the same run: the best of its trials, ``qualify.flops``)."""
     from qualify.flops import measured_matmul_tflops, prefill_flops
 
-    chunk = cases[0]["case"]["chunk"]
+    (median_ms,) = case_medians_ms.values()  # --prefill times one case
     flops = prefill_flops(bench.manifest.geometry, chunk, ctx)
-    median_s = sorted(c["median_ms"] for c in cases)[len(cases) // 2] / 1e3
+    median_s = median_ms / 1e3
     out = {"flops": flops, "achieved_tflops": flops["total_flops"] / median_s / 1e12}
     if cuda:
         ref = measured_matmul_tflops()
@@ -345,6 +353,8 @@ def _print(out: dict) -> None:
     what = "chunk" if out["mode"] == "prefill" else "capacity"
     print(f"ignition bench: {out['mode']} at context {out['context']} ({out['context_source']}, "
           f"{out['context_stream_tokens']} tokens), device {out['device']}")
+    for r in out.get("context_examples_refused", []):
+        print(f"  example {r['conversation']!r} not in the context stream: this core refuses {r['field']} ({r['reason']})")
     print(f"{what:>8} {'width':>5} {'seed':>4} {'median ms':>10} {'min':>9} {'max':>9} {'repeat':>7}")
     for c in out["cases"]:
         ok = "same" if c["identical"] and c["state_restored"] else "DIFFER"
@@ -368,7 +378,8 @@ def _print(out: dict) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("core", help="core directory (ignition export)")
-    p.add_argument("--capacities", default="1,4", help="decode capacities (rows), e.g. 1,4")
+    p.add_argument("--capacities", default=None, help="decode capacities (rows), e.g. 1,4 (default 1,4; not with "
+                   "--prefill)")
     p.add_argument("--context", type=int, default=None,
                    help=f"context tokens per row (default {DEFAULT_DECODE_CONTEXT}; --prefill: 0)")
     p.add_argument("--samples", type=int, default=100)
@@ -404,6 +415,11 @@ def main(args, argv: list[str] | None = None) -> int:
         return usage("--prefill-chunk-size is only meaningful with --prefill")
     if args.prefill and args.prefill_chunk_size < 1:
         return usage(f"--prefill-chunk-size {args.prefill_chunk_size}: must be >= 1")
+    if args.prefill and (args.capacities is not None or args.widths):
+        return usage(f"--prefill times one chunk of one row: {'--capacities' if args.capacities else '--widths'} "
+                     "does not apply")
+    if args.capacities is None:
+        args.capacities = "1,4"
     if not Path(args.core).is_dir():
         return usage(f"{args.core}: no such core folder")
     import torch

@@ -27,11 +27,19 @@ def _run(tmp_path) -> tuple[dict, list[dict]]:
     return env, [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
 
 
-def _score(samples: list[dict]) -> float:
-    pooled: dict[str, list[float]] = {}
-    for s in samples:
-        pooled.setdefault(json.dumps(s["case"], sort_keys=True), []).extend(s["round_s"])
-    return statistics.fmean(statistics.median(v) * 1e3 for v in pooled.values())
+def test_score_is_the_equal_weight_mean_of_per_case_medians_with_seeds_pooled():
+    """By hand: case A's seeds pool to 1, 2, 3, 4 ms (median 2.5), case B's one seed to 10, 30, 11 ms (median 11): the
+    score is (2.5 + 11) / 2 = 6.75 ms -- not the mean of per-seed medians (A: 2 and 4), not a pooled median over
+    cases."""
+    a, b = {"capacity": 1}, {"capacity": 4}
+    samples = [{"case": a, "seed": 0, "round_s": [0.001, 0.002, 0.003]}, {"case": a, "seed": 1, "round_s": [0.004]},
+               {"case": b, "seed": 0, "round_s": [0.010, 0.030, 0.011]}]
+    total, medians = bench_mod.score(samples)
+    assert total == pytest.approx(6.75) and sorted(medians.values()) == pytest.approx([2.5, 11.0])
+
+
+def _score(samples: list[dict]) -> float:  # the archived samples' score, by the rule tested above
+    return bench_mod.score(samples)[0]
 
 
 def test_decode_rounds_archived_per_case_and_seed_with_the_score(core, tmp_path, capsys):
@@ -81,11 +89,16 @@ def test_prefill_chunks(core, tmp_path, capsys):
         assert s["identical"] and s["state_restored"] and s["kv_rewritten_identically"]
     pooled = [t for s in samples for t in s["round_s"]]
     assert env["bench"]["score_ms"] == pytest.approx(statistics.median(pooled) * 1e3, rel=1e-12)
+    # the examples the embedded core refuses (its template takes no images) are named, not silently dropped
+    refused = env["bench"]["context_examples_refused"]
+    assert refused and all(r["field"].startswith("messages[") and "image" in r["reason"] for r in refused)
     assert env["bench"]["score_ms"] == pytest.approx(_score(samples), rel=1e-12)
 
 
 @pytest.mark.parametrize("argv, flag", [
     (["--capacities", "3"], "--capacities"),
+    (["--prefill", "--prefill-chunk-size", "256", "--capacities", "4"], "--capacities"),
+    (["--prefill", "--prefill-chunk-size", "256", "--widths", "2"], "--widths"),
     (["--prefill", "--prefill-chunk-size", "100"], "--prefill-chunk-size"),
     (["--prefill"], "--prefill-chunk-size"),
     (["--prefill-chunk-size", "256"], "--prefill-chunk-size"),
