@@ -2,10 +2,10 @@
 """Compile the decode kernels for sm90 on a machine without a GPU and report what ``ptxas`` says: registers, spills,
 shared memory, and from them the programs one SM holds at once (``kernels.decode_plan.programs_per_sm``) -- and,
 with ``--against REV``, whether each case's PTX equals the one git revision ``REV`` compiles for the case of that name
-(its own script and kernels, in a temporary worktree; debug info and label names aside), so a refactor can be shown
-to change no generated code.
+(its own script and kernels, in a temporary worktree; debug info aside, labels compared by their order of first
+appearance), so a refactor can be shown to change no generated code.
 
-    python scripts/sm90_kernel_check.py [--against REV] [--json OUT]
+    python scripts/sm90_kernel_check.py [--against REV] [--only TEXT] [--json OUT] [--ptx-dir DIR]
 
 Needs Triton (its bundled ``ptxas``), no CUDA device.  The configurations are the measured ones: every
 ``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the fused decode kernel and the
@@ -218,11 +218,30 @@ def kernel_of(name: str):
     return next(iter(found.values()))
 
 
+#: Labels only the debug info places (``$L__tmp3:`` between instructions, the function's begin and end): dropped.
+DEBUG_LABEL = re.compile(r"\$L__(?:tmp|func_begin|func_end)\d*:?")
+
+
 def code_of(ptx: str) -> str:
-    """The PTX without comments, debug sections, locations and label names."""
+    """The PTX without comments, debug sections, locations and debug labels, every other label renamed by its first
+    appearance: ``bra $L__BB0_3`` and ``bra $L__BB0_2`` to the same place are the same code, to another place not."""
+    ptx = re.sub(r"//.*", "", ptx)
+    ptx = DEBUG_LABEL.sub("", re.sub(r"\.file.*|\.loc.*", "", ptx).split(".section")[0])
+    names: dict[str, str] = {}
+    ptx = re.sub(r"\$L__\w+", lambda m: names.setdefault(m.group(0), f"$L{len(names)}"), ptx)
+    return re.sub(r"\n\s*\n", "\n", ptx)
+
+
+def legacy_code_of(ptx: str) -> str:
+    """The normalization of this script's revisions before :func:`code_of` (every label name removed): what
+    ``--against`` compares with a revision that archives no PTX of its own."""
     ptx = re.sub(r"//.*", "", ptx)
     ptx = re.sub(r"\.file.*|\.loc.*", "", ptx).split(".section")[0]
     return re.sub(r"\n\s*\n", "\n", re.sub(r"\$L__\w+:?", "", ptx))
+
+
+def _ptx_file(folder: Path, case: str) -> Path:
+    return folder / (re.sub(r"[^\w.-]+", "_", case) + ".ptx")
 
 
 def ptxas_report(ptx: str) -> str:
@@ -239,23 +258,30 @@ def ptxas_report(ptx: str) -> str:
     return " | ".join(lines) or res.stderr.strip()[-200:]
 
 
-def ptx_at(rev: str, only: str) -> dict[str, str]:
-    """``{case: ptx_md5}`` of revision ``rev``'s own check (its script, its kernels, its cases) run in a temporary
-    worktree: the cases both trees name are compared by their PTX without debug info and label names."""
+def ptx_at(rev: str, only: str) -> tuple[dict[str, str], bool]:
+    """``({case: md5}, legacy)`` of revision ``rev``'s own check (its script, its kernels, its cases) run in a
+    temporary worktree: the md5 of each case's PTX by this script's :func:`code_of` where ``rev``'s check writes its
+    PTX (``--ptx-dir``), else ``rev``'s own ``ptx_md5`` (``legacy``: label names removed, :func:`legacy_code_of`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        tree, out = Path(tmp) / "tree", Path(tmp) / "rev.json"
+        tree, out, ptx_dir = Path(tmp) / "tree", Path(tmp) / "rev.json", Path(tmp) / "ptx"
         subprocess.run(["git", "worktree", "add", "--detach", "--quiet", str(tree), rev], cwd=ROOT, check=True)
         try:
-            res = subprocess.run([sys.executable, "scripts/sm90_kernel_check.py", "--only", only, "--json", str(out)],
+            script = tree / "scripts" / "sm90_kernel_check.py"
+            legacy = "--ptx-dir" not in script.read_text()
+            extra = [] if legacy else ["--ptx-dir", str(ptx_dir)]
+            res = subprocess.run([sys.executable, str(script), "--only", only, "--json", str(out), *extra],
                                  cwd=tree, capture_output=True, text=True)
             if res.returncode:
                 raise SystemExit(f"sm90_kernel_check at {rev} failed:\n{res.stderr[-2000:]}")
             rows = json.loads(out.read_text())
+            if not legacy:
+                return {r["case"]: hashlib.md5(code_of(_ptx_file(ptx_dir, r["case"]).read_text()).encode()).hexdigest()
+                        for r in rows}, False
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     if any("ptx_md5" not in r for r in rows):
         raise SystemExit(f"sm90_kernel_check at {rev} reports no ptx_md5: too old to compare against")
-    return {r["case"]: r["ptx_md5"] for r in rows}
+    return {r["case"]: r["ptx_md5"] for r in rows}, True
 
 
 def main(argv=None) -> int:
@@ -263,10 +289,15 @@ def main(argv=None) -> int:
     ap.add_argument("--against", help="git revision whose own check to compare each case's PTX with")
     ap.add_argument("--only", default="", help="only cases whose name contains this")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ptx-dir", type=Path, help="also write each case's PTX here (what --against reads of a revision)")
     args = ap.parse_args(argv)
     from ignition.components.kernels import decode_plan
 
-    old = ptx_at(args.against, args.only) if args.against else None
+    old, legacy = ptx_at(args.against, args.only) if args.against else (None, False)
+    if legacy:
+        print(f"{args.against}'s check writes no PTX: compared as it normalized it, every label name removed")
+    if args.ptx_dir:
+        args.ptx_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, kernel, sig, consts, opts in cases():
         if args.only not in name:
@@ -278,8 +309,11 @@ def main(argv=None) -> int:
             row["per_sm"] = decode_plan.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4),
                                                         k.metadata.shared)
         row["ptx_md5"] = hashlib.md5(code_of(k.asm["ptx"]).encode()).hexdigest()
+        if args.ptx_dir:
+            _ptx_file(args.ptx_dir, name).write_text(k.asm["ptx"])
         if old is not None:
-            row["same_ptx_as_" + args.against] = old[name] == row["ptx_md5"] if name in old else "new case"
+            mine = hashlib.md5(legacy_code_of(k.asm["ptx"]).encode()).hexdigest() if legacy else row["ptx_md5"]
+            row["same_ptx_as_" + args.against] = old[name] == mine if name in old else "new case"
         rows.append(row)
         extra = f"  same PTX as {args.against}: {row['same_ptx_as_' + args.against]}" if old is not None else ""
         print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}  {row.get('per_sm', '?')} per SM{extra}")

@@ -567,3 +567,37 @@ def test_the_cases_are_decode_steps():
     for row, n in enumerate(lens.tolist()):
         want = int(bt[row, (n - 1) // PAGE]) * PAGE + (n - 1) % PAGE if n else (kp.shape[0] - 1) * PAGE
         assert int(slots[row]) == want
+
+
+def fused_decode_plain_q_checks(heads, kv_heads, seq_lens, device, g_round):
+    """The fused decode kernel's attention arithmetic against fp64 on ``device``: q passes the kernel's own norm and
+    rotary unchanged (no q norm, the identity rotation: cos 1, sin 0 -- exact in fp32), so the fp64 evaluation over
+    the pools the launch wrote is its output's reference (``test_triton_attention.check``: one rounding ``g_round``
+    of the output, as the two-pass kernel is held to) -- for the default launch (the wide one-row blocks where they
+    apply), the new key's own program (``FLARE_DECODE_NEW_KEY_APART=1``) and P V the other way
+    (``FLARE_DECODE_PV_SPLIT`` flipped).  Returns the variants checked."""
+    from test_triton_attention import check
+
+    from ignition.components.kernels import decode_plan, fused_decode
+    from ignition.components.switches import environment
+
+    q, k, v, _, kw, cos, sin, kp, vp, slots, bt, lens = make_decode_case(heads, kv_heads, 128, seq_lens, width=80,
+                                                                         seed=heads + len(seq_lens))
+    ones, zeros = torch.ones_like(cos), torch.zeros_like(sin)
+    on = [x.to(device) for x in (q, k, v, kw, ones, zeros, slots, bt, lens)]
+    scaling = 128 ** -0.5
+    pv = decode_plan.decode_pv_split(wide=decode_plan.fused_decode_wide(len(seq_lens), heads // kv_heads))
+    variants = ({}, {"FLARE_DECODE_NEW_KEY_APART": "1"}, {"FLARE_DECODE_PV_SPLIT": "0" if pv else "1"})
+    for env in variants:
+        with environment(env):
+            kp1, vp1 = kp.to(device).clone(), vp.to(device).clone()
+            got = fused_decode.rope_decode_attention_triton(on[0], on[1], on[2], None, on[3], EPS, on[4], on[5], kp1,
+                                                            vp1, on[6], on[7], on[8], scaling)
+        check(got.cpu(), q, kp1.cpu(), vp1.cpu(), bt, lens, scaling, g_round)
+    return variants
+
+
+@interpreter
+def test_fused_decode_plain_q_reference_in_the_interpreter():
+    """:func:`fused_decode_plain_q_checks` in the interpreter (truncating: 2^-7), the CPU side of the GPU test."""
+    assert len(fused_decode_plain_q_checks(8, 2, (40, 1, 17, 0), "cpu", 2.0 ** -7)) == 3

@@ -39,3 +39,43 @@ def test_kernels_compile_for_sm90_without_spills_and_the_refactor_check_finds_it
     if not subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "ignition/components/kernels"],
                           cwd=ROOT).returncode:
         assert all(r["same_ptx_as_HEAD"] is True for r in rows)
+
+
+def _normalizers():
+    """The script's ``code_of`` and ``legacy_code_of`` (with ``DEBUG_LABEL``), read from its source: importing it
+    would set ``TRITON_INTERPRET=0`` in this process."""
+    import re
+
+    tree = ast.parse((ROOT / "scripts" / "sm90_kernel_check.py").read_text())
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in ("code_of", "legacy_code_of"))
+            or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "DEBUG_LABEL")]
+    space = {"re": re}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), "sm90_kernel_check", "exec"), space)
+    return space["code_of"], space["legacy_code_of"]
+
+
+PTX = """
+//  a comment
+.loc 1 10 4
+$L__tmp0:
+    setp.lt.s32 %p1, %r1, 4;
+    @%p1 bra $L__BB0_{a};
+    add.f32 %f1, %f1, %f2;
+$L__BB0_{a}:
+    st.global.f32 [%rd1], %f1;
+$L__BB0_{b}:
+    ret;
+"""
+
+
+def test_code_of_keeps_control_flow_and_drops_label_numbering_and_debug_info():
+    """Renumbered labels and moved debug locations are the same code; a branch to another place is not -- the old
+    normalization (every label name removed) could not tell those apart."""
+    code_of, legacy = _normalizers()
+    same = PTX.format(a=2, b=3)
+    renumbered = PTX.format(a=7, b=9).replace(".loc 1 10 4", ".loc 1 99 1").replace("$L__tmp0:", "$L__tmp5:")
+    assert code_of(same) == code_of(renumbered)
+    other_target = same.replace("@%p1 bra $L__BB0_2;", "@%p1 bra $L__BB0_3;")  # skips the store instead of the add
+    assert code_of(other_target) != code_of(same)
+    assert legacy(other_target) == legacy(same)  # what --against compared before
+    assert "$L__tmp" not in code_of(same) and ".loc" not in code_of(same) and "comment" not in code_of(same)
