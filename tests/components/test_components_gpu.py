@@ -399,6 +399,43 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
+@pytest.mark.parametrize("hidden,inter", [(4096, 12288), (1024, 3072)])
+def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter):
+    """The one-row GEMVs the recipe marks ``early`` (o_proj + residual, then the MLP: the packed gate/up with the norm
+    prologue, down with the gated input and the residual -- Qwen3-8B's and Qwen3-0.6B's shapes), each letting the next
+    launch before its own wait: the same bits as the chain launched without ``EARLY``, eager and captured in a CUDA
+    graph (a kernel that read its predecessor's output before its wait would read stale values here).  The Triton
+    GEMV's ``EARLY`` path, which no other test launches (the shared-memory GEMV's test above takes the Gluon one)."""
+    from gemv_cases import _gemv_inputs
+
+    from ignition.components.kernels import linear
+
+    monkeypatch.delenv("FLARE_GEMV_SMEM", raising=False)
+    x, wo, _, r = _gemv_inputs(1, hidden, hidden, norm=False, gated=False, residual=True, seed=hidden)
+    gen = torch.Generator().manual_seed(inter)
+    wgu = (torch.randn(2 * inter, hidden, generator=gen) / hidden ** 0.5).to(torch.bfloat16).cuda()
+    wd = (torch.randn(hidden, inter, generator=gen) / inter ** 0.5).to(torch.bfloat16).cuda()
+    nw = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16).cuda()
+    x, wo, r = x.cuda(), wo.cuda(), r.cuda()
+
+    def chain(early):
+        h = linear.fused_linear_triton(x, wo, residual=r, early=early)
+        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, early=early)
+        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=True, early=early)
+
+    assert linear.gemv_early_enabled(x.device, 1), "PDL's early launches are off on this GPU"
+    plain, early = chain(False), chain(True)
+    torch.cuda.synchronize()
+    assert torch.equal(early.view(torch.int16), plain.view(torch.int16))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+
+
 @pytest.mark.parametrize("n,k,residual", [(4096, 4096, True), (1024, 2048, True), (2048, 1024, False)])
 @pytest.mark.parametrize("rows", ["4", "8"])
 def test_shared_memory_gemv_on_this_gpu(monkeypatch, n, k, residual, rows):

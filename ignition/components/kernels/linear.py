@@ -12,7 +12,7 @@ from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
 from ignition.components.kernels.gemm_rows import _fused_gemm_rows_kernel, _published_norm_kernel
 from ignition.components.kernels.gemv import _fused_gemv_kernel
 from ignition.components.kernels.launch import _interpreting, _pdl, _probe_args, pdl_early_enabled, pdl_enabled
-from ignition.components.switches import mebibytes, number, switch, whole
+from ignition.components.switches import mebibytes, switch, whole
 
 
 #: SMs of the target (H200); the heuristic aims for at least two programs per SM where N allows.
@@ -194,7 +194,9 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
     plain input (no norm, no gated input or output -- those too when the tiles cover K, or as
     ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only; never more than the tiles of K."""
-    tiles = int(number("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES))
+    tiles = whole("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES, what=" of tiles")
+    if tiles > 4:
+        raise ValueError(f"FLARE_GEMV_PRELOAD={tiles}: at most 4 tiles (the kernel unrolls up to 4)")
     if m != 1 or k % bk or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", k // bk <= min(tiles, 4))):
         return 0
     return max(0, min(tiles, 4, k // bk))
