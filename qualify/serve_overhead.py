@@ -11,7 +11,9 @@ numbers as ``flare_graph_gpu_nanoseconds_total``).  Host overhead = wall - GPU. 
 time: only wall is reported and ``gpu_timing`` says "unavailable".
 
 Several ``--requests`` counts (e.g. ``1,8``) run one after the other on one loaded engine.  Prints one JSON
-object (also written to ``--json OUT``): per-step records and, per decode batch size, the medians of wall, GPU and host overhead and the overhead as a fraction of the GPU time.
+object (also written to ``--json OUT``): per-step records and, per run (``by_batch``, keyed by its request count:
+the steps its whole batch ran, not its wind-down), the medians of wall, GPU and host overhead and the overhead as a
+fraction of the GPU time.  Refused: a prompt and its tokens longer than the engine's context.
 """
 
 from __future__ import annotations
@@ -46,18 +48,21 @@ def measure(core: str | None, requests, max_tokens: int, prompt_tokens: int = 32
         on_gpu_ns=lambda kind, cap, ns: gpu_ns.append(ns))
     driver = engine.driver
     cuda = driver.timer.cuda
+    if prompt_tokens + max_tokens > engine.max_context:  # the server refuses such a request; its pages would run out
+        raise ValueError(f"--prompt-tokens {prompt_tokens} + --max-tokens {max_tokens} exceed the engine's context "
+                         f"of {engine.max_context} tokens (--max-context / --kv-tokens)")
     engine.eos_token_ids = set()  # every request runs max_tokens (measurement only)
     steps = []
     for i, n in enumerate(counts):
         steps += _run(engine, gpu_ns, n, max_tokens, prompt_tokens, offset=sum(counts[:i]))
-    by_batch = {}
-    for rows in sorted({s["rows"] for s in steps}):
-        sel = [s for s in steps if s["rows"] == rows]
+    by_batch = {}  # per run, the steps its whole batch ran (its wind-down, fewer rows, is in "steps" only)
+    for n in counts:
+        sel = [s for s in steps if s["requests"] == n and s["rows"] == n]
         wall = _median([s["wall_ms"] for s in sel])
         gpu = _median([s["gpu_ms"] for s in sel if s["gpu_ms"] is not None])
         host = _median([s["host_ms"] for s in sel if s["host_ms"] is not None])
-        by_batch[str(rows)] = {"steps": len(sel), "wall_ms_median": wall, "gpu_ms_median": gpu,
-                               "host_ms_median": host, "host_over_gpu": None if gpu in (None, 0) else host / gpu}
+        by_batch[str(n)] = {"steps": len(sel), "wall_ms_median": wall, "gpu_ms_median": gpu,
+                            "host_ms_median": host, "host_over_gpu": None if gpu in (None, 0) else host / gpu}
     return {"core": str(engine.core_path), "device": str(driver.model.device), "requests": counts,
             "max_tokens": max_tokens, "prompt_tokens": prompt_tokens, "attention": attention or "recipe default",
             "gpu_timing": "cuda events around each graph replay" if cuda else "unavailable (no GPU on this device)",
@@ -93,6 +98,8 @@ def _run(engine, gpu_ns: list[int], requests: int, max_tokens: int, prompt_token
                 pass
             if event[0] == "error":
                 raise RuntimeError(f"request failed: {event}")
+            if len(r.generated) != max_tokens:  # the measurement's premise: every request its full length
+                raise RuntimeError(f"a request generated {len(r.generated)} tokens, not --max-tokens {max_tokens}")
 
         await asyncio.gather(*(finish(r) for r in reqs))
 
@@ -133,8 +140,12 @@ def main(argv=None) -> int:
                         ("--prompt-tokens", a.prompt_tokens)]:
         if value < 1:
             p.error(f"{flag} must be positive, got {value}")
-    out = measure(a.core, counts, a.max_tokens, a.prompt_tokens, a.device, a.kv_tokens, a.max_context,
-                  a.embedding_table_storage, a.attention)
+    try:
+        out = measure(a.core, counts, a.max_tokens, a.prompt_tokens, a.device, a.kv_tokens, a.max_context,
+                      a.embedding_table_storage, a.attention)
+    except ValueError as exc:
+        print(f"serve_overhead: error: {exc}", file=sys.stderr)
+        return 2
     text = json.dumps(out, indent=1)
     if a.json:
         Path(a.json).write_text(text + "\n")
@@ -143,7 +154,7 @@ def main(argv=None) -> int:
         gpu = "unavailable" if b["gpu_ms_median"] is None else f"{b['gpu_ms_median']:.3f} ms"
         host = "" if b["host_ms_median"] is None else f", host overhead {b['host_ms_median']:.3f} ms " \
                                                       f"({100 * (b['host_over_gpu'] or 0):.1f}% of GPU)"
-        print(f"batch {rows}: {b['steps']} steps, wall {b['wall_ms_median']:.3f} ms, GPU {gpu}{host}", file=sys.stderr)
+        print(f"batch {rows} (its whole batch): {b['steps']} steps, wall {b['wall_ms_median']:.3f} ms, GPU {gpu}{host}", file=sys.stderr)
     return 0
 
 

@@ -144,6 +144,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.prompt_tokens < 2:  # the second request's own part of the prompt must not be empty
+        p.error(f"--prompt-tokens {a.prompt_tokens}: expected >= 2")
+    if a.max_tokens < 1:
+        p.error(f"--max-tokens {a.max_tokens}: expected >= 1")
     out = measure(a.core, a.max_tokens, a.prompt_tokens, a.device)
     text = json.dumps(out, indent=2)
     print(text)

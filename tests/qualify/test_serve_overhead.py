@@ -16,16 +16,25 @@ def test_serve_overhead_prints_per_step_wall_and_marks_gpu_unavailable_on_cpu(tm
     assert printed["gpu_timing"].startswith("unavailable")
     steps = printed["steps"]
     assert steps and printed["decode_steps"] == len(steps)
-    # every request decodes 5 tokens after its first (sampled by the prefill): 5 + 15 row-steps in all,
-    # the single request's run alone at batch 1
+    # a lone request of 6 tokens: its first comes from the prefill, its second from the first decode, which shares
+    # the prefill's iteration -- 4 decode-only iterations, at batch 1 (each request generated all 6: the tool
+    # refuses a run where one stops early)
     alone = [s["rows"] for s in steps if s["requests"] == 1]
-    assert 1 <= len(alone) <= 5 and set(alone) == {1}
+    assert alone == [1, 1, 1, 1]
     assert sum(s["rows"] for s in steps if s["requests"] == 3) <= 15
     assert all(1 <= s["rows"] <= 3 and s["wall_ms"] > 0 and s["gpu_ms"] is None and s["host_ms"] is None
                for s in steps)
-    for rows, b in printed["by_batch"].items():
-        assert b["steps"] == sum(s["rows"] == int(rows) for s in steps)
+    # per run, the steps its whole batch ran: not the 3-request run's wind-down at 1 or 2 rows
+    assert set(printed["by_batch"]) == {"1", "3"}
+    for n, b in printed["by_batch"].items():
+        assert b["steps"] == sum(s["requests"] == int(n) and s["rows"] == int(n) for s in steps) > 0
         assert b["wall_ms_median"] > 0 and b["gpu_ms_median"] is None and b["host_over_gpu"] is None
+
+
+def test_serve_overhead_refuses_requests_longer_than_the_context(capsys):
+    assert main(["--requests", "1", "--max-tokens", "64", "--max-context", "48", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-tokens 32 + --max-tokens 64 exceed the engine's context of 48" in err
 
 
 def test_serve_overhead_refuses_bad_request_counts(capsys):

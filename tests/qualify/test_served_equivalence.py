@@ -30,3 +30,14 @@ def test_a_cache_that_serves_stale_kv_is_caught(monkeypatch):
     out = served_equivalence.measure(None, max_tokens=8, prompt_tokens=30, device="cpu")
     assert len(submitted) == 3
     assert out["served_equals_eager"] and not out["hit_equals_miss"] and not out["passed"]
+
+
+def test_bad_sizes_are_refused_by_name(capsys):
+    import pytest
+
+    from qualify.served_equivalence import main
+
+    for argv, needle in ((["--prompt-tokens", "0"], "--prompt-tokens 0"), (["--max-tokens", "0"], "--max-tokens 0")):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--device", "cpu"])
+        assert exc.value.code == 2 and needle in capsys.readouterr().err
