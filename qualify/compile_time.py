@@ -1,7 +1,7 @@
 """Compile time of the graph catalog: whole-step vs regional ``torch.compile``, side by side.
 
 ``python -m qualify.compile_time --layers 28 [--decode 1,4] [--prefill 16] [--scopes regional,whole]
-[--vocab 4096] [--timeout 1800] [--device cuda|cpu] [--json OUT]`` builds a tiny-width Qwen3 checkpoint of the given depth
+[--vocab 4096] [--timeout 1800] [--device cuda|cpu] [--json OUT] [--out RESULTS | --no-archive]`` builds a tiny-width Qwen3 checkpoint of the given depth
 (hidden 64, 4 heads, 2 KV heads, head_dim 16, intermediate 128), prepares the catalog shapes (in-graph
 sampling on, as ``ignition export``), and compiles it once per scope.  Each scope runs in its own child
 process with its own empty Inductor cache directory (a cold compile: no FX-graph or kernel cache shared
@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per scope (child process)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available): the backend compiled")
     p.add_argument("--json", default=None)
+    p.add_argument("--out", default=None, help="results root (default <repo>/results)")
+    p.add_argument("--no-archive", action="store_true")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: "SCOPE:CHECKPOINT"
     a = p.parse_args(argv)
     from ignition.graphs.catalog import COMPILE_SCOPES
@@ -215,6 +217,15 @@ def main(argv=None) -> int:
     print(text)
     if a.json:
         Path(a.json).write_text(text + "\n")
+    if not a.no_archive:  # one record per scope (its compile, counters and eager check), the config beside
+        from qualify.archive import new_run_dir, write_run
+
+        records = [{"case": {"tool": "compile_time", "scope": scope, **config}, **r}
+                   for scope, r in report["scopes"].items()]
+        run_dir = write_run(new_run_dir(a.out, "compile-time"), records,
+                            [sys.executable, "-m", "qualify.compile_time", *(argv if argv is not None else sys.argv[1:])],
+                            {"compile_time": {k: v for k, v in report.items() if k != "scopes"}})
+        print(f"compile_time: archived run -> {run_dir}", file=sys.stderr)
     for line in report["failures"]:
         print(f"compile_time: FAIL {line}", file=sys.stderr)
     return 1 if report["failures"] else 0

@@ -1,5 +1,5 @@
 """Host overhead per decode step of the serving loop: ``python -m qualify.serve_overhead [CORE] --requests N[,N...]
---max-tokens N [--attention NAME] [--json OUT]``.
+--max-tokens N [--attention NAME] [--json OUT] [--out RESULTS | --no-archive]`` (archived under ``results/``).
 
 Drives ``flare run``'s engine scheduler directly (no HTTP): ``N`` concurrent greedy requests with distinct
 prompts, each generating exactly ``--max-tokens`` tokens (end-of-sequence tokens are ignored for this
@@ -131,6 +131,8 @@ def main(argv=None) -> int:
     p.add_argument("--embedding-table-storage", choices=("device", "ram", "disk"), default="device")
     p.add_argument("--attention", default=None, help="attention backend by name (default: the recipe's)")
     p.add_argument("--json", default=None, help="also write the JSON here")
+    p.add_argument("--out", default=None, help="results root (default <repo>/results)")
+    p.add_argument("--no-archive", action="store_true")
     a = p.parse_args(argv)
     try:
         counts = [int(x) for x in a.requests.split(",") if x.strip()]
@@ -150,6 +152,15 @@ def main(argv=None) -> int:
     if a.json:
         Path(a.json).write_text(text + "\n")
     print(text)
+    if not a.no_archive:  # one raw record per decode-only step, the summary beside the environment
+        from qualify.archive import new_run_dir, write_run
+
+        case = {"tool": "serve_overhead", "core": out["core"], "max_tokens": a.max_tokens,
+                "prompt_tokens": a.prompt_tokens, "attention": out["attention"]}
+        run_dir = write_run(new_run_dir(a.out, "serve-overhead"), [{"case": case, **step} for step in out["steps"]],
+                            [sys.executable, "-m", "qualify.serve_overhead", *(argv if argv is not None else sys.argv[1:])],
+                            {"serve_overhead": {k: v for k, v in out.items() if k != "steps"}})
+        print(f"serve_overhead: archived run -> {run_dir}", file=sys.stderr)
     for rows, b in out["by_batch"].items():
         gpu = "unavailable" if b["gpu_ms_median"] is None else f"{b['gpu_ms_median']:.3f} ms"
         host = "" if b["host_ms_median"] is None else f", host overhead {b['host_ms_median']:.3f} ms " \

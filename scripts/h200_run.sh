@@ -95,7 +95,7 @@ for s in ${STAGES:?set STAGES}; do
     served-*) timeout 200 python3 -m qualify.served_equivalence $W/core-$g --max-tokens 64 --prompt-tokens 100 \
           --json "$OUT/served-$g.json" 2>&1 | log | grep -v "^ *[0-9]*,\?$" | tail -n 20 > "$OUT/served-$g.log"; cat "$OUT/served-$g.log" ;;
     overhead-*) timeout 240 python3 -m qualify.serve_overhead $W/core-$g --requests 1,8 --max-tokens 64 --attention $ATTN \
-          --json "$OUT/overhead-$g.json" 2>&1 | log | tail -n 4 > "$OUT/overhead-$g.log"; cat "$OUT/overhead-$g.log" ;;
+          --json "$OUT/overhead-$g.json" --out "$OUT/overhead-$g-run" 2>&1 | log | tail -n 4 > "$OUT/overhead-$g.log"; cat "$OUT/overhead-$g.log" ;;
     replay-*) timeout ${REPLAY_S:-240} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
           --samples 200 --seeds 0,1 --timeline --check-compiled --steps 256 --widths 1,2,4,8 --greedy-variant \
           --topk-variant 64 --attention $ATTN ${REPLAY_ARGS:-} --out $R/replay-$g 2>&1 | log > "$OUT/replay-$g.log"

@@ -12,8 +12,12 @@ from qualify import compile_time
 def test_a_scope_compares_every_step_and_exits_zero_when_equal(tmp_path):
     out = tmp_path / "ct.json"
     assert compile_time.main(["--layers", "1", "--decode", "1,2", "--prefill", "8", "--scopes", "regional",
-                              "--vocab", "256", "--device", "cpu", "--json", str(out)]) == 0
+                              "--vocab", "256", "--device", "cpu", "--json", str(out),
+                              "--out", str(tmp_path / "res")]) == 0
     report = json.loads(out.read_text())
+    (run,) = (tmp_path / "res").iterdir()  # archived: one record per scope
+    (record,) = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert record["case"]["scope"] == "regional" and record["bytewise_equal_to_eager"]
     r = report["scopes"]["regional"]
     # each prefill chunk and each decode capacity over its full batch (the check covered decode-1x1 alone before)
     assert r["steps_compared"] == ["decode-1x1", "decode-2x1", "prefill-1x8"] and r["steps_differing"] == []

@@ -9,8 +9,12 @@ from qualify.serve_overhead import main
 
 def test_serve_overhead_prints_per_step_wall_and_marks_gpu_unavailable_on_cpu(tmp_path, capsys):
     out = tmp_path / "o.json"
-    assert main(["--requests", "1,3", "--max-tokens", "6", "--json", str(out), "--device", "cpu"]) == 0
+    assert main(["--requests", "1,3", "--max-tokens", "6", "--json", str(out), "--device", "cpu",
+                 "--out", str(tmp_path / "res")]) == 0
     printed = json.loads(capsys.readouterr().out)
+    (run,) = (tmp_path / "res").iterdir()  # archived: one record per decode-only step
+    archived = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(archived) == printed["decode_steps"] and archived[0]["case"]["tool"] == "serve_overhead"
     assert printed == json.loads(out.read_text())
     assert printed["requests"] == [1, 3] and printed["max_tokens"] == 6
     assert printed["gpu_timing"].startswith("unavailable")
@@ -32,7 +36,8 @@ def test_serve_overhead_prints_per_step_wall_and_marks_gpu_unavailable_on_cpu(tm
 
 
 def test_serve_overhead_refuses_requests_longer_than_the_context(capsys):
-    assert main(["--requests", "1", "--max-tokens", "64", "--max-context", "48", "--device", "cpu"]) == 2
+    assert main(["--requests", "1", "--max-tokens", "64", "--max-context", "48", "--device", "cpu",
+                 "--no-archive"]) == 2
     err = capsys.readouterr().err
     assert "--prompt-tokens 32 + --max-tokens 64 exceed the engine's context of 48" in err
 
