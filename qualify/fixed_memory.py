@@ -7,7 +7,9 @@ compiles and captures the catalog, and reports each owner's bytes from the CUDA 
 (``allocated`` = live tensors, ``reserved`` = physical segments held by the allocator):
 
 - ``weights``, ``kv_pool``, ``static_io`` (step input/output buffers and the sampling state): allocation
-  deltas around each stage;
+  deltas around each stage; the load's split by :func:`module_bytes` into the model's parameters (the weights
+  proper) and its buffers (rotary tables and the like), and ``persistent_storage`` -- what every step keeps besides
+  the weights: the KV pool, the static step buffers with the sampling state, the model's buffers;
 - ``graph_pool_*``: the segments of the graphs' private pool (memory snapshot, by segment pool id) --
   intermediates and workspaces the captured graphs use, reserved for as long as the graphs live;
 - ``workspaces``: what stays allocated in the default pool after compile and capture beyond the above
@@ -44,6 +46,7 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
     weights = torch.cuda.memory_allocated() - base_alloc
+    held = module_bytes(model)
     m = loaded.manifest
     page_size = page_size or m.kv_layout.page_size
     if kv_pages is not None and kv_pages < 1:
@@ -78,8 +81,9 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
         "core": core, "attention": attention or "recipe default", "decode_capacities": list(decode),
         "prefill_chunks": list(prefill),
         "compiled": compile, "load_s": round(load_s, 3), "compile_capture_s": round(capture_s, 3),
-        "weights_bytes": weights, "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
-        "static_io_bytes": static_io,
+        "weights_bytes": weights, "weight_parameter_bytes": held["parameters"], "model_buffer_bytes": held["buffers"],
+        "kv_pool_bytes": kv, "kv_pages": kv_pages, "page_size": page_size,
+        "static_io_bytes": static_io, "persistent_storage_bytes": kv + static_io + held["buffers"],
         "graph_pool_and_workspaces_bytes": (a2 - a1 - static_io),
         "graph_pool_reserved_bytes": graph_pool["reserved"], "graph_pool_allocated_bytes": graph_pool["allocated"],
         "workspaces_bytes": (a2 - a1 - static_io) - graph_pool["allocated"],
@@ -92,6 +96,20 @@ def measure(core: str, decode=None, prefill=None, kv_pages: int | None = None, p
         "num_alloc_retries": stats.get("num_alloc_retries", 0), "kv_capacity": capacity,
         "graphs": [s.shape.name for s in graphs.steps],
     }
+
+
+def module_bytes(model) -> dict:
+    """``{"parameters", "buffers"}``: the bytes of ``model``'s parameters and of its buffers, each storage counted
+    once (tied weights share one)."""
+    seen: set = set()
+    out = {"parameters": 0, "buffers": 0}
+    for kind, tensors in (("parameters", model.parameters()), ("buffers", model.buffers())):
+        for t in tensors:
+            key = (t.untyped_storage().data_ptr(), t.device)
+            if key not in seen:
+                seen.add(key)
+                out[kind] += t.untyped_storage().nbytes()
+    return out
 
 
 def kv_capacity(free: int, total: int, kv_pool_bytes: int, bytes_per_page: int, page_size: int,

@@ -4,6 +4,7 @@ states), and the CLI's refusals, which come before any core is loaded."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from qualify import fixed_memory
 
@@ -32,3 +33,16 @@ def test_cli_refuses_bad_sizes_by_name(capsys, argv, needle):
     with pytest.raises(SystemExit) as exc:
         fixed_memory.main(["no-such-core", *argv])
     assert exc.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_module_bytes_splits_parameters_from_buffers_and_counts_tied_storage_once():
+    """By hand: an embedding of 10 x 4 fp32 tied to the head (160 bytes, once), a 4-element bf16 norm weight (8), and
+    a rotary table buffer of 6 fp32 (24)."""
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Module()
+    model.emb, model.head = emb, head
+    model.norm = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    model.register_buffer("inv_freq", torch.zeros(6))
+    assert fixed_memory.module_bytes(model) == {"parameters": 160 + 8, "buffers": 24}
