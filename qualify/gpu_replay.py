@@ -439,10 +439,17 @@ def run(args) -> dict:
                            greedy_variant=args.greedy_variant, topk_variant=args.topk_variant)
 
     bench = make(_caps(args.widths), args.steps if args.check_compiled else 0)
-    benches_b, bench_null = [], None
-    for env_b in envs_b:
-        with switched_env(env_b, reset=not args.eager):
-            benches_b.append(make((), 0))
+    benches_b, bench_null, failed_b = [], None, []
+    for env_b, label_b in zip(list(envs_b), list(labels_b)):
+        try:
+            with switched_env(env_b, reset=not args.eager):
+                benches_b.append(make((), 0))
+        except Exception as exc:  # noqa: BLE001 -- one of several B's: named, dropped, the run fails at its end
+            if len(envs_b) == 1:
+                raise
+            failed_b.append({"ab": label_b, "error": repr(exc)})
+            print(f"gpu_replay: {label_b} could not be built, left out of the side by side: {exc!r}", file=sys.stderr)
+            envs_b.remove(env_b), labels_b.remove(label_b)
     if envs_b and args.ab_null:  # A again, built after every B the same way: the side by side's own build-order bias
         with switched_env({}, reset=not args.eager):
             bench_null = make((), 0)
@@ -504,7 +511,8 @@ def run(args) -> dict:
                        "vs_decode": s["median_ms"] / decode_median[cap, seed]}  # the same rows and seed
                 samples.append(rec)
                 cases.append({k: v for k, v in rec.items() if k != "replay_s"})
-    out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": labels_b} if envs_b else {})}
+    out = {"core": args.core, "device": args.device, "cases": cases, **({"ab": labels_b} if envs_b else {}),
+           **({"ab_failed": failed_b} if failed_b else {})}
     if args.timeline:  # main() refused --timeline without CUDA
         out["timeline"] = decode_and_round_timelines(bench, args.timeline_widths, args.timeline_dir, cases,
                                                      args.timeline_variants)
@@ -756,7 +764,9 @@ def main(argv=None) -> int:
     broken = timeline_failures(out.get("timeline", []))
     for line in broken:
         print(f"gpu_replay: timeline failed: {line}", file=sys.stderr)
-    return 1 if failed or broken else 0
+    for b in out.get("ab_failed", []):
+        print(f"gpu_replay: {b['ab']} was not timed (it could not be built): {b['error']}", file=sys.stderr)
+    return 1 if failed or broken or out.get("ab_failed") else 0
 
 
 def timeline_failures(timelines: list[dict]) -> list[str]:

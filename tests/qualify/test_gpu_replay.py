@@ -247,3 +247,29 @@ def test_a_check_that_cannot_run_fails_the_run_and_keeps_the_timings(core, tmp_p
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert [s["case"]["tool"] for s in samples] == ["gpu_replay", "gpu_replay.check_compiled"]
     assert len(samples[0]["replay_s"]) == 2 and samples[1]["passed"] is False
+
+
+def test_a_b_that_cannot_be_built_is_named_and_the_others_are_timed(core, tmp_path, capsys, monkeypatch):
+    """One of several ``--ab`` entries whose bench cannot be built (here planted: a switch this build refuses): named,
+    left out, the other B timed against A as usual and archived -- and the run exits 1."""
+    import os
+
+    real = gpu_replay.ReplayBench
+
+    def bench(*a, **kw):
+        if os.environ.get("FLARE_PLANTED_BROKEN") == "1":
+            raise ValueError("planted: this switch cannot be built")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpu_replay, "ReplayBench", bench)
+    args = ["--core", core, "--capacities", "1", "--context", "20", "--samples", "2", "--warmup", "0",
+            "--device", "cpu", "--eager", "--ab", "FLARE_PLANTED_BROKEN=1", "--ab", "FLARE_TRITON_TOPK=0",
+            "--ab-blocks", "2", "--out", str(tmp_path)]
+    assert gpu_replay.main(args) == 1
+    err = capsys.readouterr().err
+    assert "B1: FLARE_PLANTED_BROKEN=1 could not be built" in err and "planted: this switch" in err
+    (run,) = tmp_path.iterdir()
+    timed = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["case"].get("ab") for s in timed] == ["A", "B2: FLARE_TRITON_TOPK=0"]
+    env = json.loads((run / "environment.json").read_text())
+    assert env["gpu_replay"]["ab_failed"][0]["ab"] == "B1: FLARE_PLANTED_BROKEN=1"
