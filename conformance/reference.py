@@ -160,19 +160,20 @@ def reference_conversation(protocol: str, request: dict, spec) -> tuple[list[dic
 
 def _ref_results_in_call_order(messages: list[dict]) -> list[dict]:
     """The frontend contract's tool-result sorting (seed 000: "tool-result sorting"): the tool messages right after
-    an assistant turn with tool calls, in the order of those calls (by id; results matching no call after them, in
-    the order given)."""
+    an assistant turn with tool calls, in the order of those calls (by id, the first call of an id; results matching
+    no call after them, in the order given)."""
     out = list(messages)
     for i, m in enumerate(messages):
-        ids = [c.get("id") for c in m.get("tool_calls") or ()]
+        if not m.get("tool_calls"):
+            continue
+        calls, rank = m["tool_calls"], {}
+        for n, c in enumerate(calls):
+            if c.get("id") is not None:
+                rank.setdefault(c["id"], n)
         end = i + 1
         while end < len(messages) and messages[end]["role"] == "tool":
             end += 1
-        run = messages[i + 1:end]
-        if ids and run:
-            matched = [r for n in ids for r in run if r.get("tool_call_id") == n]
-            matched = [r for k, r in enumerate(matched) if all(r is not x for x in matched[:k])]  # first call wins
-            out[i + 1:end] = matched + [r for r in run if all(r is not x for x in matched)]
+        out[i + 1:end] = sorted(messages[i + 1:end], key=lambda r: rank.get(r.get("tool_call_id"), len(calls)))
     return out
 
 

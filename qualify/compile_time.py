@@ -27,10 +27,6 @@ from pathlib import Path
 GEOMETRY = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128)
 
 
-def _caps(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x)
-
-
 def _drive(graphs, decodes: int = 2) -> list:
     """Every prepared step run on inputs made the same way (outputs cloned, in order): each prefill chunk on row 0 from
     position 0, then rows 0 .. R-1 prefilled with the smallest chunk (R: the largest decode capacity) and ``decodes``
@@ -159,15 +155,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     from ignition.graphs.catalog import COMPILE_SCOPES
 
-    sizes = {}
-    for flag, text in (("--decode", a.decode), ("--prefill", a.prefill)):
-        try:
-            sizes[flag] = _caps(text)
-        except ValueError:
-            p.error(f"{flag} {text!r}: expected comma-separated integers")
-        if not sizes[flag] or min(sizes[flag]) < 1:
-            p.error(f"{flag} {text!r}: expected sizes >= 1")
-    decode, prefill = sizes["--decode"], sizes["--prefill"]
+    from qualify.arguments import int_list
+
+    decode, prefill = int_list(p, "--decode", a.decode), int_list(p, "--prefill", a.prefill)
     scopes = [s for s in a.scopes.split(",") if s]
     unknown = [s for s in scopes if s not in COMPILE_SCOPES]
     if not scopes or unknown:

@@ -114,17 +114,26 @@ def module_bytes(model) -> dict:
 
 def kv_capacity(free: int, total: int, kv_pool_bytes: int, bytes_per_page: int, page_size: int,
                 fraction: float) -> dict:
-    """The KV tokens the device holds once everything measured here is in place: of ``fraction`` of ``total`` device
-    bytes, less what is in use (``total - free``) but the measurement's own KV pool (``kv_pool_bytes``, which a
-    served pool replaces), whole pages of ``bytes_per_page``, one of them the pool's sink (as ``helios``' sizing).
-    ``{"fraction", "bytes_per_token", "pages", "tokens", "budget_bytes"}``; 0 pages when nothing fits."""
+    """The KV tokens the device holds once everything measured here is in place: ``helios``' own sizing
+    (``kv_sizing.kv_plan_from_memory``: whole pages of ``bytes_per_page`` in ``fraction`` of ``total`` less what is
+    in use, one page the pool's sink) with the measured memory in place of its estimate -- nothing reserved beyond
+    what is allocated, and the measurement's own KV pool (``kv_pool_bytes``, which a served pool replaces) counted
+    free.  ``{"fraction", "bytes_per_token", "pages", "tokens", "budget_bytes", "reason"}``; 0 pages when nothing
+    fits."""
+    from helios.runtime.kv_sizing import kv_plan_from_memory
+
     if not 0 < fraction <= 1 or bytes_per_page <= 0 or page_size <= 0:
         raise ValueError(f"kv_capacity: fraction in (0, 1], positive page bytes and size; got {fraction}, "
                          f"{bytes_per_page}, {page_size}")
-    budget = int(fraction * total) - (total - free - kv_pool_bytes)
-    pages = max(budget // bytes_per_page - 1, 0)
+    try:
+        plan = kv_plan_from_memory(free=free + kv_pool_bytes, total=total, fraction=fraction, reserve=0,
+                                   bytes_per_page=bytes_per_page, page_size=page_size, min_tokens=0)
+        pages, reason = plan.pages, plan.reason
+    except ValueError as exc:  # not one page beside the sink
+        pages, reason = 0, str(exc)
     return {"fraction": fraction, "bytes_per_token": bytes_per_page // page_size, "pages": pages,
-            "tokens": pages * page_size, "budget_bytes": budget}
+            "tokens": pages * page_size, "budget_bytes": int(fraction * total) - (total - free - kv_pool_bytes),
+            "reason": reason}
 
 
 def pool_split() -> dict:
@@ -154,19 +163,10 @@ def main(argv=None) -> int:
     p.add_argument("--attention", default=None, help="attention backend by name (ignition.components.backends), "
                    "default: the recipe's")
     a = p.parse_args(argv)
+    from qualify.arguments import int_list
 
-    def sizes(flag, text):
-        if text is None:
-            return None
-        try:
-            values = tuple(int(x) for x in text.split(",") if x.strip())
-        except ValueError:
-            p.error(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4")
-        if not values or min(values) < 1:
-            p.error(f"{flag} {text!r}: expected sizes >= 1")
-        return values
-
-    decode, prefill = sizes("--capacities", a.capacities), sizes("--prefill", a.prefill)
+    decode = None if a.capacities is None else int_list(p, "--capacities", a.capacities)
+    prefill = None if a.prefill is None else int_list(p, "--prefill", a.prefill)
     if a.kv_pages is not None and a.kv_pages < 1:
         p.error(f"--kv-pages {a.kv_pages}: expected >= 1 (default: sized for the catalog)")
     report = measure(a.core, decode, prefill, a.kv_pages, compile=not a.eager, attention=a.attention)

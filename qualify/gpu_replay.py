@@ -76,6 +76,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from qualify.arguments import int_list
 from qualify.paired_blocks import block_sizes, describe, paired_blocks, paired_verdict
 
 SAMPLED_ROW = {"temperature": 0.8, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
@@ -164,21 +165,6 @@ def ab_verdict(b: dict, refs: list[dict]) -> str:
 
 def _caps(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in str(text).split(",") if x.strip())
-
-
-def _int_list(parser, flag: str, text: str, *, least: int, empty: bool) -> tuple[int, ...]:
-    """``text`` (comma-separated integers) as a tuple, or ``parser.error`` naming ``flag``: an item not an integer,
-    below ``least``, or no items at all unless ``empty``."""
-    try:
-        values = _caps(text)
-    except ValueError:
-        parser.error(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4")
-    if not values and not empty:
-        parser.error(f"{flag} {text!r}: expected at least one value")
-    low = [v for v in values if v < least]
-    if low:
-        parser.error(f"{flag} {text!r}: {low} below {least}")
-    return values
 
 
 class ReplayBench:
@@ -722,10 +708,10 @@ def main(argv=None) -> int:
         if value < least:
             p.error(f"{flag} {value}: must be >= {least}" + (" with --check-compiled" if flag == "--steps" else ""))
     # every list checked here, before anything is loaded or timed (a late failure would lose the timings)
-    caps = _int_list(p, "--capacities", args.capacities, least=1, empty=False)
-    _int_list(p, "--seeds", args.seeds, least=0, empty=False)
-    _int_list(p, "--widths", args.widths, least=1, empty=True)
-    args.timeline_widths = _int_list(p, "--timeline-widths", args.timeline_widths, least=1, empty=True)
+    caps = int_list(p, "--capacities", args.capacities)
+    int_list(p, "--seeds", args.seeds, least=0)
+    int_list(p, "--widths", args.widths, empty=True)
+    args.timeline_widths = int_list(p, "--timeline-widths", args.timeline_widths, empty=True)
     if args.timeline and not args.device.startswith("cuda"):
         p.error(f"--timeline needs a CUDA GPU (device {args.device})")
     if args.timeline and args.eager:

@@ -250,12 +250,9 @@ def main(argv=None) -> int:
         p.error("--measure and --bandwidth: give one (the measured bandwidth would replace the given one)")
     if args.bandwidth is not None and not args.bandwidth > 0:
         p.error(f"--bandwidth {args.bandwidth}: expected bytes/s > 0")
-    try:
-        batches = [int(x) for x in args.batch.split(",") if x.strip()]
-    except ValueError:
-        p.error(f"--batch {args.batch!r}: expected comma-separated batch sizes, e.g. 1,4")
-    if not batches or min(batches) < 1:
-        p.error(f"--batch {args.batch!r}: expected batch sizes >= 1")
+    from qualify.arguments import int_list
+
+    batches = int_list(p, "--batch", args.batch)
     bandwidth = args.bandwidth
     if args.measure:
         try:

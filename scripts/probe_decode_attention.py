@@ -359,9 +359,9 @@ def main(argv=None) -> int:
         base = shape_cases[0]["graph"]["median_s"]
         for case in shape_cases:
             show(case)
-            alone = "FLARE_PROBE_ATTENTION_ALONE=1" in case["variant"]
-            alone = " (the attention alone: not a layer's time)" if alone else ""
-            print(f"    step ratio to {shape_cases[0]['variant']}: {case['graph']['median_s'] / base:.4f}{alone}")
+            note = " (the attention alone: not a layer's time)" if "FLARE_PROBE_ATTENTION_ALONE=1" in case["variant"] \
+                else ""
+            print(f"    step ratio to {shape_cases[0]['variant']}: {case['graph']['median_s'] / base:.4f}{note}")
         cases += shape_cases
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "device": torch.cuda.get_device_name(),

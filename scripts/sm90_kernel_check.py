@@ -222,22 +222,24 @@ def kernel_of(name: str):
 DEBUG_LABEL = re.compile(r"\$L__(?:tmp|func_begin|func_end)\d*:?")
 
 
+def _no_debug(ptx: str) -> str:
+    """The PTX without comments, locations and the debug sections after the code."""
+    return re.sub(r"\.file.*|\.loc.*", "", re.sub(r"//.*", "", ptx)).split(".section")[0]
+
+
 def code_of(ptx: str) -> str:
     """The PTX without comments, debug sections, locations and debug labels, every other label renamed by its first
     appearance: ``bra $L__BB0_3`` and ``bra $L__BB0_2`` to the same place are the same code, to another place not."""
-    ptx = re.sub(r"//.*", "", ptx)
-    ptx = DEBUG_LABEL.sub("", re.sub(r"\.file.*|\.loc.*", "", ptx).split(".section")[0])
     names: dict[str, str] = {}
-    ptx = re.sub(r"\$L__\w+", lambda m: names.setdefault(m.group(0), f"$L{len(names)}"), ptx)
+    ptx = re.sub(r"\$L__\w+", lambda m: names.setdefault(m.group(0), f"$L{len(names)}"),
+                 DEBUG_LABEL.sub("", _no_debug(ptx)))
     return re.sub(r"\n\s*\n", "\n", ptx)
 
 
 def legacy_code_of(ptx: str) -> str:
     """The normalization of this script's revisions before :func:`code_of` (every label name removed): what
     ``--against`` compares with a revision that archives no PTX of its own."""
-    ptx = re.sub(r"//.*", "", ptx)
-    ptx = re.sub(r"\.file.*|\.loc.*", "", ptx).split(".section")[0]
-    return re.sub(r"\n\s*\n", "\n", re.sub(r"\$L__\w+:?", "", ptx))
+    return re.sub(r"\n\s*\n", "\n", re.sub(r"\$L__\w+:?", "", _no_debug(ptx)))
 
 
 def _ptx_file(folder: Path, case: str) -> Path:

@@ -47,7 +47,8 @@ def _normalizers():
     import re
 
     tree = ast.parse((ROOT / "scripts" / "sm90_kernel_check.py").read_text())
-    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in ("code_of", "legacy_code_of"))
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in ("_no_debug", "code_of",
+                                                                                   "legacy_code_of"))
             or (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "DEBUG_LABEL")]
     space = {"re": re}
     exec(compile(ast.Module(body=keep, type_ignores=[]), "sm90_kernel_check", "exec"), space)

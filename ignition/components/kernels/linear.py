@@ -197,9 +197,9 @@ def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
     tiles = whole("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES, what=" of tiles")
     if tiles > 4:
         raise ValueError(f"FLARE_GEMV_PRELOAD={tiles}: at most 4 tiles (the kernel unrolls up to 4)")
-    if m != 1 or k % bk or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", k // bk <= min(tiles, 4))):
+    if m != 1 or k % bk or not (plain or switch("FLARE_GEMV_PRELOAD_PROLOGUE", k // bk <= tiles)):
         return 0
-    return max(0, min(tiles, 4, k // bk))
+    return min(tiles, k // bk)
 
 
 #: Measured tensor-core launch configs, ``(N, K, gated) -> (BN, BK, num_warps, num_stages)`` (its row tile is 16 for
