@@ -176,8 +176,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
                                                      (16, 8, (1000,))])
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
-    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the plain
-      key loop (``FLARE_DECODE_PIPELINE=0``), the timing probe: the same bits as without;
+    - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the
+      key loop forced plain and forced pipelined (``FLARE_DECODE_PIPELINE``), the timing probe: the bits of without;
     - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
       of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
@@ -243,10 +243,12 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         ahead = fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, kp4, vp4, slots, bt, lens,
                                                           scaling, prefetch=(weight, nbytes))
         assert bits(ahead, out) and bits(kp4, kp1) and bits(vp4, vp1), f"the {nbytes}-byte prefetch changed a bit"
-    # the key loop as a plain while loop (a side-by-side switch) and the timing probe (stamps only): the same bits
-    monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
-    kp5, vp5 = kp.clone(), vp.clone()
-    assert bits(run(kp5, vp5), out) and bits(kp5, kp1) and bits(vp5, vp1), "the plain key loop changed a bit"
+    # the key loop forced plain and forced software-pipelined (the default depends on the row count,
+    # ``DECODE_PIPELINE_MIN_ROWS``) and the timing probe (stamps only): the same bits
+    for pipelined in ("0", "1"):
+        monkeypatch.setenv("FLARE_DECODE_PIPELINE", pipelined)
+        kp5, vp5 = kp.clone(), vp.clone()
+        assert bits(run(kp5, vp5), out) and bits(kp5, kp1) and bits(vp5, vp1), f"pipelined={pipelined} changed a bit"
     monkeypatch.delenv("FLARE_DECODE_PIPELINE")
     monkeypatch.setenv("FLARE_DECODE_WIDE", "1")
     if decode_plan.fused_decode_wide(len(seq_lens), heads // kv_heads):

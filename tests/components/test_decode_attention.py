@@ -332,6 +332,27 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_decode_pipeline_rule_by_rows(monkeypatch):
+    """The compiled decode key loop is software-pipelined from ``DECODE_PIPELINE_MIN_ROWS`` rows (two: one row takes the
+    plain loop, run 165) and for the three-launch path's row-blind call; ``FLARE_DECODE_PIPELINE`` forces either way;
+    the interpreter always runs the plain loop."""
+    pytest.importorskip("triton")
+    from ignition.components.kernels import decode_plan
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("FLARE_DECODE_PIPELINE", raising=False)
+    assert decode_plan.DECODE_PIPELINE_MIN_ROWS == 2
+    assert [decode_plan.decode_pipelined(rows) for rows in (1, 2, 4, 64)] == [False, True, True, True]
+    assert decode_plan.decode_pipelined() is True
+    monkeypatch.setenv("FLARE_DECODE_PIPELINE", "1")
+    assert decode_plan.decode_pipelined(1) and decode_plan.decode_pipelined(4)
+    monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
+    assert not any(decode_plan.decode_pipelined(rows) for rows in (1, 4, None))
+    monkeypatch.setenv("FLARE_DECODE_PIPELINE", "1")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not decode_plan.decode_pipelined(4)
+
+
 def test_reduce_prefetch_switch_and_arguments(monkeypatch):
     """``FLARE_DECODE_REDUCE_PREFETCH_MB``: 0 by default, MiB as bytes, a negative size names the switch; the reduce
     launch's prefetch arguments: none without a weight, for 0 bytes or in the interpreter, and a weight off CUDA is

@@ -76,11 +76,25 @@ def decode_pv_split(wide: bool = False) -> bool:
     return switch("FLARE_DECODE_PV_SPLIT", DECODE_PV_SPLIT and not wide)
 
 
-def decode_pipelined() -> bool:
-    """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled;
-    ``FLARE_DECODE_PIPELINE=0`` makes it the plain ``while`` loop the interpreter runs -- same blocks, same order, same
-    bits; side-by-side runs)."""
-    return not _interpreting() and switch("FLARE_DECODE_PIPELINE", True)
+#: The fewest rows a fused decode launch takes the software-pipelined key loop at (fewer: the plain ``while`` loop --
+#: same blocks, same order, same bits).  One row plain since run 165: Qwen3-8B side by side in one process with the
+#: null on the H200 (``results/20261205T014952Z-sm90-run165``, 1024-token context), the plain loop everywhere against
+#: the pipelined one: batch 1 0.9948x (paired blocks 10/10 faster against A and A2, within noise by the min-max rule;
+#: the attention 9.25 -> 8.24 us per layer in the critical path, the layer 105.92 -> 105.15), batch 4 1.0195x slower
+#: (paired blocks 0/10).  The pipelined loop's prologue issues the next block's loads before the current one's
+#: arithmetic; at one row a program walks a single 64-key block of a 1024-token context (17 splits), so there is no
+#: next block to overlap and the prologue only lengthens the chain.
+DECODE_PIPELINE_MIN_ROWS = 2
+
+
+def decode_pipelined(rows: int | None = None) -> bool:
+    """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled) for a launch of ``rows``
+    rows: from :data:`DECODE_PIPELINE_MIN_ROWS` rows (None: any row count, the three-launch path's rule);
+    ``FLARE_DECODE_PIPELINE=1`` / ``0`` forces it on / off for every launch (read at each launch; side-by-side runs) --
+    the plain ``while`` loop the interpreter runs, same blocks, same order, same bits."""
+    if _interpreting():
+        return False
+    return switch("FLARE_DECODE_PIPELINE", rows is None or rows >= DECODE_PIPELINE_MIN_ROWS)
 
 
 def paged_decode_num_splits(batch: int, kv_heads: int, max_blocks: int, target_programs: int = 1024,
