@@ -313,6 +313,9 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
     monkeypatch.delenv("FLARE_DECODE_PROGRAMS")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert decode_plan.fused_decode_launch_options() == {"num_warps": 4}
+    assert decode_plan.DECODE_ONE_ROW_WARPS == 8  # one row, not the wide launch: 8 warps (run 167)
+    assert [decode_plan.fused_decode_launch_options(rows, wide)["num_warps"]
+            for rows, wide in ((1, False), (1, True), (2, False), (4, False))] == [8, 4, 4, 4]
     monkeypatch.setenv("FLARE_DECODE_MAXNREG", "64")
     assert decode_plan.fused_decode_launch_options() == {"num_warps": 4, "maxnreg": 64}
     monkeypatch.setenv("FLARE_DECODE_WARPS", "8")

@@ -423,10 +423,22 @@ def fused_decode_num_splits(batch: int, kv_heads: int, groups: int, max_blocks: 
 FUSED_DECODE_PROGRAMS = 544
 
 
-def fused_decode_launch_options() -> dict:
-    """Extra launch options of the fused decode kernel (side-by-side runs; none by default or in the interpreter):
-    ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (a register cap of N per thread -- 64 holds 8 programs per SM, one wave
-    of 1024 -- at the cost of a few spilled values); ``num_warps`` from ``FLARE_DECODE_WARPS=N`` (default 4);
+#: Warps per program of the fused decode kernel's one-row launches (except the wide one, Qwen3-0.6B's; every other
+#: launch takes 4).  8 since run 167: Qwen3-8B side by side in one process with the null on the H200
+#: (``results/20261205T015822Z-sm90-run167``, 1024-token context, on top of the plain one-row key loop): 8 warps
+#: everywhere against 4 -- batch 1 0.9881x (paired blocks 10/10 faster against A and A2, within noise by the min-max
+#: rule), batch 4 1.0609x slower (B slower by the min-max rule).  At one row the launch's 136 programs (8 KV heads x
+#: 17 splits) otherwise land two to an SM on ~74 SMs where the qkv projection's programs left first (run 166's clock
+#: stamps: the last key block's K/V loads 3.6 us on an SM holding two, 1.8 us alone); 8 warps' registers hold one
+#: program per SM.
+DECODE_ONE_ROW_WARPS = 8
+
+
+def fused_decode_launch_options(rows: int | None = None, wide: bool = False) -> dict:
+    """Extra launch options of the fused decode kernel for a launch of ``rows`` rows (``wide``: the wide one-row
+    launch) -- side-by-side runs, except the warps: ``num_warps`` :data:`DECODE_ONE_ROW_WARPS` for one row (not wide),
+    else 4, ``FLARE_DECODE_WARPS=N`` for every launch; ``maxnreg`` from ``FLARE_DECODE_MAXNREG=N`` (a register cap of
+    N per thread -- 64 holds 8 programs per SM, one wave of 1024 -- at the cost of a few spilled values);
     ``SMEM_PAD`` from ``FLARE_DECODE_SMEM_KB=N``: each program reserves at least N KiB of shared memory, which caps
     the programs one SM holds (:func:`pad_shared_memory`, :mod:`.launch`); ``TRIGGER`` from
     ``FLARE_DECODE_TRIGGER=N``: where the kernel lets the reduce (and through its early trigger the output projection)
@@ -434,7 +446,7 @@ def fused_decode_launch_options() -> dict:
     cap = whole("FLARE_DECODE_MAXNREG", 0, low=0)
     if cap and not 24 <= cap <= 255:
         raise ValueError(f"FLARE_DECODE_MAXNREG={cap}: expected 24..255 registers per thread (or 0: no cap)")
-    warps = whole("FLARE_DECODE_WARPS", 4, low=1)
+    warps = whole("FLARE_DECODE_WARPS", DECODE_ONE_ROW_WARPS if rows == 1 and not wide else 4, low=1)
     if warps not in (1, 2, 4, 8, 16):
         raise ValueError(f"FLARE_DECODE_WARPS={warps}: expected 1, 2, 4, 8 or 16 warps per program")
     pad = whole("FLARE_DECODE_SMEM_KB", 0, low=0)
