@@ -80,10 +80,14 @@ def cases():
     # SMs) and its FLARE_DECODE_WIDE=0 one (8B: 64-key blocks, decode_plan.fused_decode_one_row_blocks -- 17 splits at
     # 1025 keys; every one prefetches its K/V), and Qwen3-8B's batch-4 launch (32-key blocks,
     # decode_plan.fused_decode_multi_row_blocks; 17 splits, no prefetch)
-    for heads, splits, prefetch, bn, pipe in ((32, 17, 64, 64, True), (16, 64, 64, 16, True), (16, 33, 64, 32, False),
-                                              (32, 17, 0, decode_plan.FUSED_DECODE_MULTI_ROW_BLOCK_N, True)):
+    # (the key loop's pipelining and the warps as the launch takes them: decode_plan.decode_pipelined,
+    # fused_decode_launch_options -- one row: the plain loop; not wide: 8 warps)
+    launches = ((32, 17, 64, 64, 1, False), (16, 64, 64, 16, 1, False), (16, 33, 64, 32, 1, True),
+                (32, 17, 0, decode_plan.FUSED_DECODE_MULTI_ROW_BLOCK_N, 4, False))
+    for heads, splits, prefetch, bn, rows, is_wide in launches:
         g = heads // 8
-        is_wide = not pipe  # the wide launch (decode_plan.fused_decode_wide) runs the plain key loop
+        pipe = decode_plan.decode_pipelined(rows) and not is_wide  # the wide launch runs the plain key loop
+        warps = dict(num_warps=decode_plan.fused_decode_launch_options(rows, is_wide)["num_warps"])
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
                  KV_LAST=decode_plan.DECODE_KV_PREFETCH_LAST, PV_SPLIT=decode_plan.decode_pv_split(wide=is_wide))
@@ -92,11 +96,11 @@ def cases():
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
         wide = " wide" if is_wide else (f" {bn}-key blocks" if prefetch == 0 else "")
         out.append((f"fused decode {heads}x8 splits {splits}{wide}", "_rope_decode_kernel", DECODE_SIG,
-                    {**c, "PROBE": None}, dict(num_warps=4)))
+                    {**c, "PROBE": None}, warps))
         if heads == 32:  # Qwen3-8B's launches with P V the other way (FLARE_DECODE_PV_SPLIT flipped)
             other = "tf32x3" if decode_plan.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, dict(num_warps=4)))
+                        {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, warps))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,
@@ -107,7 +111,7 @@ def cases():
                         dict(num_warps=4)))
         if heads == 32 and prefetch:  # the timing probe (scripts/probe_decode_attention.py, one row) compiles too
             out.append((f"fused decode {heads}x8 splits {splits} probed", "_rope_decode_kernel",
-                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, dict(num_warps=4)))
+                        {**DECODE_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, warps))
             out.append((f"decode reduce {heads}x8 splits {splits} probed", "_paged_decode_reduce_kernel",
                         {**rsig, "PROBE": "*i64"}, {**r, "HAS_PROBE": True}, dict(num_warps=4)))
     for name, n, k, norm, gated, res, gi in (("8B qkv (norm apart)", 6144, 4096, False, False, False, False),

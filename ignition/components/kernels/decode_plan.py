@@ -427,10 +427,12 @@ FUSED_DECODE_PROGRAMS = 544
 #: launch takes 4).  8 since run 167: Qwen3-8B side by side in one process with the null on the H200
 #: (``results/20261205T015822Z-sm90-run167``, 1024-token context, on top of the plain one-row key loop): 8 warps
 #: everywhere against 4 -- batch 1 0.9881x (paired blocks 10/10 faster against A and A2, within noise by the min-max
-#: rule), batch 4 1.0609x slower (B slower by the min-max rule).  At one row the launch's 136 programs (8 KV heads x
-#: 17 splits) otherwise land two to an SM on ~74 SMs where the qkv projection's programs left first (run 166's clock
-#: stamps: the last key block's K/V loads 3.6 us on an SM holding two, 1.8 us alone); 8 warps' registers hold one
-#: program per SM.
+#: rule), batch 4 1.0609x slower (B slower by the min-max rule); in the replay of record (run 168) the attention took
+#: 6.91 us per layer in the critical path against run 159's 9.12 (with the plain loop).  Why is not measured yet (no
+#: clock stamps at 8 warps): offline sm90 ptxas gives the one-row launch 116 registers at 8 warps, still two programs
+#: per SM, so the placement run 166's stamps showed (136 programs -- 8 KV heads x 17 splits -- two to an SM on 74 SMs
+#: where the qkv projection's programs left first; the last key block's K/V 3.6 us there against 1.8 alone) is
+#: probably unchanged; each program has twice the warps issuing its block's K/V loads.
 DECODE_ONE_ROW_WARPS = 8
 
 
