@@ -96,8 +96,6 @@ def step(x, layers, meta, probe=True):
     alone = attention_alone()
     for i, layer in enumerate(layers):
         gp = {name: dict(probe=layer[f"{name}_probe"] if probe else None) for name in GEMVS}
-        if linear.gemv_smem_enabled():  # the shared-memory o_proj (smem_gemv) has no stamps: left unprobed
-            gp["o_proj"]["probe"] = None
         # FLARE_PROBE_QKV_EARLY=1: the qkv projection of layers 1.. lets the attention launch before its own wait --
         # legal there (the attention reads the step's metadata before its wait, and the previous layer's attention
         # passed its wait, after everything before it completed); not in layer 0

@@ -148,11 +148,6 @@ def cases():
     out.append(("topk merge 4096 k64", "_topk_merge_kernel", {"WS": "*fp32", "Out": "*fp32", "N": "i32", "K": "i32",
                                                                "stride_o": "i32"}, dict(NP=4096, KP=64),
                 dict(num_warps=8)))
-    # the Gluon one-row GEMV with its weight rows in shared memory (smem_gemv, FLARE_GEMV_SMEM; the output projections)
-    for k, bn in ((4096, 4), (4096, 8), (2048, 4)):
-        out.append((f"smem gemv K={k} {bn} rows", "smem_gemv._smem_gemv_kernel",
-                    {"X": P, "W": P, "R": P, "Y": P, "N_OUT": "i32", "stride_w": "i32"},
-                    dict(K=k, BN=bn, HAS_RES=True, USE_PDL=True, EARLY=True, WARPS=4), dict(num_warps=4)))
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
                                                                       "R": "i32", "scaling": "fp32"},
                 dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS), dict(num_warps=4)))

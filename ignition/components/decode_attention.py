@@ -40,7 +40,10 @@ __all__ = ["rope_decode_attention_", "rope_decode_attention_reference", "DECODE_
 #: MiB of the output projection's weight -- its last rows, which its late programs stream after the attention -- that
 #: the decode reduce kernel's programs prefetch into L2 by the TMA unit after their early trigger and before their
 #: wait, while the attention runs (``FLARE_DECODE_REDUCE_PREFETCH_MB=N``; read once, when a step is traced -- the op
-#: takes the byte count as an argument, which the traced graph records -- and where the probe launches).  0: off -- not yet measured.  Run 162's stamps (Qwen3-8B, one row): o_proj's late programs
+#: takes the byte count as an argument, which the traced graph records -- and where the probe launches).  0: off --
+#: 32 MiB was slower at Qwen3-8B side by side in one process with the null (``results/20261205T014952Z-sm90-run165``):
+#: batch 1 1.0065x, batch 4 1.0222x (paired blocks 0/10 faster against A at both).  Run 162's stamps (Qwen3-8B, one
+#: row): o_proj's late programs
 #: take 4.6 us to get their 64 KiB each from HBM after the reduce, while HBM idles through most of the ~11 us
 #: attention window; earlier weight prefetches were issued by the attention's own programs, which then stalled
 #: (runs 50-52, ``kernels.linear.GEMV_PREFETCH_FULL_BYTES``) -- the reduce's programs only wait there.

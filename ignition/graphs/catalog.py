@@ -176,7 +176,9 @@ def within_top_k(resolved: dict, k: int | None) -> bool:
 #: ``kernels.launch`` hold across them (an ``EARLY`` kernel of ours is followed by our own kernels, or by a region's
 #: first kernel, which waits before reading anything).  Qwen3-8B's one-row step runs ~20 such kernels on its critical
 #: path (the sampler's 16, the head's gather, the metadata's: ~45 us in run 159), each now a full launch boundary.
-#: Off until measured side by side (``--ab FLARE_INDUCTOR_PDL=1``, with ``--check-compiled``).
+#: Off: within noise at Qwen3-8B side by side in one process with the null (``results/20261205T014952Z-sm90-run165``,
+#: 1024-token context): batch 1 0.9996x (paired blocks 6/10 faster against A, 9/10 against A2), batch 4 0.9995x (10/10,
+#: 8/10); at batch 1 the sampler's critical path 36.1 -> 30.9 us and the head's -2.1, the layers +5.8 (noise).
 INDUCTOR_PDL = False
 
 

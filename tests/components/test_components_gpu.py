@@ -407,12 +407,11 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     prologue, down with the gated input and the residual -- Qwen3-8B's and Qwen3-0.6B's shapes), each letting the next
     launch before its own wait: the same bits as the chain launched without ``EARLY``, eager and captured in a CUDA
     graph (a kernel that read its predecessor's output before its wait would read stale values here).  The Triton
-    GEMV's ``EARLY`` path, which no other test launches (the shared-memory GEMV's test above takes the Gluon one)."""
+    GEMV's ``EARLY`` path, which no other test launches."""
     from gemv_cases import _gemv_inputs
 
     from ignition.components.kernels import linear
 
-    monkeypatch.delenv("FLARE_GEMV_SMEM", raising=False)
     x, wo, _, r = _gemv_inputs(1, hidden, hidden, norm=False, gated=False, residual=True, seed=hidden)
     gen = torch.Generator().manual_seed(inter)
     wgu = (torch.randn(2 * inter, hidden, generator=gen) / hidden ** 0.5).to(torch.bfloat16).cuda()
@@ -436,45 +435,6 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
-
-
-@pytest.mark.parametrize("n,k,residual", [(4096, 4096, True), (1024, 2048, True), (2048, 1024, False)])
-@pytest.mark.parametrize("rows", ["4", "8"])
-def test_shared_memory_gemv_on_this_gpu(monkeypatch, n, k, residual, rows):
-    """The Gluon one-row GEMV with its weight rows in shared memory (``FLARE_GEMV_SMEM=1``, the output projections'
-    shapes): it runs (not the Triton kernel), within the reference bound of the Triton GEMV test above, the same bits in
-    every launch, eager and captured in a CUDA graph."""
-    from gemv_cases import _gemv_inputs, _gemv_tolerance
-
-    from ignition.components import smem_gemv
-    from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.kernels.linear import fused_linear_triton
-
-    monkeypatch.setenv("FLARE_GEMV_SMEM", "1")
-    monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", rows)
-    calls = []
-    launch_smem = smem_gemv.smem_gemv
-    monkeypatch.setattr(smem_gemv, "smem_gemv", lambda *a, **kw: calls.append(1) or launch_smem(*a, **kw))
-    x, w, _, r = _gemv_inputs(1, n, k, norm=False, gated=False, residual=residual, seed=n + k + 1)
-    cx, cw, cr = x.cuda(), w.cuda(), r.cuda() if r is not None else None
-
-    def launch():
-        return fused_linear_triton(cx, cw, residual=cr, early=True)
-
-    got = launch().cpu()
-    assert calls, "the shared-memory GEMV did not run"
-    ref = fused_linear_reference(x, w, None, 1e-6, r, False)
-    y_ref = fused_linear_reference(x, w, None, 1e-6, None, False)
-    tol = _gemv_tolerance(x, w, None, False, y_ref) + (2 * 2.0 ** -7 * ref.float().abs() if residual else 0)
-    err = (got.float() - ref.float()).abs()
-    assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
-    assert torch.equal(launch().cpu().view(torch.int16), got.view(torch.int16))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out.cpu().view(torch.int16), got.view(torch.int16))
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

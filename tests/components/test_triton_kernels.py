@@ -183,43 +183,6 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
         assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
 
 
-def test_shared_memory_gemv_takes_only_the_plain_one_row_cuda_launches(monkeypatch):
-    """``FLARE_GEMV_SMEM``: off by default; ``smem_gemv_applies``: one-row plain launches (a residual at most) on CUDA
-    only (the Gluon kernel is compiled, never interpreted: the interpreter's launch below runs the Triton GEMV with the
-    switch on), K a power of two of at least 1024, rows fitting shared memory; a bad row count names its switch."""
-    from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.smem_gemv import smem_gemv_applies, smem_gemv_rows
-    from ignition.components.kernels.linear import fused_linear_triton, gemv_smem_enabled
-
-    cpu = torch.device("cpu")
-    plain = dict(norm=False, gated=False, gated_input=False, dot=False, prenorm=False)
-    monkeypatch.delenv("FLARE_GEMV_SMEM", raising=False)
-    assert not gemv_smem_enabled()
-    monkeypatch.setenv("FLARE_GEMV_SMEM", "1")
-    assert gemv_smem_enabled()
-    assert not smem_gemv_applies(1, 4096, **plain, device=cpu)  # not CUDA
-    if torch.cuda.is_available():  # (this module skips on CUDA machines; kept for a direct call)
-        assert smem_gemv_applies(1, 4096, **plain, device=torch.device("cuda"))
-    for what in ("norm", "gated", "gated_input", "dot", "prenorm"):
-        assert not smem_gemv_applies(1, 4096, **{**plain, what: True}, device=torch.device("cuda"))
-    assert not smem_gemv_applies(2, 4096, **plain, device=torch.device("cuda"))
-    for k in (4000, 3072, 512):  # K not a power of two, or below the layout's 1024 columns
-        assert not smem_gemv_applies(1, k, **plain, device=torch.device("cuda"))
-    monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", "16")
-    assert smem_gemv_rows() == 16 and not smem_gemv_applies(1, 8192, **plain, device=torch.device("cuda"))  # 256 KiB
-    for bad in ("3", "32", "0"):
-        monkeypatch.setenv("FLARE_GEMV_SMEM_ROWS", bad)
-        with pytest.raises(ValueError, match="FLARE_GEMV_SMEM_ROWS"):
-            smem_gemv_rows()
-    monkeypatch.delenv("FLARE_GEMV_SMEM_ROWS")
-    x, w, _, r = _gemv_inputs(1, 64, 512, norm=False, gated=False, residual=True, seed=12)
-    got = fused_linear_triton(x, w, residual=r)  # the switch on, the interpreter: the Triton GEMV
-    ref = fused_linear_reference(x, w, None, 1e-6, r, False)
-    tol = (_gemv_tolerance(x, w, None, False, fused_linear_reference(x, w, None, 1e-6, None, False))
-           + 2 * 2.0 ** -7 * ref.float().abs())
-    assert ((got.float() - ref.float()).abs() <= tol).all()
-
-
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole

@@ -313,15 +313,10 @@ assert DOT_ROWS.stop - 1 == GEMV_MAX_ROWS  # the tensor-core kernel's one row bl
 GEMV_EARLY = True
 
 
-#: Whether the one-row plain projections (the output projection) run ``smem_gemv``'s Gluon kernel, their weight rows
-#: copied into shared memory before the PDL wait (``FLARE_GEMV_SMEM=1``; read at each launch).  Off: not yet measured
-#: on the H200.
-GEMV_SMEM = False
-
-
-def gemv_smem_enabled() -> bool:
-    """:data:`GEMV_SMEM` (``FLARE_GEMV_SMEM``)."""
-    return switch("FLARE_GEMV_SMEM", GEMV_SMEM)
+#: Tried and removed: the one-row output projection by a Gluon kernel copying its weight rows (4 per program) into
+#: shared memory before its PDL wait, then reading them back against x after it -- Qwen3-8B side by side in one
+#: process with the null (``results/20261205T014952Z-sm90-run165``, 1024-token context): batch 1 1.0829x slower (B
+#: slower by the min-max rule, paired blocks 0/10 against A and A2), batch 4 (not applied) 1.0023x.
 
 
 def gemv_early_enabled(device: torch.device, rows: int) -> bool:
@@ -490,14 +485,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             RES_FIRST=residual is not None and switch("FLARE_GEMM_ROWS_RES_FIRST", GEMM_ROWS_RES_FIRST),
             num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **prenorm)
         return (out, *published) if published is not None else out
-    if (probe is None and config is None and gemv_smem_enabled() and not _interpreting()
-            and x.dtype == weight.dtype == torch.bfloat16):
-        from ignition.components import smem_gemv  # Gluon, compiled only: imported where it may run
-
-        if smem_gemv.smem_gemv_applies(m, k, norm=norm_weight is not None, gated=gated, gated_input=gated_input,
-                                       dot=dot, prenorm=bool(prenorm), device=x.device):
-            return smem_gemv.smem_gemv(x, weight, residual, out, pdl=_pdl(x.device),
-                                       early=early and gemv_early_enabled(x.device, m))
     cfg = {**gemv_config(m, n, k, gated), **(config or {})}
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
