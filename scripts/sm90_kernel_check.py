@@ -86,7 +86,7 @@ def cases():
                 (32, 17, 0, decode_plan.FUSED_DECODE_MULTI_ROW_BLOCK_N, 4, False))
     for heads, splits, prefetch, bn, rows, is_wide in launches:
         g = heads // 8
-        pipe = decode_plan.decode_pipelined(rows) and not is_wide  # the wide launch runs the plain key loop
+        pipe = decode_plan.decode_pipelined(rows, is_wide)
         warps = dict(num_warps=decode_plan.fused_decode_launch_options(rows, is_wide)["num_warps"])
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,

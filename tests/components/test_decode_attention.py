@@ -337,7 +337,8 @@ def test_fused_decode_programs_and_register_cap_switches(monkeypatch):
 
 def test_decode_pipeline_rule_by_rows(monkeypatch):
     """The compiled decode key loop is software-pipelined from ``DECODE_PIPELINE_MIN_ROWS`` rows (two: one row takes the
-    plain loop, run 165) and for the three-launch path's row-blind call; ``FLARE_DECODE_PIPELINE`` forces either way;
+    plain loop, run 165) and for the three-launch path's row-blind call, never for the wide one-row launch;
+    ``FLARE_DECODE_PIPELINE`` forces either way for the others;
     the interpreter always runs the plain loop."""
     pytest.importorskip("triton")
     from ignition.components.kernels import decode_plan
@@ -349,6 +350,7 @@ def test_decode_pipeline_rule_by_rows(monkeypatch):
     assert decode_plan.decode_pipelined() is True
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "1")
     assert decode_plan.decode_pipelined(1) and decode_plan.decode_pipelined(4)
+    assert not decode_plan.decode_pipelined(1, wide=True)  # the wide launch: the plain loop, forced or not
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "0")
     assert not any(decode_plan.decode_pipelined(rows) for rows in (1, 4, None))
     monkeypatch.setenv("FLARE_DECODE_PIPELINE", "1")

@@ -87,12 +87,13 @@ def decode_pv_split(wide: bool = False) -> bool:
 DECODE_PIPELINE_MIN_ROWS = 2
 
 
-def decode_pipelined(rows: int | None = None) -> bool:
+def decode_pipelined(rows: int | None = None, wide: bool = False) -> bool:
     """Whether the decode kernels' key loop is a software-pipelined ``range`` loop (compiled) for a launch of ``rows``
-    rows: from :data:`DECODE_PIPELINE_MIN_ROWS` rows (None: any row count, the three-launch path's rule);
-    ``FLARE_DECODE_PIPELINE=1`` / ``0`` forces it on / off for every launch (read at each launch; side-by-side runs) --
-    the plain ``while`` loop the interpreter runs, same blocks, same order, same bits."""
-    if _interpreting():
+    rows: from :data:`DECODE_PIPELINE_MIN_ROWS` rows (None: any row count, the three-launch path's rule), never for
+    the ``wide`` one-row launch (:func:`fused_decode_wide`); ``FLARE_DECODE_PIPELINE=1`` / ``0`` forces it on / off
+    for every other launch (read at each launch; side-by-side runs) -- the plain ``while`` loop the interpreter runs,
+    same blocks, same order, same bits."""
+    if _interpreting() or wide:
         return False
     return switch("FLARE_DECODE_PIPELINE", rows is None or rows >= DECODE_PIPELINE_MIN_ROWS)
 
