@@ -49,7 +49,7 @@ from ignition.components.norms import rms_norm_reference
 from ignition.components.switches import number, switch
 
 __all__ = ["carries_prenorm", "fused_linear", "fused_linear_publish", "fused_linear_reference", "gated_mlp_block",
-           "head_block", "linear_block", "mlp_publishes_prenorm", "mlp_takes_prenorm", "prefers_fused",
+           "head_block", "linear_block", "mlp_handoff", "mlp_publishes_prenorm", "mlp_takes_prenorm", "prefers_fused",
            "published_norm", "publishes_prenorm", "reorder_bound", "takes_prenorm"]
 
 #: A gated weight above this many elements stays on cuBLAS at one row (Qwen3-8B gate_up: 1.33x slower fused);
@@ -128,7 +128,7 @@ def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Op
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
           residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
           early: bool = False, xw: Optional[torch.Tensor] = None,
-          norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+          norm_stats: Optional[torch.Tensor] = None, handoff: bool = False) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
@@ -136,13 +136,15 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Ten
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
                  residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
                  early: bool = False, xw: Optional[torch.Tensor] = None,
-                 norm_stats: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 norm_stats: Optional[torch.Tensor] = None, handoff: bool = False) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
     ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
     wait (``kernels.linear.fused_linear_triton``); the result is the same either way.  ``xw`` and ``norm_stats``
     (with ``norm_weight``): x's norm as :func:`fused_linear_publish` published it with x (:data:`GEMM_ROWS_PRENORM`)
     -- on CUDA the launch takes ``xw`` (x times the norm's weights) as its input and scales its sums by the rstd of
-    ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always."""
+    ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always.  ``handoff``
+    (:func:`mlp_handoff`): on CUDA the one-row MLP's packed gate/up launch and its down launch (``gated_input``) hand
+    the activation over tile by tile (``kernels.linear.GEMV_HANDOFF``); the same result."""
     if x.is_cuda:
         from ignition.components.kernels.linear import fused_linear_triton
 
@@ -156,7 +158,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
                                       early=early, dot=True, norm_stats=norm_stats)
         else:
             out = fused_linear_triton(x.reshape(-1, x.shape[-1]), weight, norm_weight=norm_weight, eps=eps,
-                                      residual=res2, gated=gated, gated_input=gated_input, early=early)
+                                      residual=res2, gated=gated, gated_input=gated_input, early=early,
+                                      handoff=handoff)
         return out.view(*lead, n_out)
     return fused_linear_reference(x, weight, norm_weight, eps, residual, gated, gated_input)
 
@@ -478,6 +481,17 @@ def _gate_into_down(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -
             and prefers_fused(rows, down_w, False, prologue=True))
 
 
+def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor) -> bool:
+    """Whether :func:`gated_mlp_block`'s packed gate/up launch (with the norm prologue) and its down launch take the
+    handoff (``kernels.linear.GEMV_HANDOFF``, ``FLARE_GEMV_HANDOFF``; read when a step is traced): one row on CUDA,
+    where the two launch configs line up (``kernels.linear.gemv_handoff_fits``)."""
+    if rows != 1 or not gu_w.is_cuda:
+        return False
+    from ignition.components.kernels.linear import GEMV_HANDOFF, gemv_handoff_fits
+
+    return switch("FLARE_GEMV_HANDOFF", GEMV_HANDOFF) and gemv_handoff_fits(down_w.shape[0], down_w.shape[1])
+
+
 def mlp_takes_prenorm(rows: int, gate_up, down, act_name: str | None) -> bool:
     """Whether :func:`gated_mlp_block` behind a norm takes a published norm of its input (``prenorm``:
     :func:`takes_prenorm` for its gate/up)."""
@@ -513,12 +527,15 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
     rows = x.numel() // x.shape[-1]
     if _gate_into_down(rows, gu_w, down_w, act_name, norm is not None):
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
+        handoff = False
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
+            handoff = mlp_handoff(rows, gu_w, down_w)
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
-                                  0.0 if norm is None else norm.variance_epsilon, None, False, False, True)
+                                  0.0 if norm is None else norm.variance_epsilon, None, False, False, True,
+                                  handoff=handoff)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
-        out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early)
+        out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early, handoff=handoff)
         return (out, None) if publish_norm is not None else out
     act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True,
                        prenorm=prenorm)

@@ -407,7 +407,7 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     prologue, down with the gated input and the residual -- Qwen3-8B's and Qwen3-0.6B's shapes), each letting the next
     launch before its own wait: the same bits as the chain launched without ``EARLY``, eager and captured in a CUDA
     graph (a kernel that read its predecessor's output before its wait would read stale values here).  The Triton
-    GEMV's ``EARLY`` path, which no other test launches."""
+    GEMV's ``EARLY`` path, which no other test launches; and the MLP handoff (``kernels.linear.GEMV_HANDOFF``)."""
     from gemv_cases import _gemv_inputs
 
     from ignition.components.kernels import linear
@@ -419,22 +419,31 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     nw = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16).cuda()
     x, wo, r = x.cuda(), wo.cuda(), r.cuda()
 
-    def chain(early):
+    def chain(early, handoff=False):
         h = linear.fused_linear_triton(x, wo, residual=r, early=early)
-        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, early=early)
-        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=True, early=early)
+        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, early=early, handoff=handoff)
+        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=True, early=early, handoff=handoff)
 
     assert linear.gemv_early_enabled(x.device, 1), "PDL's early launches are off on this GPU"
     plain, early = chain(False), chain(True)
     torch.cuda.synchronize()
     assert torch.equal(early.view(torch.int16), plain.view(torch.int16))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(True)
-    for _ in range(3):
-        graph.replay()
+    # the MLP handoff (down taking gate/up's activation tile by tile): the same bits, eager (20 chains queued back to
+    # back) and captured, the device's counts back at zero after each
+    handed = [chain(True, True) for _ in range(20)]
+    torch.cuda.synchronize()
+    flags = linear._HANDOFF_FLAGS[linear._device_key(x.device)]
+    assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in handed)
+    assert not flags.any().item()
+    for handoff in (False, True):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [chain(True, handoff) for _ in range(4)]  # four layers' chains in one graph
+        for _ in range(50 if handoff else 3):
+            graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out.view(torch.int16), plain.view(torch.int16))
+        assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in outs), handoff
+        assert not flags.any().item()
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

@@ -214,6 +214,53 @@ def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch,
     assert torch.equal(run().view(torch.int16), plain.view(torch.int16))
 
 
+def _mlp_inputs(hidden, inter, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(1, hidden, generator=gen) * 2).to(torch.bfloat16)
+    wgu = (torch.randn(2 * inter, hidden, generator=gen) / hidden ** 0.5).to(torch.bfloat16)
+    wd = (torch.randn(hidden, inter, generator=gen) / inter ** 0.5).to(torch.bfloat16)
+    nw = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16)
+    r = torch.randn(1, hidden, generator=gen).to(torch.bfloat16)
+    return x, wgu, wd, nw, r
+
+
+def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero():
+    """The one-row MLP handoff (gate/up counting its finished activation tiles, down taking each tile once complete):
+    the same bits as the two launches without it, the device's counts back at zero after each pair, the canonical
+    MLP within the gated-input bound; a consumer with no producer before it raises, as does a producer at a config
+    the consumer would not expect or at more than one row."""
+    import torch.nn.functional as F
+
+    from ignition.components.kernels import linear
+
+    hidden, inter = 64, 2048  # the heuristic configs: gate/up 8-column blocks, down 1024-column tiles
+    assert linear.gemv_handoff_fits(hidden, inter)
+    assert linear.gemv_config(1, hidden, inter)["BK"] == 1024  # 2 tiles of the activation
+    x, wgu, wd, nw, r = _mlp_inputs(hidden, inter, 5)
+
+    def mlp(handoff):
+        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, early=True, handoff=handoff)
+        return linear.fused_linear_triton(gu, wd, residual=r, gated_input=True, early=True, handoff=handoff), gu
+
+    (plain, gu), (got, gu2) = mlp(False), mlp(True)
+    assert torch.equal(gu2.view(torch.int16), gu.view(torch.int16))
+    assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
+    flags = linear._HANDOFF_FLAGS[("cpu", -1)]
+    assert not flags.any() and not linear._HANDOFF_PENDING
+    again, _ = mlp(True)
+    assert torch.equal(again.view(torch.int16), plain.view(torch.int16)) and not flags.any()
+    y = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], wd)
+    assert ((got.float() - (r + y).float()).abs() <= _gated_input_tolerance(gu, wd, y) + 2 * 2.0 ** -7 * y.abs()).all()
+    with pytest.raises(ValueError, match="without its producer"):
+        linear.fused_linear_triton(gu, wd, residual=r, gated_input=True, handoff=True)
+    with pytest.raises(ValueError, match="table configs"):
+        linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, handoff=True, config={"BN": 8})
+    with pytest.raises(ValueError, match="table configs"):
+        linear.fused_linear_triton(x.expand(2, -1).contiguous(), wgu, norm_weight=nw, eps=1e-6, handoff=True,
+                                   dot=False)
+    assert not linear._HANDOFF_PENDING
+
+
 _DOT_CASES = [  # (M, N weight rows, K, norm, gated, residual, gated input)
     (2, 96, 256, False, False, True, False),
     (4, 64, 192, True, False, False, False),  # K not a multiple of BK: masked tail

@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from ignition.components.kernels.launch import _pdl_enter, _prefetch_l2, _probe_smid, _probe_stamp
 
 
@@ -26,12 +28,14 @@ from ignition.components.kernels.launch import _pdl_enter, _prefetch_l2, _probe_
 
 @triton.jit
 def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constexpr, GATED_IN: tl.constexpr,
-                 EVEN_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, CG: tl.constexpr = False):
     """The decode GEMV's input tile at columns ``kk``, ``[MP, BK]`` in x's dtype: x, or the gated input
-    ``bf16(bf16(silu(gate)) * up)``, through the RMSNorm prologue (``rstd [MP]``) when ``HAS_NORM``."""
+    ``bf16(bf16(silu(gate)) * up)``, through the RMSNorm prologue (``rstd [MP]``) when ``HAS_NORM``; ``CG``: the
+    gated input through L2 only."""
+    cache: tl.constexpr = ".cg" if CG else ""
     if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
-        gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-        ux = tl.load(x_rows + K + kk[None, :], mask=xm, other=0.0)
+        gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0, cache_modifier=cache).to(tl.float32)
+        ux = tl.load(x_rows + K + kk[None, :], mask=xm, other=0.0, cache_modifier=cache)
         ax = (gx / (1.0 + tl.exp(-gx))).to(ux.dtype)
         xv = (ax.to(tl.float32) * ux.to(tl.float32)).to(ux.dtype)
     else:
@@ -263,6 +267,67 @@ def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.cons
     return r
 
 
+# ------------------------------------------------------------------------------------------------------------
+# The one-row MLP handoff (``kernels.linear.gemv_handoff``): the packed gate/up launch (the producer) counts, per
+# ``FLAG_COLS``-column tile of the activation, the programs that stored their columns (gate and up halves alike) in
+# ``FLAGS[tile]``; down (the consumer, gated input) waits for each tile's count instead of the PDL wait, so its programs
+# multiply the tiles gate/up has finished while gate/up's last programs still run.  ``FLAGS[tiles]`` is the consumer's
+# ticket: its last program puts every count back to zero for the next launch.  Publication is CUTLASS's semaphore
+# pattern: the producer's threads meet at a CTA barrier after their stores, then one release add at GPU scope; the
+# consumer reads the counts with acquire loads at GPU scope (``FENCE``: compiled -- the interpreter runs programs one
+# after another, so a consumer finds every count complete) and its activation loads go through L2.
+
+
+@triton.jit
+def _handoff_signal(FLAGS, col0, HALF, FLAG_COLS: tl.constexpr):
+    """The producer program whose output columns start at ``col0`` (of the packed ``[gate; up]``, ``HALF`` each):
+    after its stores, one release add to its tile's count."""
+    tl.debug_barrier()
+    tl.atomic_add(FLAGS + (col0 % HALF) // FLAG_COLS, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _handoff_ready(FLAGS, TILES: tl.constexpr, TARGET: tl.constexpr, FLAG_P2: tl.constexpr, FENCE: tl.constexpr):
+    """How many leading tiles of the activation are complete (their counts reached ``TARGET``): one acquire load of
+    every count (``FLAG_P2``: a power of two above ``TILES``; the buffer holds that many)."""
+    idx = tl.arange(0, FLAG_P2)
+    if FENCE:
+        counts = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [FLAGS + idx],
+                                           dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        counts = tl.load(FLAGS + idx, mask=idx < TILES, other=0)
+    return tl.min(tl.where((counts >= TARGET) & (idx < TILES), TILES, idx), axis=0)
+
+
+@triton.jit
+def _handoff_await(FLAGS, tile, ready, TILES: tl.constexpr, TARGET: tl.constexpr, FLAG_P2: tl.constexpr,
+                   FENCE: tl.constexpr):
+    """``ready`` (leading complete tiles known) once ``tile`` is among them: polls the counts until it is (each poll
+    then a CTA barrier, so that every thread's later loads follow some thread's acquire); a count that never completes
+    traps (a CUDA error, not a hang) after ~2**22 polls."""
+    polls = 0
+    while ready <= tile and (FENCE or polls < 1):  # the interpreter: the producer ran before, one poll
+        ready = _handoff_ready(FLAGS, TILES, TARGET, FLAG_P2, FENCE)
+        tl.debug_barrier()
+        polls += 1
+        if FENCE:
+            if polls > (1 << 22):
+                tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r,r", [polls], dtype=tl.int32, is_pure=False,
+                                          pack=1)
+    tl.device_assert(ready > tile, "handoff: an activation tile never completed")
+    return ready
+
+
+@triton.jit
+def _handoff_release(FLAGS, TILES: tl.constexpr, FLAG_P2: tl.constexpr, PROGRAMS):
+    """The consumer program's ticket after its last poll; the last program puts the counts and the ticket back to 0."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(FLAGS + TILES, 1, sem="acq_rel", scope="gpu")
+    if ticket == PROGRAMS - 1:
+        idx = tl.arange(0, FLAG_P2)
+        tl.store(FLAGS + idx, tl.zeros_like(idx), mask=idx <= TILES)
+
+
 @triton.jit
 def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, stride_y, eps,
                        K: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -271,7 +336,13 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PREFETCH: tl.constexpr, PF_LINES: tl.constexpr, PRELOAD: tl.constexpr = 0,
                        X_FIRST: tl.constexpr = True, EARLY: tl.constexpr = False,
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
-                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False):
+                       STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
+                       FLAGS=None, HANDOFF: tl.constexpr = 0, FLAG_COLS: tl.constexpr = 1, FLAG_TILES: tl.constexpr = 1,
+                       FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False):
+    # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed gate/up, signalling its tile's count
+    # after its store; 2, the consumer -- down with the gated input, polling the counts (FLAG_TARGET programs per tile
+    # of FLAG_COLS = BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait
+    # only before its epilogue.
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -298,7 +369,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _probe_stamp(PROBE, prog, 1, arrived.to(tl.int32, bitcast=True), HAS_PROBE)
     else:
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
-    _pdl_enter(USE_PDL, EARLY)
+    ready = tl.full([], 0, tl.int32)  # HANDOFF 2: the activation's leading tiles known complete
+    if HANDOFF == 2:
+        if USE_PDL and EARLY:
+            gdc_launch_dependents()
+    else:
+        _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
     # after the wait instead of one per tile (each tile's layout change is a CTA barrier that global loads do not
@@ -342,7 +418,9 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
-        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K), FLAT)
+        if HANDOFF == 2:  # the tile's input once gate/up finished it
+            ready = _handoff_await(FLAGS, k0 // BK, ready, FLAG_TILES, FLAG_TARGET, FLAG_P2, FENCE)
+        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K, HANDOFF == 2), FLAT)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         u = w
         if GATED:
@@ -351,6 +429,12 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(_gemv_acc_sum(acc, FLAT), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
+    if HANDOFF == 2:  # every input tile read: the ticket, then the PDL wait (gate/up complete) before any write
+        _handoff_release(FLAGS, FLAG_TILES, FLAG_P2, tl.num_programs(0) * tl.num_programs(1))
+        if USE_PDL:
+            gdc_wait()
+            if not EARLY:
+                gdc_launch_dependents()
     if not early:  # no preloaded tiles: the residual after the loop (held across it, it spilled in 8B down)
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
@@ -359,4 +443,6 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         _gemv_epilogue(_gemv_acc_sum(acc, FLAT), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED,
                        HAS_RES)
+    if HANDOFF == 1:
+        _handoff_signal(FLAGS, tl.program_id(0) * BN, N_OUT // 2, FLAG_COLS)
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)

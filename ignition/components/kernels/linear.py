@@ -319,6 +319,68 @@ GEMV_EARLY = True
 #: slower by the min-max rule, paired blocks 0/10 against A and A2), batch 4 (not applied) 1.0023x.
 
 
+#: Whether the one-row MLP takes the handoff (``gemv.py``): the packed gate/up launch counts its finished activation
+#: tiles and down multiplies each tile once complete, instead of waiting for the whole of gate/up at its PDL wait --
+#: down's programs launch during gate/up's last wave (run 168: 2.46 us before its end) and find most tiles done.  The
+#: same tiles in the same order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
+#: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`).  Not measured in a step yet: off.
+GEMV_HANDOFF = False
+#: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
+HANDOFF_SLOTS = 64
+
+_HANDOFF_FLAGS: dict[tuple[str, int], torch.Tensor] = {}
+_HANDOFF_PENDING: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def gemv_handoff_fits(hidden: int, inter: int) -> bool:
+    """Whether a one-row MLP of these sizes can take the handoff: its packed gate/up launch (``[2 * inter, hidden]``,
+    the norm prologue) and its down launch (``[hidden, inter]``, the gated input) are one-row GEMVs whose configs
+    (:func:`gemv_config`, pure functions of the shapes) line up -- gate/up's column blocks inside down's K tiles, whole
+    tiles, fewer than :data:`HANDOFF_SLOTS`."""
+    producer, consumer = gemv_config(1, 2 * inter, hidden), gemv_config(1, hidden, inter)
+    bn, bk = int(producer["BN"]), int(consumer["BK"])
+    return inter % bk == 0 and bk % bn == 0 and inter // bk < HANDOFF_SLOTS
+
+
+def _device_key(device: torch.device) -> tuple[str, int]:
+    if device.index is None:
+        return device.type, torch.cuda.current_device() if device.type == "cuda" else -1
+    return device.type, device.index
+
+
+def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_input: bool, norm: bool,
+                  config: dict | None, bk: int) -> dict:
+    """The ``HANDOFF`` launch arguments of a producer (the packed gate/up) or a consumer (down, ``gated_input``) launch;
+    raises naming what does not fit.  The producer takes the device's counts (zeros; every consumer leaves them so)
+    and leaves them to the next consumer launch, which raises without one."""
+    m, k = x.shape[0], weight.shape[1]
+    hidden, inter = (weight.shape[0], k) if gated_input else (k, weight.shape[0] // 2)
+    if m != 1 or gated or config is not None or (norm and gated_input) or (not gated_input and weight.shape[0] % 2):
+        raise ValueError(f"fused_linear_triton: handoff is for the one-row GEMV's packed gate/up and down launches at "
+                         f"their table configs (got {m} rows, gated={gated}, config={config})")
+    if not gemv_handoff_fits(hidden, inter):
+        raise ValueError(f"fused_linear_triton: handoff does not fit hidden={hidden}, intermediate={inter} "
+                         f"(gemv_handoff_fits)")
+    key = _device_key(x.device)
+    flags = _HANDOFF_FLAGS.get(key)
+    if not gated_input:
+        if flags is None:
+            flags = torch.zeros(HANDOFF_SLOTS, dtype=torch.int32, device=x.device)
+            if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+                _HANDOFF_FLAGS[key] = flags
+        if _HANDOFF_PENDING.get(key) is not None:  # a producer whose consumer never launched: its counts stand
+            _HANDOFF_PENDING[key].zero_()
+        _HANDOFF_PENDING[key] = flags
+        return {"FLAGS": flags, "HANDOFF": 1, "FLAG_COLS": int(gemv_config(1, hidden, inter)["BK"])}
+    flags = _HANDOFF_PENDING.pop(key, None)
+    if flags is None:
+        raise ValueError("fused_linear_triton: a handoff consumer (gated_input) without its producer launch before it")
+    tiles = inter // bk
+    return {"FLAGS": flags, "HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles,
+            "FLAG_TARGET": 2 * bk // int(gemv_config(1, 2 * inter, hidden)["BN"]),
+            "FLAG_P2": triton.next_power_of_2(tiles + 1), "FENCE": not _interpreting()}
+
+
 def gemv_early_enabled(device: torch.device, rows: int) -> bool:
     """Whether a one-row GEMV marked ``early`` launches its dependents before its wait on ``device``: PDL on, ``rows``
     within :func:`pdl_early_enabled`, and :data:`GEMV_EARLY` (``FLARE_GEMV_EARLY``; read at each launch)."""
@@ -403,7 +465,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                         gated_input: bool = False, config: dict | None = None,
                         dot: bool | None = None, probe: torch.Tensor | None = None,
                         early: bool = False, norm_stats: torch.Tensor | None = None,
-                        publish_norm: torch.Tensor | None = None):
+                        publish_norm: torch.Tensor | None = None, handoff: bool = False):
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -415,6 +477,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
     the fused decode attention): the one-row kernel then lets it launch before its own wait
     (:func:`gemv_early_enabled`).
+    ``handoff``: the one-row MLP handoff (:data:`GEMV_HANDOFF`): this packed gate/up launch (ungated, K = hidden)
+    publishes its activation tiles as it finishes them, or this down launch (``gated_input``) takes them so; the two
+    launches back to back on one stream, the producer first.
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
     the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``.
@@ -460,8 +525,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     if dot and m not in DOT_ROWS:
         raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
                          f"rows, got {m}")
-    if dot and probe is not None:
-        raise ValueError("fused_linear_triton: probe is for the one-row kernel (dot=False)")
+    if dot and (probe is not None or handoff):
+        raise ValueError("fused_linear_triton: probe and handoff are for the one-row kernel (dot=False)")
     prenorm = _prenorm_args(x, m, n_out, gated, gated_input, norm_weight, norm_stats, publish_norm, dot)
     if dot:
         cfg = {**gemm_rows_config(m, n, k, gated), **(config or {})}
@@ -491,6 +556,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
     preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
     flat, stream_stages = gemv_flat(mp, k, bk, preload)
+    handoff_args = _handoff_args(x, weight, gated, gated_input, norm_weight is not None, config, bk) if handoff else {}
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
@@ -500,6 +566,6 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
-        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device),
+        num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **handoff_args,
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
     return out
