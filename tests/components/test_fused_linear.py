@@ -109,9 +109,9 @@ def test_tensor_core_switch_routes_only_plain_input_projections(monkeypatch, row
     x = torch.randn(rows, hidden).to(torch.bfloat16)
     calls, real = [], fl.fused_linear
 
-    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, **kw):
         calls.append((norm_weight is not None, residual is not None, gated, gated_input))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, **kw)
 
     monkeypatch.setattr(fl, "fused_linear", counting)
     run = lambda: fl.gated_mlp_block(x, gate_up, down, norm=norm, residual=x, act_fn=F.silu, act_name="silu")  # noqa

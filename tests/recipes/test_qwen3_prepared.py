@@ -87,9 +87,9 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     calls = []  # (gated_input, norm weight given, weight rows) of every fused launch
     real = fl.fused_linear
 
-    def recording(*args):
+    def recording(*args, **kw):
         calls.append((args[6] if len(args) > 6 else False, args[2] is not None, args[1].shape[0]))
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(fl, "GATED_FUSED_MAX_ELEMENTS", 0)
     monkeypatch.setattr(fl, "PACKED_GATE_UP_FUSED", packed_fused)
@@ -117,11 +117,11 @@ def test_one_row_head_is_one_fused_launch_with_the_final_norm(ckpt, reference, m
     real = fl.fused_linear
     vocab = AutoConfig.from_pretrained(ckpt).vocab_size
 
-    def recording(*args):
+    def recording(*args, **kw):
         if args[1].shape[0] == vocab:
             assert args[2] is not None  # the final norm in its prologue
             calls.append(args[0].numel() // args[0].shape[-1])
-        return real(*args)
+        return real(*args, **kw)
 
     monkeypatch.setattr(fl, "HEAD_FUSED", head_fused)
     monkeypatch.delenv("FLARE_HEAD_FUSED", raising=False)
@@ -158,9 +158,9 @@ def test_prologue_chunks_take_one_tensor_core_launch_with_the_switch(ckpt, monke
 
     calls = []
 
-    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, *published):
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, *published, **kw):
         calls.append((x.numel() // x.shape[-1], norm_weight is not None, gated_input, gated))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, *published)
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, *published, **kw)
 
     real = fl.fused_linear
     monkeypatch.setattr(fl, "fused_linear", counting)
@@ -215,13 +215,13 @@ def test_published_norms_keep_the_canonical_greedy_run(ckpt, reference, monkeypa
         return real_publish(x, weight, residual, next_norm, parts, early)
 
     def taking(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, xw=None,
-               norm_stats=None):
+               norm_stats=None, **kw):
         if norm_stats is not None:
             rows = x.numel() // x.shape[-1]
             assert norm_weight is not None and residual is None and norm_stats.shape[0] == rows
             assert xw.shape == x.shape
             taken.append((rows, gated, norm_weight.data_ptr()))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, xw, norm_stats)
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, xw, norm_stats, **kw)
 
     monkeypatch.setattr(fl, "fused_linear_publish", publishing)
     monkeypatch.setattr(fl, "fused_linear", taking)
@@ -469,10 +469,10 @@ def test_decode_rows_take_the_fused_projections_by_the_measured_rule(ckpt, monke
     calls = []
     real = fl.fused_linear
 
-    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False):
+    def counting(x, weight, norm_weight, eps, residual, gated, gated_input=False, early=False, **kw):
         calls.append((x.numel() // x.shape[-1], norm_weight is not None, residual is not None, gated, gated_input,
                       early))
-        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early)
+        return real(x, weight, norm_weight, eps, residual, gated, gated_input, early, **kw)
 
     monkeypatch.setattr(fl, "fused_linear", counting)
     model, graphs = prepare(ckpt, decode=(1, 4), prefill=(8,))
