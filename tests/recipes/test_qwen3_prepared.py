@@ -85,22 +85,31 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     from ignition.components import fused_linear as fl
 
     calls = []  # (gated_input, norm weight given, weight rows) of every fused launch
+    handoffs = []  # (gated_input, handoff) of every fused launch
     real = fl.fused_linear
 
     def recording(*args, **kw):
         calls.append((args[6] if len(args) > 6 else False, args[2] is not None, args[1].shape[0]))
+        handoffs.append((calls[-1][0], kw.get("handoff", False)))
         return real(*args, **kw)
 
     monkeypatch.setattr(fl, "GATED_FUSED_MAX_ELEMENTS", 0)
     monkeypatch.setattr(fl, "PACKED_GATE_UP_FUSED", packed_fused)
     monkeypatch.delenv("FLARE_PACKED_GATE_UP", raising=False)
     monkeypatch.setattr(fl, "fused_linear", recording)
+    # the MLP handoff's rule as on a GPU where it is on (kernels.linear.GEMV_HANDOFF): one row
+    monkeypatch.setattr(fl, "mlp_handoff", lambda rows, gu_w, down_w: rows == 1)
     ref_tokens, ref_logits = reference
     tokens, logits = prepared_greedy(prepare(ckpt)[1], Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
     assert any(gi for gi, _, _ in calls)  # down took gate/up's packed output
     gate_up_rows = 2 * AutoConfig.from_pretrained(ckpt).intermediate_size
     packed_launches = [c for c in calls if c == (False, True, gate_up_rows)]
     assert bool(packed_launches) == packed_fused  # the packed product in one fused launch exactly when asked
+    # the handoff: exactly the one-row packed launches and the down launch right after each, as pairs
+    pairs = [i for i, (gi, h) in enumerate(handoffs) if h and not gi]
+    assert bool(pairs) == packed_fused
+    assert all(handoffs[i + 1] == (True, True) for i in pairs)
+    assert sum(h for _, h in handoffs) == 2 * len(pairs)
     assert tokens == ref_tokens
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
