@@ -74,12 +74,9 @@ def cases():
                     dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
         if name in ("8B gate_up packed", "8B down (gated input)"):  # the MLP handoff's producer and consumer
             hidden, inter = (k, n // 2) if not gi else (n, k)
-            if gi:
-                flags = dict(HANDOFF=2, FLAG_COLS=bk, FLAG_TILES=k // bk, FENCE=True, EARLY=True,
-                             FLAG_P2=1 << (k // bk).bit_length(),
-                             FLAG_TARGET=2 * bk // linear.gemv_config(1, 2 * inter, hidden)["BN"])
-            else:
-                flags = dict(HANDOFF=1, FLAG_COLS=linear.gemv_config(1, hidden, inter)["BK"])
+            flags = linear.gemv_handoff_constexprs(hidden, inter, consumer=gi)
+            if gi:  # the consumer as the recipe launches it: compiled, early
+                flags.update(FENCE=True, EARLY=True)
             out.append((f"gemv {name} preload {c['PRELOAD']} handoff", "_fused_gemv_kernel",
                         {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags},
                         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))

@@ -268,7 +268,7 @@ def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.cons
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The one-row MLP handoff (``kernels.linear.gemv_handoff``): the packed gate/up launch (the producer) counts, per
+# The one-row MLP handoff (``kernels.linear.GEMV_HANDOFF``): the packed gate/up launch (the producer) counts, per
 # ``FLAG_COLS``-column tile of the activation, the programs that stored their columns (gate and up halves alike) in
 # ``FLAGS[tile]``; down (the consumer, gated input) waits for each tile's count instead of the PDL wait, so its programs
 # multiply the tiles gate/up has finished while gate/up's last programs still run.  ``FLAGS[tiles]`` is the consumer's

@@ -349,7 +349,7 @@ def _device_key(device: torch.device) -> tuple[str, int]:
 
 
 def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_input: bool, norm: bool,
-                  config: dict | None, bk: int) -> dict:
+                  config: dict | None) -> dict:
     """The ``HANDOFF`` launch arguments of a producer (the packed gate/up) or a consumer (down, ``gated_input``) launch;
     raises naming what does not fit.  The producer takes the device's counts (zeros; every consumer leaves them so)
     and leaves them to the next consumer launch, which raises without one."""
@@ -371,14 +371,23 @@ def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_inpu
         if _HANDOFF_PENDING.get(key) is not None:  # a producer whose consumer never launched: its counts stand
             _HANDOFF_PENDING[key].zero_()
         _HANDOFF_PENDING[key] = flags
-        return {"FLAGS": flags, "HANDOFF": 1, "FLAG_COLS": int(gemv_config(1, hidden, inter)["BK"])}
+        return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=False)}
     flags = _HANDOFF_PENDING.pop(key, None)
     if flags is None:
         raise ValueError("fused_linear_triton: a handoff consumer (gated_input) without its producer launch before it")
+    return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=True), "FENCE": not _interpreting()}
+
+
+def gemv_handoff_constexprs(hidden: int, inter: int, *, consumer: bool) -> dict:
+    """The ``HANDOFF`` constexprs of a one-row MLP's producer (packed gate/up) or consumer (down) launch, from the two
+    launch configs (:func:`gemv_config`): the activation's tile width (down's BK), its tiles, and the producer programs
+    that complete one (both halves); the launch adds ``FLAGS`` and ``FENCE``."""
+    bn, bk = int(gemv_config(1, 2 * inter, hidden)["BN"]), int(gemv_config(1, hidden, inter)["BK"])
+    if not consumer:
+        return {"HANDOFF": 1, "FLAG_COLS": bk}
     tiles = inter // bk
-    return {"FLAGS": flags, "HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles,
-            "FLAG_TARGET": 2 * bk // int(gemv_config(1, 2 * inter, hidden)["BN"]),
-            "FLAG_P2": triton.next_power_of_2(tiles + 1), "FENCE": not _interpreting()}
+    return {"HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles, "FLAG_TARGET": 2 * bk // bn,
+            "FLAG_P2": triton.next_power_of_2(tiles + 1)}
 
 
 def gemv_early_enabled(device: torch.device, rows: int) -> bool:
@@ -556,7 +565,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
     preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
     flat, stream_stages = gemv_flat(mp, k, bk, preload)
-    handoff_args = _handoff_args(x, weight, gated, gated_input, norm_weight is not None, config, bk) if handoff else {}
+    handoff_args = _handoff_args(x, weight, gated, gated_input, norm_weight is not None, config) if handoff else {}
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
