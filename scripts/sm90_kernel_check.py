@@ -109,6 +109,9 @@ def cases():
             other = "tf32x3" if decode_plan.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, warps))
+        if not is_wide:  # the launch combining its splits itself (decode_plan.DECODE_COMBINE_ROWS)
+            out.append((f"fused decode {heads}x8 splits {splits}{wide} combining", "_rope_decode_kernel",
+                        {**DECODE_SIG, "CNT": "*i32"}, {**c, "PROBE": None, "COMBINE": True}, warps))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -188,6 +188,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
       bits launch after launch (also on pools already holding the new K/V), within the bound below;
     - P V the other way (``FLARE_DECODE_PV_SPLIT`` flipped from its default: the tf32x3 product with V widened when the
       default takes P's bf16 pieces): the same pools, its own bits twice, within the bound;
+    - the splits combined in the kernel (``FLARE_DECODE_COMBINE_ROWS``): the same pools, within a few ulps of the
+      reduce kernel's output, its own bits eager and in graph replays, the counts back at zero;
     - the pools: values copied bit for bit, keys within the rope kernel's bound of transformers' modules, every
       other slot untouched;
     - a row of one key outputs its new value bit for bit, a row of none zeros (every variant); the attention's
@@ -299,15 +301,34 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_PV_SPLIT")
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)
-    kp_g, vp_g = kp.clone(), vp.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_g = run(kp_g, vp_g)
+    # the splits combined in the kernel by each group's last program (FLARE_DECODE_COMBINE_ROWS): the same pools,
+    # within a few ulps of the reduce kernel's output (the same weights, the sums in split order), its own bits over
+    # ten launches queued back to back and over graph replays, the device's counts back at zero after each
+    monkeypatch.setenv("FLARE_DECODE_COMBINE_ROWS", str(len(seq_lens)))
+    kpc, vpc = kp.clone(), vp.clone()
+    combined = run(kpc, vpc)
+    assert bits(kpc, kp1) and bits(vpc, vp1), "the combine in the kernel changed the pools"
+    torch.testing.assert_close(combined.float(), out.float(), rtol=2.0 ** -6, atol=2.0 ** -12)
+    again = [run(kp.clone(), vp.clone()) for _ in range(10)]
+    torch.cuda.synchronize()
+    counts = fused_decode._COMBINE_COUNTS[launch.device_key(q.device)]
+    assert all(bits(a, combined) for a in again) and not counts.any()
+    variants_g = {}
+    for name in ("0", str(len(seq_lens))):  # the reduce kernel's graph and the combining one
+        monkeypatch.setenv("FLARE_DECODE_COMBINE_ROWS", name)
+        kp_g, vp_g = kp.clone(), vp.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out_g = run(kp_g, vp_g)
+        variants_g[name] = (graph, out_g, kp_g, vp_g)
+    monkeypatch.delenv("FLARE_DECODE_COMBINE_ROWS")
     for _ in range(5):
-        kp_g.copy_(kp), vp_g.copy_(vp)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert bits(out_g, out) and bits(kp_g, kp1) and bits(vp_g, vp1)
+        for name, (graph, out_g, kp_g, vp_g) in variants_g.items():
+            kp_g.copy_(kp), vp_g.copy_(vp)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert bits(out_g, out if name == "0" else combined) and bits(kp_g, kp1) and bits(vp_g, vp1)
+    assert not counts.any()
 
     # the pools against transformers' modules
     q_c, k_c, v_c = canonical(*cpu_case[:10])
@@ -324,7 +345,7 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     # arithmetic against fp64: test_fused_decode_attention_on_this_gpu_matches_fp64 (this test's former bound against
     # the three-launch path could not fail: q's own rounding there may move a score by 2^-6 of a head's magnitudes)
     value = cpu_case[2]  # [B, 1, KV, D]
-    for got in (out, apart, other_pv):
+    for got in (out, apart, other_pv, combined):
         per_head = got.cpu().view(len(seq_lens), kv_heads, heads // kv_heads, 128)
         for row, n in enumerate(seq_lens):
             if n == 1:
@@ -342,7 +363,7 @@ def test_fused_decode_attention_on_this_gpu_matches_fp64(heads, kv_heads, seq_le
     own: a failure here does not switch ``scripts/h200_run.sh`` to the unfused path.)"""
     from test_decode_attention import fused_decode_plain_q_checks
 
-    assert len(fused_decode_plain_q_checks(heads, kv_heads, seq_lens, "cuda", 2.0 ** -8)) == 3
+    assert len(fused_decode_plain_q_checks(heads, kv_heads, seq_lens, "cuda", 2.0 ** -8)) == 4
 
 
 # --- the decode GEMV (``flare::fused_linear``'s kernel) compiled for this GPU at the Qwen3 one-row shapes (their
@@ -410,7 +431,7 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     GEMV's ``EARLY`` path, which no other test launches; and the MLP handoff (``kernels.linear.GEMV_HANDOFF``)."""
     from gemv_cases import _gemv_inputs
 
-    from ignition.components.kernels import linear
+    from ignition.components.kernels import launch, linear
 
     x, wo, _, r = _gemv_inputs(1, hidden, hidden, norm=False, gated=False, residual=True, seed=hidden)
     gen = torch.Generator().manual_seed(inter)
@@ -432,7 +453,7 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     # back) and captured, the device's counts back at zero after each
     handed = [chain(True, True) for _ in range(20)]
     torch.cuda.synchronize()
-    flags = linear._HANDOFF_FLAGS[linear._device_key(x.device)]
+    flags = linear._HANDOFF_FLAGS[launch.device_key(x.device)]
     assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in handed)
     assert not flags.any().item()
     for handoff in (False, True):

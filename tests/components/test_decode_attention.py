@@ -222,6 +222,55 @@ def test_new_key_apart_writes_the_same_pools_and_stays_within_fp64(monkeypatch, 
 
 
 @interpreter
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("heads,kv_heads,seq_lens,num_splits,block_n", [
+    (8, 2, SEQ_LENS, None, None), (8, 2, (1, 17, 96, 40, 0), 3, None), (16, 4, (90,), None, 64),
+    (8, 2, (33, 64), 2, 32), (4, 4, (5, 80), 2, None)])
+def test_combine_in_kernel_writes_no_reduce_and_stays_within_fp64(monkeypatch, heads, kv_heads, seq_lens, num_splits,
+                                                                  block_n, apart):
+    """``FLARE_DECODE_COMBINE_ROWS=8``: the group's last program combines the splits (no reduce launch) -- the
+    pools bit for bit the two-kernel path's, the output within the decode bound of fp64 and within a few ulps of the
+    reduce kernel's (the same weights, the sums in another order), zeros for an inactive row, the same bits launch
+    after launch, and the device's counts back at zero; also with the new key's partial apart, one group size 1."""
+    from ignition.components.kernels import fused_decode, launch, paged_decode, rope_write
+    from test_triton_attention import check
+
+    launched = []
+    reduce_kernel = paged_decode._paged_decode_reduce_kernel
+    monkeypatch.setattr(fused_decode, "_paged_decode_reduce_kernel", _Recording(reduce_kernel, launched))
+    case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=3 * heads + len(seq_lens) + (num_splits or 0))
+    monkeypatch.setenv("FLARE_DECODE_NEW_KEY_APART", "1" if apart else "0")
+    monkeypatch.setenv("FLARE_DECODE_COMBINE_ROWS", str(len(seq_lens) - 1))  # fewer rows than the launch: off
+    (reduced, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert launched, "the reduce kernel runs without the switch"
+    launched.clear()
+    monkeypatch.setenv("FLARE_DECODE_COMBINE_ROWS", "8")
+    (got, kp, vp), (two, kp2, vp2) = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert not launched, "the reduce kernel launched though the fused kernel combines"
+    assert _bits(kp, kp2) and _bits(vp, vp2)
+    q, k, v, qw, kw, cos, sin, kp0, vp0, slots, bt, lens = case
+    q_rot = rope_write.rope_write_triton(q, k, v, qw, kw, EPS, cos, sin, kp0.clone(), vp0.clone(), slots)
+    check(got, q_rot, kp, vp, bt, lens, 32 ** -0.5, 2.0 ** -7)
+    assert (got[lens == 0] == 0).all()
+    torch.testing.assert_close(got.float(), reduced.float(), rtol=2.0 ** -6, atol=2.0 ** -12)
+    counts = fused_decode._COMBINE_COUNTS[launch.device_key(got.device)]
+    assert counts.numel() >= len(seq_lens) * kv_heads and not counts.any()
+    (again, _, _), _ = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
+    assert _bits(got, again) and not counts.any()
+
+
+class _Recording:
+    """A kernel whose launches (``kernel[grid](...)``) are recorded in ``launched`` and then run."""
+
+    def __init__(self, kernel, launched):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
+
+
+@interpreter
 def test_p_pieces_sum_to_the_fp32_probabilities_exactly():
     """``_decode_p_pieces`` (``FLARE_DECODE_PV_SPLIT``): three bf16 pieces whose sum is each fp32 probability exactly
     (fp64 sums), over probabilities from 2^-60 to 1, 0 and 1 themselves; and no piece is redundant -- the first two
@@ -600,8 +649,9 @@ def fused_decode_plain_q_checks(heads, kv_heads, seq_lens, device, g_round):
     rotary unchanged (no q norm, the identity rotation: cos 1, sin 0 -- exact in fp32), so the fp64 evaluation over
     the pools the launch wrote is its output's reference (``test_triton_attention.check``: one rounding ``g_round``
     of the output, as the two-pass kernel is held to) -- for the default launch (the wide one-row blocks where they
-    apply), the new key's own program (``FLARE_DECODE_NEW_KEY_APART=1``) and P V the other way
-    (``FLARE_DECODE_PV_SPLIT`` flipped).  Returns the variants checked."""
+    apply), the new key's own program (``FLARE_DECODE_NEW_KEY_APART=1``), P V the other way
+    (``FLARE_DECODE_PV_SPLIT`` flipped) and the splits combined in the kernel (``FLARE_DECODE_COMBINE_ROWS``).  Returns
+    the variants checked."""
     from test_triton_attention import check
 
     from ignition.components.kernels import decode_plan, fused_decode
@@ -613,7 +663,8 @@ def fused_decode_plain_q_checks(heads, kv_heads, seq_lens, device, g_round):
     on = [x.to(device) for x in (q, k, v, kw, ones, zeros, slots, bt, lens)]
     scaling = 128 ** -0.5
     pv = decode_plan.decode_pv_split(wide=decode_plan.fused_decode_wide(len(seq_lens), heads // kv_heads))
-    variants = ({}, {"FLARE_DECODE_NEW_KEY_APART": "1"}, {"FLARE_DECODE_PV_SPLIT": "0" if pv else "1"})
+    variants = ({}, {"FLARE_DECODE_NEW_KEY_APART": "1"}, {"FLARE_DECODE_PV_SPLIT": "0" if pv else "1"},
+                {"FLARE_DECODE_COMBINE_ROWS": str(len(seq_lens))})
     for env in variants:
         with environment(env):
             kp1, vp1 = kp.to(device).clone(), vp.to(device).clone()
@@ -626,4 +677,4 @@ def fused_decode_plain_q_checks(heads, kv_heads, seq_lens, device, g_round):
 @interpreter
 def test_fused_decode_plain_q_reference_in_the_interpreter():
     """:func:`fused_decode_plain_q_checks` in the interpreter (truncating: 2^-7), the CPU side of the GPU test."""
-    assert len(fused_decode_plain_q_checks(8, 2, (40, 1, 17, 0), "cpu", 2.0 ** -7)) == 3
+    assert len(fused_decode_plain_q_checks(8, 2, (40, 1, 17, 0), "cpu", 2.0 ** -7)) == 4

@@ -50,6 +50,30 @@ def decode_new_key_apart() -> bool:
     return switch("FLARE_DECODE_NEW_KEY_APART", DECODE_NEW_KEY_APART)
 
 
+#: The most rows a fused decode launch combines its splits itself at, instead of the reduce kernel after it
+#: (``FLARE_DECODE_COMBINE_ROWS=N``; read at each launch, for side-by-side runs; 0: never): each program, after storing
+#: its partial, draws a ticket of its (row, KV head) -- a CTA barrier, one acq_rel add at GPU scope -- and the program
+#: drawing the last one puts the count back to zero and combines that group's heads
+#: (``paged_decode._decode_combine_last``): no reduce launch, so the output projection waits on the attention itself.
+#: Run 168 (Qwen3-8B, one row) puts the reduce at 2.18 us per layer on the critical path, most of it the wait for the
+#: attention's completion and the reduce's own completion before the output projection's wait returns.  Run 9
+#: (``results/20261201T031427Z-sm90-run9``, before PDL in the step, 32 splits) measured a last-program combine 2 us
+#: slower than the reduce kernel at Qwen3-8B batch 1 in an attention-only graph; that combine read the partials head by
+#: head (a round trip each, a CTA barrier between); this one issues every max of the group at once, then every sum and
+#: accumulator (two round trips; 17 splits at one row since).  The weights are the reduce's; the sums run in split
+#: order, one after another, where the reduce kernel sums a tree: not its bits (within the same fp64 bound;
+#: deterministic).  Offline sm90 (``scripts/sm90_kernel_check.py``): Qwen3-8B's one-row launch 116 -> 125 registers (2
+#: programs per SM at 8 warps either way), the batch-4 launch 96 -> 106 (5 -> 4 per SM: its 544 programs would take
+#: two waves).  Not measured yet: 0.
+DECODE_COMBINE_ROWS = 0
+
+
+def decode_combine_in_kernel(rows: int) -> bool:
+    """Whether a fused decode launch of ``rows`` rows combines its splits itself: up to :data:`DECODE_COMBINE_ROWS`
+    rows (``FLARE_DECODE_COMBINE_ROWS``, read at each launch)."""
+    return rows <= switch_rows("FLARE_DECODE_COMBINE_ROWS", DECODE_COMBINE_ROWS)
+
+
 #: Whether the decode kernels form P V as three bf16 products of P's exact bf16 pieces (:func:`_decode_p_pieces`) with
 #: V as it is in the pool, instead of one tf32x3 product of fp32 P and V widened to fp32 (``FLARE_DECODE_PV_SPLIT=1``
 #: / ``0``; read at each launch, for side-by-side runs).  Both are ~fp32 exact: P's pieces hold all 24 bits (tf32x3

@@ -8,13 +8,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.components.kernels.decode_plan import (_decode_geometry, _decode_workspace, decode_kv_prefetch_keys,
-                                                     DECODE_KV_PREFETCH_LAST, decode_new_key_apart, decode_pipelined,
-                                                     decode_pv_split, fused_decode_launch_options)
-from ignition.components.kernels.launch import _interpreting, _pdl, _pdl_enter, _probe_args, _probe_smid, _probe_stamp
-from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_init, _decode_len,
-                                                      _decode_prefetch_kv, _decode_share, _decode_store_partial, _LOG2E,
-                                                      _paged_decode_reduce_kernel)
+from ignition.components.kernels.decode_plan import (_decode_geometry, _decode_workspace, decode_combine_in_kernel,
+                                                     decode_kv_prefetch_keys, DECODE_KV_PREFETCH_LAST,
+                                                     decode_new_key_apart, decode_pipelined, decode_pv_split,
+                                                     fused_decode_launch_options)
+from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter, _probe_args, _probe_smid, _probe_stamp,
+                                                zeroed_counts)
+from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
+                                                      _decode_init, _decode_len, _decode_prefetch_kv, _decode_share,
+                                                      _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
 from ignition.components.kernels.rope_write import _check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_write_kv
 from ignition.components.switches import switch
 
@@ -30,7 +32,9 @@ from ignition.components.switches import switch
 # read by nobody), and a barrier orders a CTA's global writes before its later reads.  Side by side on the H200
 # (``scripts/bench_decode_attention.py``, ``results/20261201T031427Z-sm90-run9``): a combine
 # in the kernel by the last program of each group (atomic counter) lost to the reduce kernel at every shape (the
-# last program reads all partials of its group alone), so pass 2 stays a kernel.
+# last program reads all partials of its group alone), so pass 2 stays a kernel -- unless
+# ``FLARE_DECODE_COMBINE_ROWS=N`` (``decode_plan.DECODE_COMBINE_ROWS``: a combine that issues the group's loads
+# together, to be measured in the step).
 
 
 @triton.jit
@@ -45,7 +49,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         KV_PREFETCH: tl.constexpr, KV_LINES: tl.constexpr, PROBE=None,
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
-                        SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0):
+                        SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
+                        COMBINE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,6 +132,9 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     else:
         _decode_store_partial(M_ws, L_ws, ACC_ws, m_i, l_i, acc, b64, kvh, split, offs_g, offs_d, d_mask, KVH, GP, D,
                               WS if NEW_APART else SPLITS)
+        if COMBINE:  # the group's last program combines it (``DECODE_COMBINE_ROWS``): no reduce launch
+            _decode_combine_last(CNT, M_ws, L_ws, ACC_ws, Out, b64, kvh, offs_d, d_mask, H, KVH, G, GP, D, D,
+                                 WS if NEW_APART else SPLITS, tl.num_programs(2))
     _probe_stamp(PROBE, prog, 6, split, HAS_PROBE)
 
 
@@ -142,7 +150,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     output are fine), norm weights ``[D]`` or None, ``cos, sin [B, 1, D]``, one layer's pools, sanitized
     ``slots [B]``, ``block_tables [B, P]``, ``seq_lens [B]`` -> ``[B, 1, H * D]``: ``rope_write_triton`` then
     ``paged_decode_attention_triton`` in two launches instead of three (the fused kernel, then the reduce kernel
-    unless one split).  ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
+    unless one split; one launch when the kernel combines its splits itself, :func:`decode_combine_in_kernel`).
+    ``num_splits``: default :func:`fused_decode_num_splits`; ``block_n``: keys per block
     (:func:`decode_block_n`); ``overlap_bytes``: the bytes the kernel before it streams (the QKV projection's
     weight; None: unknown), which decide its K/V prefetch (:func:`decode_kv_prefetch_keys`).  ``probe``:
     diagnostics (``scripts/probe_decode_attention.py``) -- int64 buffers ``[B * KV * splits, 2 * PROBE_STAMPS]``
@@ -163,6 +172,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     parts = splits + 1 if apart else splits  # the partials per (row, KV head): with the new key's own
     ws_geo = {**geo, "SPLITS": parts, "SP": triton.next_power_of_2(parts)}
     m_ws, l_ws, acc_ws = _decode_workspace(ws_geo, q.device) if parts > 1 else (out, out, out)  # one split: unused
+    combine = parts > 1 and decode_combine_in_kernel(b)
     if block_tables.stride(-1) != 1:
         block_tables = block_tables.contiguous()
     slots = slots if slots.is_contiguous() else slots.contiguous()
@@ -178,13 +188,19 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
-        **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts))
-    if parts > 1:
+        **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts),
+        **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
+    if parts > 1 and not combine:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,
             SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b, overlap_bytes=overlap_bytes),
             **_probe_args(probe, 1, b * h), **_reduce_prefetch_args(prefetch))
     return out
+
+
+#: The fused decode kernel's per-(row, KV head) counts of programs done when it combines its splits itself
+#: (``decode_plan.DECODE_COMBINE_ROWS``), one buffer per device (``launch.zeroed_counts``).
+_COMBINE_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def _reduce_prefetch_args(prefetch: tuple[torch.Tensor, int] | None) -> dict:

@@ -114,6 +114,27 @@ def pdl_early_enabled(rows: int = 1, overlap_bytes: int | None = None) -> bool:
     return rows <= pdl_early_rows(overlap_bytes) and switch("FLARE_PDL_EARLY", True)
 
 
+def device_key(device: torch.device) -> tuple[str, int]:
+    """``(type, index)`` of ``device``, the current CUDA device's index where it names none (-1 off CUDA)."""
+    if device.index is None:
+        return device.type, torch.cuda.current_device() if device.type == "cuda" else -1
+    return device.type, device.index
+
+
+def zeroed_counts(store: dict, device: torch.device, slots: int) -> torch.Tensor:
+    """int32 counts of at least ``slots`` slots on ``device``, all zero between launches: every kernel that counts in
+    them puts them back to zero before it completes.  One buffer per device in ``store``, reused by every launch (the
+    layers of a step run one after another) and grown when a launch needs more -- except while a CUDA graph is being
+    captured, where a buffer not yet in ``store`` is the graph's own (its zeroing a node of that graph)."""
+    key = device_key(device)
+    counts = store.get(key)
+    if counts is None or counts.numel() < slots:
+        counts = torch.zeros(slots, dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            store[key] = counts
+    return counts
+
+
 @triton.jit
 def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
     """Wait for the previous kernel (its writes visible after this) and let the next kernel launch -- after the wait,

@@ -11,7 +11,8 @@ import triton
 from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
 from ignition.components.kernels.gemm_rows import _fused_gemm_rows_kernel, _published_norm_kernel
 from ignition.components.kernels.gemv import _fused_gemv_kernel
-from ignition.components.kernels.launch import _interpreting, _pdl, _probe_args, pdl_early_enabled, pdl_enabled
+from ignition.components.kernels.launch import (_interpreting, _pdl, _probe_args, device_key, pdl_early_enabled,
+                                                pdl_enabled, zeroed_counts)
 from ignition.components.switches import mebibytes, switch, whole
 
 
@@ -342,12 +343,6 @@ def gemv_handoff_fits(hidden: int, inter: int) -> bool:
     return inter % bk == 0 and bk % bn == 0 and inter // bk < HANDOFF_SLOTS
 
 
-def _device_key(device: torch.device) -> tuple[str, int]:
-    if device.index is None:
-        return device.type, torch.cuda.current_device() if device.type == "cuda" else -1
-    return device.type, device.index
-
-
 def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_input: bool, norm: bool,
                   config: dict | None) -> dict:
     """The ``HANDOFF`` launch arguments of a producer (the packed gate/up) or a consumer (down, ``gated_input``) launch;
@@ -361,13 +356,9 @@ def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_inpu
     if not gemv_handoff_fits(hidden, inter):
         raise ValueError(f"fused_linear_triton: handoff does not fit hidden={hidden}, intermediate={inter} "
                          f"(gemv_handoff_fits)")
-    key = _device_key(x.device)
-    flags = _HANDOFF_FLAGS.get(key)
+    key = device_key(x.device)
     if not gated_input:
-        if flags is None:
-            flags = torch.zeros(HANDOFF_SLOTS, dtype=torch.int32, device=x.device)
-            if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-                _HANDOFF_FLAGS[key] = flags
+        flags = zeroed_counts(_HANDOFF_FLAGS, x.device, HANDOFF_SLOTS)
         if _HANDOFF_PENDING.get(key) is not None:  # a producer whose consumer never launched: its counts stand
             _HANDOFF_PENDING[key].zero_()
         _HANDOFF_PENDING[key] = flags

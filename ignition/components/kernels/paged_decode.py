@@ -200,6 +200,56 @@ def _decode_combine(M_ws, L_ws, ACC_ws, Out, b64, kvh, g, offs_d, d_mask,
 
 
 @triton.jit
+def _decode_combine_group(M_ws, L_ws, ACC_ws, Out, b64, kvh, offs_d, d_mask,
+                          H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                          DP: tl.constexpr, SPLITS: tl.constexpr):
+    """The ``G`` heads of (row b, KV head ``kvh``) at once, tiles ``[GP, DP]`` (``offs_d [DP]``): the
+    splits' partials combined as :func:`_decode_combine` does (the same weights; the sums in split order, one after
+    another), divided, rounded once, stored.  Every tile ``[QR, D]`` in one layout -- each partial's max and sum loaded
+    broadcast over the columns -- so nothing crosses threads: no CTA barrier between the loads, which are all issued
+    before the first is used.  Loads through L2: the partials come from other programs of the same launch
+    (:func:`_decode_combine_last`)."""
+    offs_g = tl.arange(0, GP)
+    keep = (offs_g < G)[:, None] & d_mask[None, :]
+    cols = tl.zeros_like(offs_d)[None, :]  # a partial's max and sum, broadcast over the columns
+    base = (b64 * KVH + kvh) * SPLITS * GP + offs_g[:, None]
+    m_max = tl.full([GP, DP], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        m_max = tl.maximum(m_max, tl.load(M_ws + base + s * GP + cols, mask=keep, other=float("-inf"),
+                                          cache_modifier=".cg"))
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)  # a row without keys: every weight below is 0
+    denom = tl.zeros_like(m_max)
+    num = tl.zeros_like(m_max)
+    for s in tl.static_range(SPLITS):
+        row = base + s * GP
+        l_s = tl.load(L_ws + row + cols, mask=keep, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(ACC_ws + row * D + offs_d[None, :], mask=keep, other=0.0, cache_modifier=".cg")
+        m_s = tl.load(M_ws + row + cols, mask=keep, other=float("-inf"), cache_modifier=".cg")
+        w = tl.math.exp2(m_s - m_max)  # an empty split (m = -inf) weighs 0
+        denom += w * l_s
+        num += w * acc_s
+    out = tl.where(denom > 0.0, num / tl.where(denom > 0.0, denom, 1.0), 0.0)
+    tl.store(Out + b64 * (H * D) + (kvh * G + offs_g)[:, None] * D + offs_d[None, :], out.to(Out.dtype.element_ty),
+             mask=keep)
+
+
+@triton.jit
+def _decode_combine_last(CNT, M_ws, L_ws, ACC_ws, Out, b64, kvh, offs_d, d_mask,
+                         H: tl.constexpr, KVH: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                         DP: tl.constexpr, SPLITS: tl.constexpr, PROGRAMS):
+    """After a program stored its partial: its ticket of (row b, KV head ``kvh``) -- a CTA barrier, then one acq_rel
+    add at GPU scope to the group's count in ``CNT [B * KVH]`` (CUTLASS's semaphore pattern: the group's other
+    programs' stores are visible to the program that draws the last ticket); that program (of ``PROGRAMS``) puts the
+    count back to zero for the next launch and combines the group (:func:`_decode_combine_group`)."""
+    tl.debug_barrier()
+    slot = CNT + b64 * KVH + kvh
+    ticket = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
+    if ticket == PROGRAMS - 1:
+        tl.store(slot, 0)
+        _decode_combine_group(M_ws, L_ws, ACC_ws, Out, b64, kvh, offs_d, d_mask, H, KVH, G, GP, D, DP, SPLITS)
+
+
+@triton.jit
 def _paged_decode_split_kernel(Q, K, V, BT, SL, M_ws, L_ws, ACC_ws,
                                stride_qb, stride_qh,
                                stride_kp, stride_kt, stride_kh,
