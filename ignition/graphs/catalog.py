@@ -14,7 +14,8 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
      compiled once per shape and reused by every layer: parameters are graph inputs, and each layer
      sees a one-layer view of the KV pool, so no per-layer value is guarded); the non-repeated head
      (last-token gather, final norm, vocabulary projection: :func:`head_logits`) is a second, and the
-     in-graph sampler with its state update (:func:`sample_rows`) a third.  The sampler only sees
+     in-graph sampler with its state update (:func:`sample_rows`) -- or the model's own sampler hook
+     (:func:`run_sampler`: the greedy variant's) -- a third.  The sampler only sees
      ``[rows, vocab]`` logits, so every prefill chunk (one row) reuses the one-row decode sampler.
      The per-step attention metadata (``attention.batch_tensors``: integer and boolean ops only, so
      compiled equals eager bit for bit) is a fourth: eager it was a dozen small kernels per step on
@@ -218,14 +219,21 @@ def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor) -> to
     return tokens
 
 
+def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """The model's own sampler hook on ``logits`` (a compile region keyed by rows, as :func:`sample_rows`: eager, the
+    greedy hook's two-stage argmax ran as aten reductions -- Qwen3-8B's greedy variant spent ~25 us per step in them on
+    the H200, run 168 -- where the compiled general sampler's argmax is two fused kernels)."""
+    return sampler(logits, active)
+
+
 def step_head(model, sampling, hidden: torch.Tensor, batch, active_rows: torch.Tensor,
-              logits_fn: Callable = head_logits, sample_fn: Callable = sample_rows):
+              logits_fn: Callable = head_logits, sample_fn: Callable = sample_rows, hook_fn: Callable = run_sampler):
     """The non-repeated tail of a step -- the model's head (last token, final norm, vocabulary projection)
     then in-graph sampling and its state update (``sampling``), or the model's own sampler hook.
-    ``logits_fn``/``sample_fn`` are the compiled regions under ``compile(scope="regional")``."""
+    ``logits_fn``/``sample_fn``/``hook_fn`` are the compiled regions under ``compile(scope="regional")``."""
     logits = logits_fn(model, hidden, batch)
     if sampling is None:
-        return logits, model.sampler(logits, batch.active)
+        return logits, hook_fn(model.sampler, logits, batch.active)
     return logits, sample_fn(sampling, logits, active_rows)
 
 
@@ -370,7 +378,8 @@ class PreparedGraphs:
             # every step) shares the entries: one layer graph and one head graph per shape.
             layer_fn = torch.compile(type(self.model).run_layer, **opts)
             head_fn = functools.partial(step_head, logits_fn=torch.compile(head_logits, **opts),
-                                        sample_fn=torch.compile(sample_rows, **opts))
+                                        sample_fn=torch.compile(sample_rows, **opts),
+                                        hook_fn=torch.compile(run_sampler, **opts))
             from ignition.components.attention import batch_tensors
 
             batch_fn = torch.compile(batch_tensors, **opts)  # a dozen eager integer kernels -> a few fused

@@ -14,7 +14,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from ignition.components.attention import batch_tensors
-from ignition.graphs.catalog import GraphCatalog, head_logits
+from ignition.graphs.catalog import GraphCatalog, head_logits, run_sampler
 from ignition.recipes.qwen3.model import PreparedQwen3
 from tiny_qwen3 import Row, make_checkpoint, prefill
 
@@ -59,10 +59,14 @@ def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # not shapes * LAYERS
     assert len(_debug_get_cache_entry_list(head_logits.__code__)) == shapes
     assert len(_debug_get_cache_entry_list(batch_tensors.__code__)) == shapes
-    assert counters["stats"]["unique_graphs"] == 3 * shapes  # per shape: the metadata, one layer, the head
+    # the greedy hook: compiled, not eager -- once per row count of its logits (a prefill chunk samples one row, as the
+    # one-row decode step does)
+    assert len(_debug_get_cache_entry_list(run_sampler.__code__)) == 1
+    # per shape: the metadata, one layer, the head; and the hook once
+    assert counters["stats"]["unique_graphs"] == 3 * shapes + 1
     compiled, compiled_cache = _run(graphs)
     assert len(_debug_get_cache_entry_list(PreparedQwen3.run_layer.__code__)) == shapes  # running: no recompile
-    assert counters["stats"]["unique_graphs"] == 3 * shapes
+    assert counters["stats"]["unique_graphs"] == 3 * shapes + 1
     for (le, te), (lc, tc) in zip(eager, compiled):
         assert torch.equal(le, lc) and torch.equal(te, tc)
     assert torch.equal(eager_cache.k, compiled_cache.k) and torch.equal(eager_cache.v, compiled_cache.v)
