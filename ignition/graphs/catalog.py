@@ -244,6 +244,10 @@ COMPILE_SCOPES = ("regional", "whole")
 class PreparedStep:
     """One static shape: input buffers, output buffers, and the callable that fills the outputs."""
 
+    #: A step kind's own non-repeated tail, compiled as a region of its own under regional compilation and handed to
+    #: :meth:`regional_forward` as ``tail_fn`` (None: the step's tail is :func:`step_head` with its regions).
+    tail: Callable | None = None
+
     def __init__(self, shape: StepShape, model, max_pages: int, sampling=None):
         self.shape, self.model, self.max_pages = shape, model, max_pages
         # In-graph sampling state: views of the catalog's shared rows (None: the model's own greedy hook).
@@ -384,10 +388,15 @@ class PreparedGraphs:
             from ignition.components.attention import batch_tensors
 
             batch_fn = torch.compile(batch_tensors, **opts)  # a dozen eager integer kernels -> a few fused
+            tails: dict = {}  # a step kind's own tail region (a round's head and acceptance), one wrapper per function
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
                 if scope == "regional":
-                    s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn)
+                    if s.tail is not None and s.tail not in tails:
+                        tails[s.tail] = torch.compile(s.tail, **opts)
+                    tail = {} if s.tail is None else {"tail_fn": tails[s.tail]}
+                    s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn,
+                                             **tail)
                 else:
                     s.fn = torch.compile(s.forward, **opts)
                 s.mode, s.compile_scope = "compiled", scope

@@ -92,3 +92,35 @@ def test_inductor_pdl_switch_reaches_the_compile_options(monkeypatch):
     x = torch.arange(8, dtype=torch.float32)
     fn = torch.compile(lambda t: t * 2 + 1, fullgraph=True, dynamic=False, options=opts)
     assert torch.equal(fn(x), x * 2 + 1)
+
+
+def test_rounds_and_the_greedy_hook_are_compile_regions(ckpt, monkeypatch):
+    """Regional compilation hands every verification round its own compiled tail (``rounds.round_tail``: the head,
+    acceptance and the sampling state's update -- eager, Qwen3-8B's width-one round ran it as 235 kernels on the H200,
+    run 168) and the greedy variant its compiled hook (``run_sampler``): each function wrapped once, each step run
+    through its region -- ``torch.compile`` recorded here, not run (a cold CPU compile of the sampling head takes
+    minutes; the compiled rounds' bits against decode: the GPU matrix's ``test_width_one_round_is_decode_bytewise``)."""
+    from ignition.graphs import catalog
+    from ignition.graphs.rounds import ROUND, prepare_rounds, round_tail
+
+    wrapped, calls = [], []
+
+    def record(fn, **opts):
+        wrapped.append(fn)
+
+        def region(*args, **kwargs):
+            calls.append(fn)
+            return fn(*args, **kwargs)
+        return region
+
+    model = PreparedQwen3.from_pretrained(ckpt)
+    model.allocate_kv_cache(num_pages=8, page_size=8, max_context=32)
+    graphs = CATALOG.prepare(model, greedy_variant=True)
+    rounds = prepare_rounds(graphs, (1,), (1, 2))
+    monkeypatch.setattr(torch, "compile", record)
+    graphs.compile()
+    assert wrapped.count(round_tail) == 1 and wrapped.count(catalog.run_sampler) == 1
+    kinds = [s.shape.kind for s in graphs.steps]
+    assert calls.count(round_tail) == kinds.count(ROUND) == len(rounds) == 2  # compile() runs each step once
+    assert calls.count(catalog.run_sampler) == kinds.count(catalog.DECODE_GREEDY) == 1
+    assert calls.count(catalog.sample_rows) == kinds.count("decode") + kinds.count("prefill")
