@@ -59,7 +59,7 @@ ONE_ROW = [
 
 def cases():
     """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile (:func:`kernel_of`)."""
-    from ignition.components.kernels import decode_plan, linear, prefill_attention, rotary, sampling_cut
+    from ignition.components.kernels import decode_plan, gumbel, linear, prefill_attention, rotary, sampling_cut
 
     out = []
     for name, n, k, norm, gated, res, gi in ONE_ROW:
@@ -194,6 +194,11 @@ def cases():
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
                 dict(BLOCK=sampling_cut.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=sampling_cut.SORTED_CUT_SCAN),
                 dict(num_warps=sampling_cut.SORTED_CUT_WARPS)))
+    chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
+    out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}", "_gumbel_argmax_kernel",
+                {"Y": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32", "CNT": "*i32",
+                 "OUT": "*i64", "V": "i32", "stride_y": "i32"},
+                dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length()), dict(num_warps=4)))
     return out
 
 

@@ -43,11 +43,14 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ignition.components.custom_ops import opaque_op
 from ignition.components.sampling_cut import general_prefix, sampling_cut, sampling_cut_compact, sort_free, sorted_cut
+from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "filter_logits", "uniform_noise", "GREEDY_EPS"]
+           "apply_min_p", "filter_logits", "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference", "GREEDY_EPS",
+           "GUMBEL_KERNEL"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -293,14 +296,58 @@ def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
     return (j * block + idx.gather(1, j[:, None]).squeeze(1)).view(lead)
 
 
+#: Whether the CUDA sampler draws its Gumbel-max token with ``flare::gumbel_argmax`` (one Triton launch: each program
+#: its chunk's noise and first maximum, the row's last program the token -- ``kernels/gumbel.py``) instead of the
+#: traced noise, logs and two-stage argmax (four Inductor launches in run 168's Qwen3-8B step, ~8 us of its critical
+#: path at batch 1).  ``FLARE_GUMBEL_KERNEL=1`` / ``0`` sets it (read at each trace, for side-by-side runs).  The same
+#: noise bits; the logs are Triton's, as Inductor's.  Not measured in a step yet: off.
+GUMBEL_KERNEL = False
+
+
+def gumbel_argmax_reference(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64: the first maximum of ``filtered - log(-log u)`` per row, ``u`` the row's noise
+    (:func:`uniform_noise`) -- the Gumbel-max draw from the kept logits ``filtered [B, V]`` (-inf: dropped)."""
+    u = uniform_noise(seed, step, filtered.shape[-1])
+    return argmax_last(filtered - torch.log(-torch.log(u)))
+
+
+def _gumbel_fake(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    return seed.new_empty((filtered.shape[0],))
+
+
+@opaque_op("gumbel_argmax", mutates_args=(), fake=_gumbel_fake)
+def gumbel_argmax_op(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``filtered [B, V]`` float32, ``seed, step [B]`` int64 -> a new ``[B]`` int64: :func:`gumbel_argmax_reference`.
+    CUDA: one Triton launch (``kernels.gumbel``); elsewhere the reference."""
+    b = filtered.shape[0]
+    if filtered.dim() != 2 or filtered.dtype != torch.float32:
+        raise ValueError(f"gumbel_argmax: filtered must be a [B, V] float32 tensor, got {tuple(filtered.shape)} "
+                         f"{filtered.dtype}")
+    for name, t in (("seed", seed), ("step", step)):
+        if tuple(t.shape) != (b,) or t.dtype != torch.int64:
+            raise ValueError(f"gumbel_argmax: {name} must be a [{b}] int64 tensor, got {tuple(t.shape)} {t.dtype}")
+    if filtered.is_cuda:
+        from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
+
+        return gumbel_argmax_triton(filtered, seed.contiguous(), step.contiguous())
+    return gumbel_argmax_reference(filtered, seed, step)
+
+
+def gumbel_argmax(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The sampler's draw: ``flare::gumbel_argmax`` on CUDA with :data:`GUMBEL_KERNEL` (``FLARE_GUMBEL_KERNEL``),
+    else :func:`gumbel_argmax_reference` traced inline."""
+    if filtered.is_cuda and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL):
+        return gumbel_argmax_op(filtered, seed, step)
+    return gumbel_argmax_reference(filtered, seed, step)
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
     penalized, filtered = filter_logits(logits, params, skip=params.temperature < GREEDY_EPS)
     greedy = argmax_last(penalized)
-    u = uniform_noise(params.seed, params.step, logits.shape[-1])
-    drawn = argmax_last(filtered - torch.log(-torch.log(u)))
+    drawn = gumbel_argmax(filtered, params.seed, params.step)
     tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
     return torch.where(params.active if active is None else active, tokens, pad_id)
 

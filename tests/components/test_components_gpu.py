@@ -26,8 +26,12 @@ def _params(capacity, device):
                                          prompt_token_ids=[[b, 7, 9000 + b] for b in range(n)])
 
 
+@pytest.mark.parametrize("gumbel", ["0", "1"])
 @pytest.mark.parametrize("capacity", [1, 8, 64])
-def test_captured_sampling_step_replays_like_eager(capacity):
+def test_captured_sampling_step_replays_like_eager(monkeypatch, capacity, gumbel):
+    """The compiled sampling step captured in a graph replays the eager step's tokens and state, with the traced
+    Gumbel draw and with ``flare::gumbel_argmax`` (``FLARE_GUMBEL_KERNEL``, eager and compiled alike)."""
+    monkeypatch.setenv("FLARE_GUMBEL_KERNEL", gumbel)
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(capacity)
     logits = [torch.randn(capacity, VOCAB, device=dev, generator=g) * 4 for _ in range(8)]
@@ -486,6 +490,24 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+def test_gumbel_argmax_on_this_gpu():
+    """``flare::gumbel_argmax`` on vocabulary-sized rows (test_gumbel_argmax.py's rows): the traced reference's
+    tokens (torch's hash and logs on this GPU; a near tie of two noisy values within the logs' rounding would be the
+    only way to differ), every row count back at zero, the same tokens launch after launch."""
+    from test_gumbel_argmax import _rows
+
+    from ignition.components.kernels import gumbel, launch
+    from ignition.components.sampling import gumbel_argmax_op, gumbel_argmax_reference
+
+    for step in range(8):
+        y, seeds, steps = (t.cuda() for t in _rows(VOCAB, seed=step))
+        got = gumbel_argmax_op(y, seeds, steps + step)
+        assert torch.equal(got, gumbel_argmax_reference(y, seeds, steps + step)), step
+        assert torch.equal(gumbel_argmax_op(y, seeds, steps + step), got)
+    torch.cuda.synchronize()
+    assert not gumbel._COUNTS[launch.device_key(y.device)].any()
 
 
 @pytest.mark.parametrize("op_name", ["sampling_cut", "sampling_cut_compact"])

@@ -1,0 +1,93 @@
+"""The sampler's Gumbel-max draw in one launch (``flare::gumbel_argmax``, :mod:`ignition.components.sampling`).
+
+Grid (rows, chunks of ``CHUNK`` values): each program forms its chunk's noise -- the counter-based hash of (row seed,
+row step, vocabulary index) of ``sampling.uniform_noise``, in uint32 lanes, the same bits -- and its first maximum of
+``filtered - log(-log u)``; then draws a ticket of its row (a CTA barrier, one acq_rel add at GPU scope: CUTLASS's
+semaphore pattern), and the program drawing the row's last ticket reads every chunk's maximum (through L2), keeps the
+first largest, writes the token and puts the count back to zero for the next launch.  Where Inductor traces the same
+expression as four launches (the row keys, the noise and its logs, then the two stages of ``argmax_last``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ignition.components.kernels.launch import zeroed_counts
+
+#: Values per program.
+GUMBEL_CHUNK = 4096
+
+_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 (``sampling._mix32``) on uint32 lanes: the products wrap modulo 2**32 as the reference's do."""
+    x = x ^ (x >> 16)
+    x = x * tl.full((), 0x7FEB352D, tl.uint32)
+    x = x ^ (x >> 15)
+    x = x * tl.full((), 0x846CA68B, tl.uint32)
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_keys(SEED, STEP, b):
+    """Row ``b``'s two noise keys (``sampling.uniform_noise``): from its step, then its seed's high and low words."""
+    seed = tl.load(SEED + b)
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    step = (tl.load(STEP + b) & 0xFFFFFFFF).to(tl.uint32)
+    key = _mix32(_mix32(_mix32(step ^ tl.full((), 0x9E3779B9, tl.uint32)) ^ hi) ^ lo)
+    return key, _mix32(key ^ tl.full((), 0x85EBCA6B, tl.uint32))
+
+
+@triton.jit
+def _gumbel_argmax_kernel(Y, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                          CP: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    key, key2 = _row_keys(SEED, STEP, b64)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    keep = offs < V
+    y = tl.load(Y + b64 * stride_y + offs, mask=keep, other=float("-inf"))
+    h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
+    u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
+    z = y - tl.log(-tl.log(u))
+    z = tl.where(keep, tl.where(z != z, float("inf"), z), float("-inf"))  # NaN counts as the largest, as argmax's
+    top = tl.max(z, axis=0)
+    first = tl.min(tl.where(keep & (z == top), offs, V), axis=0)
+    tl.store(PV + b64 * CHUNKS + c, top)
+    tl.store(PI + b64 * CHUNKS + c, first)
+    tl.debug_barrier()  # every thread's stores before the release
+    ticket = tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu")
+    if ticket == CHUNKS - 1:
+        tl.store(CNT + b, 0)
+        cs = tl.arange(0, CP)
+        cm = cs < CHUNKS
+        tops = tl.load(PV + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
+        firsts = tl.load(PI + b64 * CHUNKS + cs, mask=cm, other=V, cache_modifier=".cg")
+        best = tl.max(tops, axis=0)
+        token = tl.min(tl.where(cm & (tops == best), firsts, V), axis=0)  # chunks in order: the first maximum
+        tl.store(OUT + b, tl.where(token < V, token, 0).to(tl.int64))  # a row of -inf everywhere: 0, as argmax
+
+
+def gumbel_argmax_triton(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
+                         chunk: int = GUMBEL_CHUNK) -> torch.Tensor:
+    """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``filtered [B, V]`` float32, ``seed, step [B]``
+    int64 -> ``[B]`` int64 (shapes checked by the op)."""
+    b, v = filtered.shape
+    out = torch.empty(b, dtype=torch.int64, device=filtered.device)
+    if b == 0:
+        return out
+    if filtered.stride(-1) != 1:
+        filtered = filtered.contiguous()
+    chunks = triton.cdiv(v, chunk)
+    pv = torch.empty((b, chunks), dtype=torch.float32, device=filtered.device)
+    pi = torch.empty((b, chunks), dtype=torch.int32, device=filtered.device)
+    _gumbel_argmax_kernel[(b, chunks)](filtered, seed, step, pv, pi, zeroed_counts(_COUNTS, filtered.device, b), out,
+                                       v, filtered.stride(0), CHUNK=chunk, CHUNKS=chunks,
+                                       CP=triton.next_power_of_2(chunks), num_warps=4)
+    return out
