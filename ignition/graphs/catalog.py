@@ -183,6 +183,13 @@ def within_top_k(resolved: dict, k: int | None) -> bool:
 INDUCTOR_PDL = False
 
 
+#: Whether regional compilation compiles the steps' tails that ran eager before: the model's own sampler hook (the
+#: greedy variant's argmax, :func:`run_sampler`) and a verification round's head and acceptance
+#: (``rounds.round_tail``).  ``FLARE_COMPILE_TAILS=0`` leaves them eager (read at compile; side-by-side runs).  Not
+#: measured on a GPU yet: on -- compiled is what every other region of the step already is.
+COMPILE_TAILS = True
+
+
 def _inductor_options() -> dict:
     from torch._inductor import config as inductor_config
 
@@ -382,9 +389,10 @@ class PreparedGraphs:
             # One wrapper per region; Dynamo caches compiled code on the code object, so every layer (and
             # every step) shares the entries: one layer graph and one head graph per shape.
             layer_fn = torch.compile(type(self.model).run_layer, **opts)
+            tails_on = switch("FLARE_COMPILE_TAILS", COMPILE_TAILS)
             head_fn = functools.partial(step_head, logits_fn=torch.compile(head_logits, **opts),
                                         sample_fn=torch.compile(sample_rows, **opts),
-                                        hook_fn=torch.compile(run_sampler, **opts))
+                                        hook_fn=torch.compile(run_sampler, **opts) if tails_on else run_sampler)
             from ignition.components.attention import batch_tensors
 
             batch_fn = torch.compile(batch_tensors, **opts)  # a dozen eager integer kernels -> a few fused
@@ -392,9 +400,9 @@ class PreparedGraphs:
         with _recompile_limit(len(self.steps) + 8):
             for s in self.steps:
                 if scope == "regional":
-                    if s.tail is not None and s.tail not in tails:
+                    if s.tail is not None and tails_on and s.tail not in tails:
                         tails[s.tail] = torch.compile(s.tail, **opts)
-                    tail = {} if s.tail is None else {"tail_fn": tails[s.tail]}
+                    tail = {"tail_fn": tails[s.tail]} if s.tail in tails else {}
                     s.fn = functools.partial(s.regional_forward, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn,
                                              **tail)
                 else:

@@ -94,12 +94,14 @@ def test_inductor_pdl_switch_reaches_the_compile_options(monkeypatch):
     assert torch.equal(fn(x), x * 2 + 1)
 
 
-def test_rounds_and_the_greedy_hook_are_compile_regions(ckpt, monkeypatch):
+@pytest.mark.parametrize("tails", ["1", "0"])
+def test_rounds_and_the_greedy_hook_are_compile_regions(ckpt, monkeypatch, tails):
     """Regional compilation hands every verification round its own compiled tail (``rounds.round_tail``: the head,
     acceptance and the sampling state's update -- eager, Qwen3-8B's width-one round ran it as 235 kernels on the H200,
     run 168) and the greedy variant its compiled hook (``run_sampler``): each function wrapped once, each step run
     through its region -- ``torch.compile`` recorded here, not run (a cold CPU compile of the sampling head takes
-    minutes; the compiled rounds' bits against decode: the GPU matrix's ``test_width_one_round_is_decode_bytewise``)."""
+    minutes; the compiled rounds' bits against decode: the GPU matrix's ``test_width_one_round_is_decode_bytewise``).
+    ``FLARE_COMPILE_TAILS=0``: both stay eager (the rounds' tail still their own function)."""
     from ignition.graphs import catalog
     from ignition.graphs.rounds import ROUND, prepare_rounds, round_tail
 
@@ -118,9 +120,12 @@ def test_rounds_and_the_greedy_hook_are_compile_regions(ckpt, monkeypatch):
     graphs = CATALOG.prepare(model, greedy_variant=True)
     rounds = prepare_rounds(graphs, (1,), (1, 2))
     monkeypatch.setattr(torch, "compile", record)
+    monkeypatch.setenv("FLARE_COMPILE_TAILS", tails)
     graphs.compile()
-    assert wrapped.count(round_tail) == 1 and wrapped.count(catalog.run_sampler) == 1
+    on = tails == "1"
+    assert wrapped.count(round_tail) == wrapped.count(catalog.run_sampler) == int(on)
     kinds = [s.shape.kind for s in graphs.steps]
-    assert calls.count(round_tail) == kinds.count(ROUND) == len(rounds) == 2  # compile() runs each step once
-    assert calls.count(catalog.run_sampler) == kinds.count(catalog.DECODE_GREEDY) == 1
+    assert kinds.count(ROUND) == len(rounds) == 2 and kinds.count(catalog.DECODE_GREEDY) == 1
+    assert calls.count(round_tail) == 2 * on  # compile() runs each step once
+    assert calls.count(catalog.run_sampler) == int(on)
     assert calls.count(catalog.sample_rows) == kinds.count("decode") + kinds.count("prefill")
