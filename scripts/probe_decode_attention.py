@@ -265,7 +265,11 @@ def parse_variant(spec):
     bad = [item for item in items if "=" not in item]
     if bad:
         raise SystemExit(f"--env {spec!r}: expected NAME=VALUE items, got {', '.join(bad)}")
-    return dict(item.split("=", 1) for item in items)
+    env = dict(item.split("=", 1) for item in items)
+    with environment(env):
+        if decode_plan.decode_combine_in_kernel(1):  # the probe stamps the reduce kernel, which would not launch
+            raise SystemExit(f"--env {spec!r}: the probe times the reduce kernel; FLARE_DECODE_COMBINE_ROWS must be 0")
+    return env
 
 
 def launch_splits(meta, layer):

@@ -69,6 +69,9 @@ def test_variants_parse_and_name_a_malformed_item():
     assert probe.parse_variant("A=1,B=x;y") == {"A": "1", "B": "x;y"}
     with pytest.raises(SystemExit, match="expected NAME=VALUE items, got 2"):
         probe.parse_variant("A=1,2")
+    with pytest.raises(SystemExit, match="FLARE_DECODE_COMBINE_ROWS must be 0"):  # no reduce launch to stamp
+        probe.parse_variant("FLARE_DECODE_COMBINE_ROWS=1")
+    assert probe.parse_variant("FLARE_DECODE_COMBINE_ROWS=0") == {"FLARE_DECODE_COMBINE_ROWS": "0"}
 
 
 def test_probe_reads_the_launch_s_own_split_count(monkeypatch):
