@@ -192,8 +192,6 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
       bits launch after launch (also on pools already holding the new K/V), within the bound below;
     - P V the other way (``FLARE_DECODE_PV_SPLIT`` flipped from its default: the tf32x3 product with V widened when the
       default takes P's bf16 pieces): the same pools, its own bits twice, within the bound;
-    - the splits combined in the kernel (``FLARE_DECODE_COMBINE_ROWS``): the same pools, within a few ulps of the
-      reduce kernel's output, its own bits eager and in graph replays, the counts back at zero;
     - the pools: values copied bit for bit, keys within the rope kernel's bound of transformers' modules, every
       other slot untouched;
     - a row of one key outputs its new value bit for bit, a row of none zeros (every variant); the attention's
@@ -305,6 +303,67 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_PV_SPLIT")
     for _ in range(3):
         assert bits(run(kp.clone(), vp.clone()), out)
+    kp_g, vp_g = kp.clone(), vp.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_g = run(kp_g, vp_g)
+    for _ in range(5):
+        kp_g.copy_(kp), vp_g.copy_(vp)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bits(out_g, out) and bits(kp_g, kp1) and bits(vp_g, vp1)
+
+    # the pools against transformers' modules
+    q_c, k_c, v_c = canonical(*cpu_case[:10])
+    kvh = kv_heads
+    written = torch.zeros(kp.shape[0] * kp.shape[1], dtype=torch.bool)
+    written[cpu_case[9]] = True
+    got_k, want_k = kp1.cpu().view(-1, kvh, 128), k_c.view(-1, kvh, 128)
+    assert bits(vp1.cpu(), v_c) and bits(got_k[~written], want_k[~written])
+    new_k, ref_k = got_k[written].float(), want_k[written].float()
+    assert ((new_k - ref_k).abs() <= 2.0 ** -6 * ref_k.abs().amax(-1, keepdim=True)).all()
+
+    # a row of one key attends to its new value alone: each head of its group outputs that value bit for bit (its
+    # probability is exactly 1, the other splits weigh 0), in every variant; a row without keys writes zeros.  The
+    # arithmetic against fp64: test_fused_decode_attention_on_this_gpu_matches_fp64 (this test's former bound against
+    # the three-launch path could not fail: q's own rounding there may move a score by 2^-6 of a head's magnitudes)
+    value = cpu_case[2]  # [B, 1, KV, D]
+    for got in (out, apart, other_pv):
+        per_head = got.cpu().view(len(seq_lens), kv_heads, heads // kv_heads, 128)
+        for row, n in enumerate(seq_lens):
+            if n == 1:
+                assert bits(per_head[row], value[row, 0][:, None, :].expand_as(per_head[row]))
+            elif n == 0:
+                assert not per_head[row].any()
+
+
+@pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33)),
+                                                     (16, 8, (1000,))])
+def test_decode_combine_in_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
+    """The fused decode kernel combining its splits itself (``FLARE_DECODE_COMBINE_ROWS``: each group's last program,
+    by an atomic ticket, instead of the reduce kernel): the pools the reduce path's bits, the output within a few ulps
+    of its output (the same weights, the sums in split order), its own bits over ten launches queued back to back and
+    over graph replays beside the reduce path's graph, the device's counts back at zero; a row of one key outputs its
+    value bit for bit, a row of none zeros.  (A test of its own: a failure here does not switch
+    ``scripts/h200_run.sh`` to the unfused path.)"""
+    from test_decode_attention import EPS, make_decode_case
+
+    from ignition.components.kernels import fused_decode, launch
+
+    cpu_case = make_decode_case(heads, kv_heads, 128, seq_lens, width=80, seed=heads + len(seq_lens))
+    q, k, v, qw, kw, cos, sin, kp, vp, slots, bt, lens = [x.cuda() if isinstance(x, torch.Tensor) else x
+                                                          for x in cpu_case]
+
+    def run(k_pool, v_pool):
+        return fused_decode.rope_decode_attention_triton(q, k, v, qw, kw, EPS, cos, sin, k_pool, v_pool, slots, bt,
+                                                         lens, 128 ** -0.5)
+
+    def bits(a, b):
+        return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+    monkeypatch.setenv("FLARE_DECODE_COMBINE_ROWS", "0")
+    kp1, vp1 = kp.clone(), vp.clone()
+    out = run(kp1, vp1)
     # the splits combined in the kernel by each group's last program (FLARE_DECODE_COMBINE_ROWS): the same pools,
     # within a few ulps of the reduce kernel's output (the same weights, the sums in split order), its own bits over
     # ten launches queued back to back and over graph replays, the device's counts back at zero after each
@@ -333,29 +392,12 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
             torch.cuda.synchronize()
             assert bits(out_g, out if name == "0" else combined) and bits(kp_g, kp1) and bits(vp_g, vp1)
     assert not counts.any()
-
-    # the pools against transformers' modules
-    q_c, k_c, v_c = canonical(*cpu_case[:10])
-    kvh = kv_heads
-    written = torch.zeros(kp.shape[0] * kp.shape[1], dtype=torch.bool)
-    written[cpu_case[9]] = True
-    got_k, want_k = kp1.cpu().view(-1, kvh, 128), k_c.view(-1, kvh, 128)
-    assert bits(vp1.cpu(), v_c) and bits(got_k[~written], want_k[~written])
-    new_k, ref_k = got_k[written].float(), want_k[written].float()
-    assert ((new_k - ref_k).abs() <= 2.0 ** -6 * ref_k.abs().amax(-1, keepdim=True)).all()
-
-    # a row of one key attends to its new value alone: each head of its group outputs that value bit for bit (its
-    # probability is exactly 1, the other splits weigh 0), in every variant; a row without keys writes zeros.  The
-    # arithmetic against fp64: test_fused_decode_attention_on_this_gpu_matches_fp64 (this test's former bound against
-    # the three-launch path could not fail: q's own rounding there may move a score by 2^-6 of a head's magnitudes)
-    value = cpu_case[2]  # [B, 1, KV, D]
-    for got in (out, apart, other_pv, combined):
-        per_head = got.cpu().view(len(seq_lens), kv_heads, heads // kv_heads, 128)
-        for row, n in enumerate(seq_lens):
-            if n == 1:
-                assert bits(per_head[row], value[row, 0][:, None, :].expand_as(per_head[row]))
-            elif n == 0:
-                assert not per_head[row].any()
+    per_head = combined.cpu().view(len(seq_lens), kv_heads, heads // kv_heads, 128)
+    for row, n in enumerate(seq_lens):
+        if n == 1:
+            assert bits(per_head[row], cpu_case[2][row, 0][:, None, :].expand_as(per_head[row]))
+        elif n == 0:
+            assert not per_head[row].any()
 
 
 @pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33)),
