@@ -196,9 +196,10 @@ def cases():
                 dict(num_warps=sampling_cut.SORTED_CUT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
     out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}", "_gumbel_argmax_kernel",
-                {"Y": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32", "CNT": "*i32",
+                {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32", "CNT": "*i32",
                  "OUT": "*i64", "V": "i32", "stride_y": "i32"},
-                dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length()), dict(num_warps=4)))
+                dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length()),
+                dict(num_warps=gumbel.GUMBEL_WARPS)))
     return out
 
 

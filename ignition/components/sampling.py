@@ -49,8 +49,8 @@ from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "filter_logits", "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference", "GREEDY_EPS",
-           "GUMBEL_KERNEL"]
+           "apply_min_p", "filter_cut", "filter_logits", "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference",
+           "GREEDY_EPS", "GUMBEL_KERNEL"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -257,10 +257,17 @@ def _prefix_cut(y: torch.Tensor, params: SamplingTensors, n: int, skip: torch.Te
 
 def filter_logits(logits: torch.Tensor, params: SamplingTensors,
                   skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(penalized, filtered)``: penalized logits (greedy source) and the temperature-scaled,
-    min-p/top-k/top-p-masked logits that random rows sample from (top-k, then top-p on the probabilities it keeps;
-    values tied with a cut are kept).  ``skip [B]`` bool: rows whose filtered logits the caller ignores (greedy rows
-    in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
+    """``(penalized, filtered)``: :func:`filter_cut`'s logits with the cut applied (the values below it ``-inf``)."""
+    x, y, cut = filter_cut(logits, params, skip)
+    return x, y.masked_fill(y < cut[:, None], float("-inf"))
+
+
+def filter_cut(logits: torch.Tensor, params: SamplingTensors,
+               skip: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(penalized, scaled, cut)``: penalized logits (greedy source), the temperature-scaled, min-p-masked logits
+    and each row's top-k / top-p cut: random rows sample from the scaled values ``>= cut`` (top-k, then top-p on the
+    probabilities it keeps; values tied with a cut are kept).  ``skip [B]`` bool: rows whose filtered logits the
+    caller ignores (greedy rows in :func:`sample`); on CUDA their top-k / top-p cut may be left out.
 
     With ``max_top_k``: the top ``max_top_k`` values (every row has ``1 <= top_k <= max_top_k``, so its kept set lies
     inside them).  Without, on CUDA: with ``FLARE_SAMPLER_PREFIX=N`` (:func:`general_prefix`, default 0: off) the
@@ -278,7 +285,7 @@ def filter_logits(logits: torch.Tensor, params: SamplingTensors,
                else sampling_cut_compact(y, params.top_k, params.top_p, skipped))
     else:
         cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
-    return x, y.masked_fill(y < cut[:, None], float("-inf"))
+    return x, y, cut
 
 
 def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
@@ -297,57 +304,60 @@ def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
 
 
 #: Whether the CUDA sampler draws its Gumbel-max token with ``flare::gumbel_argmax`` (one Triton launch: each program
-#: its chunk's noise and first maximum, the row's last program the token -- ``kernels/gumbel.py``) instead of the
-#: traced noise, logs and two-stage argmax (four Inductor launches in run 168's Qwen3-8B step, ~8 us of its critical
-#: path at batch 1).  ``FLARE_GUMBEL_KERNEL=1`` / ``0`` sets it (read at each trace, for side-by-side runs).  The same
-#: noise bits; the logs are Triton's, as Inductor's.  Not measured in a step yet: off.
+#: its chunk's cut, noise and first maximum, the row's last program the token -- ``kernels/gumbel.py``) instead of the
+#: traced cut, noise, logs and two-stage argmax (four Inductor launches in run 168's Qwen3-8B step, ~8 us of its
+#: critical path at batch 1).  ``FLARE_GUMBEL_KERNEL=1`` / ``0`` sets it (read at each trace, for side-by-side runs).
+#: The same noise bits; the logs are Triton's, as Inductor's.  Not measured in a step yet: off.
 GUMBEL_KERNEL = False
 
 
-def gumbel_argmax_reference(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """``[B]`` int64: the first maximum of ``filtered - log(-log u)`` per row, ``u`` the row's noise
-    (:func:`uniform_noise`) -- the Gumbel-max draw from the kept logits ``filtered [B, V]`` (-inf: dropped)."""
-    u = uniform_noise(seed, step, filtered.shape[-1])
+def gumbel_argmax_reference(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor,
+                            step: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64: the Gumbel-max draw from the values ``>= cut [B]`` of ``scaled [B, V]`` -- the first maximum of
+    ``filtered - log(-log u)`` per row, ``filtered`` those values (-inf elsewhere), ``u`` the row's noise
+    (:func:`uniform_noise`)."""
+    filtered = scaled.masked_fill(scaled < cut[:, None], float("-inf"))
+    u = uniform_noise(seed, step, scaled.shape[-1])
     return argmax_last(filtered - torch.log(-torch.log(u)))
 
 
-def _gumbel_fake(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    return seed.new_empty((filtered.shape[0],))
+def _gumbel_fake(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    return seed.new_empty((scaled.shape[0],))
 
 
 @opaque_op("gumbel_argmax", mutates_args=(), fake=_gumbel_fake)
-def gumbel_argmax_op(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """``filtered [B, V]`` float32, ``seed, step [B]`` int64 -> a new ``[B]`` int64: :func:`gumbel_argmax_reference`.
-    CUDA: one Triton launch (``kernels.gumbel``); elsewhere the reference."""
-    b = filtered.shape[0]
-    if filtered.dim() != 2 or filtered.dtype != torch.float32:
-        raise ValueError(f"gumbel_argmax: filtered must be a [B, V] float32 tensor, got {tuple(filtered.shape)} "
-                         f"{filtered.dtype}")
-    for name, t in (("seed", seed), ("step", step)):
-        if tuple(t.shape) != (b,) or t.dtype != torch.int64:
-            raise ValueError(f"gumbel_argmax: {name} must be a [{b}] int64 tensor, got {tuple(t.shape)} {t.dtype}")
-    if filtered.is_cuda:
+def gumbel_argmax_op(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``scaled [B, V]`` float32, ``cut [B]`` float32, ``seed, step [B]`` int64 -> a new ``[B]`` int64:
+    :func:`gumbel_argmax_reference`.  CUDA: one Triton launch (``kernels.gumbel``); elsewhere the reference."""
+    b = scaled.shape[0]
+    if scaled.dim() != 2 or scaled.dtype != torch.float32:
+        raise ValueError(f"gumbel_argmax: scaled must be a [B, V] float32 tensor, got {tuple(scaled.shape)} "
+                         f"{scaled.dtype}")
+    for name, t, dtype in (("cut", cut, torch.float32), ("seed", seed, torch.int64), ("step", step, torch.int64)):
+        if tuple(t.shape) != (b,) or t.dtype != dtype:
+            raise ValueError(f"gumbel_argmax: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+    if scaled.is_cuda:
         from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
 
-        return gumbel_argmax_triton(filtered, seed.contiguous(), step.contiguous())
-    return gumbel_argmax_reference(filtered, seed, step)
+        return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step.contiguous())
+    return gumbel_argmax_reference(scaled, cut, seed, step)
 
 
-def gumbel_argmax(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """The sampler's draw: ``flare::gumbel_argmax`` on CUDA with :data:`GUMBEL_KERNEL` (``FLARE_GUMBEL_KERNEL``),
     else :func:`gumbel_argmax_reference` traced inline."""
-    if filtered.is_cuda and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL):
-        return gumbel_argmax_op(filtered, seed, step)
-    return gumbel_argmax_reference(filtered, seed, step)
+    if scaled.is_cuda and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL):
+        return gumbel_argmax_op(scaled, cut, seed, step)
+    return gumbel_argmax_reference(scaled, cut, seed, step)
 
 
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
-    penalized, filtered = filter_logits(logits, params, skip=params.temperature < GREEDY_EPS)
+    penalized, scaled, cut = filter_cut(logits, params, skip=params.temperature < GREEDY_EPS)
     greedy = argmax_last(penalized)
-    drawn = gumbel_argmax(filtered, params.seed, params.step)
+    drawn = gumbel_argmax(scaled, cut, params.seed, params.step)
     tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
     return torch.where(params.active if active is None else active, tokens, pad_id)
 

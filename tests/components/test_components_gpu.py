@@ -544,10 +544,10 @@ def test_gumbel_argmax_on_this_gpu():
     from ignition.components.sampling import gumbel_argmax_op, gumbel_argmax_reference
 
     for step in range(8):
-        y, seeds, steps = (t.cuda() for t in _rows(VOCAB, seed=step))
-        got = gumbel_argmax_op(y, seeds, steps + step)
-        assert torch.equal(got, gumbel_argmax_reference(y, seeds, steps + step)), step
-        assert torch.equal(gumbel_argmax_op(y, seeds, steps + step), got)
+        y, cut, seeds, steps = (t.cuda() for t in _rows(VOCAB, seed=step))
+        got = gumbel_argmax_op(y, cut, seeds, steps + step)
+        assert torch.equal(got, gumbel_argmax_reference(y, cut, seeds, steps + step)), step
+        assert torch.equal(gumbel_argmax_op(y, cut, seeds, steps + step), got)
     torch.cuda.synchronize()
     assert not gumbel._COUNTS[launch.device_key(y.device)].any()
 

@@ -2,9 +2,10 @@
 Gumbel-max draw in one launch.
 
 - Interpreter (CPU machines with Triton): the kernel's tokens against the traced reference
-  (:func:`gumbel_argmax_reference`: ``uniform_noise``'s torch hash, the logs, the two-stage argmax) over rows kept
-  whole, cut to a few values by -inf, to one value, dropped entirely, with a NaN, negative and 64-bit seeds, steps
-  past 2**32, chunks that do not divide the row; the noise's bits themselves; the row counts back at zero.
+  (:func:`gumbel_argmax_reference`: the cut's ``masked_fill``, ``uniform_noise``'s torch hash, the logs, the
+  two-stage argmax) over rows kept whole, cut to a few values by -inf or by the row's cut (values tied with it kept),
+  to one value, dropped entirely, with a NaN, negative and 64-bit seeds, steps past 2**32, chunks that do not divide
+  the row; the noise's bits themselves; the row counts back at zero.
 - CPU: the op's reference is the sampler's draw (the switch changes nothing off CUDA); arguments checked by name.
 - The vocabulary-sized rows on the H200: ``test_components_gpu.py``.
 """
@@ -19,9 +20,10 @@ from ignition.components.sampling import gumbel_argmax_op, gumbel_argmax_referen
 from test_triton_attention import interpreter  # sets TRITON_INTERPRET on CPU machines before triton is imported
 
 
-def _rows(v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Six rows of ``v`` values: whole, a few kept (-inf elsewhere), one kept, none kept, one NaN, large values; with
-    seeds of both signs and steps past 2**32."""
+def _rows(v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scaled, cut, seeds, steps)``: six rows of ``v`` values -- whole (no cut), a few kept (-inf elsewhere), one
+    kept, none kept, one NaN, large values cut at their 10th largest (ties with it planted); seeds of both signs and
+    steps past 2**32."""
     gen = torch.Generator().manual_seed(seed)
     y = torch.randn(6, v, generator=gen) * 3
     y[1, torch.randperm(v, generator=gen)[: v - 7]] = float("-inf")
@@ -30,9 +32,13 @@ def _rows(v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     y[3] = float("-inf")
     y[4, v // 3] = float("nan")
     y[5] = y[5] * 1e3
+    tenth = y[5].topk(10).values[-1]
+    y[5, torch.randperm(v, generator=gen)[:3]] = tenth  # ties with the cut: kept
+    cut = torch.full((6,), float("-inf"))
+    cut[5] = tenth
     seeds = torch.tensor([0, -1, 1 << 62, -(1 << 63), 123456789, 42], dtype=torch.int64)
     steps = torch.tensor([0, 1, (1 << 32) + 5, 7, 1 << 40, 99], dtype=torch.int64)
-    return y, seeds, steps
+    return y, cut, seeds, steps
 
 
 @interpreter
@@ -40,17 +46,20 @@ def _rows(v: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def test_kernel_draws_the_reference_token(v, chunk):
     from ignition.components.kernels import gumbel, launch
 
-    y, seeds, steps = _rows(v, seed=v)
-    want = gumbel_argmax_reference(y, seeds, steps)
-    got = gumbel.gumbel_argmax_triton(y, seeds, steps, chunk=chunk)
+    y, cut, seeds, steps = _rows(v, seed=v)
+    want = gumbel_argmax_reference(y, cut, seeds, steps)
+    got = gumbel.gumbel_argmax_triton(y, cut, seeds, steps, chunk=chunk)
     assert got.dtype == torch.int64 and torch.equal(got, want), (got, want)
-    assert int(got[3]) == 0 and int(got[4]) == v // 3 and int(got[2]) == v // 2 + 1
+    assert int(got[3]) == 0 and int(got[4]) == v // 3 and int(got[2]) == v // 2 + 1 and y[5, got[5]] >= cut[5]
     assert not gumbel._COUNTS[launch.device_key(y.device)].any()
-    # many draws of one row: the tokens follow its probabilities' support and change with the step
+    # many draws of one row: the tokens follow its support above the cut (a value tied with it kept) and change with
+    # the step
     row = torch.full((1, v), float("-inf"))
-    row[0, :5] = torch.tensor([0.0, 1.0, 2.0, 0.5, -1.0])
-    tokens = {int(gumbel.gumbel_argmax_triton(row, seeds[:1], torch.tensor([s]), chunk=chunk)) for s in range(40)}
-    assert tokens <= set(range(5)) and len(tokens) >= 3
+    row[0, :6] = torch.tensor([0.0, 1.0, 2.0, 0.5, -1.0, 0.5])
+    half = torch.tensor([0.5])
+    tokens = {int(gumbel.gumbel_argmax_triton(row, half, seeds[:1], torch.tensor([s]), chunk=chunk))
+              for s in range(40)}
+    assert tokens <= {1, 2, 3, 5} and len(tokens) >= 3
 
 
 @interpreter
@@ -65,18 +74,42 @@ def test_kernel_noise_is_the_reference_noise_bit_for_bit():
     for step in (0, 3, (1 << 33) + 1):
         steps = torch.full((4,), step, dtype=torch.int64)
         u = uniform_noise(seeds, steps, v)
-        got = gumbel.gumbel_argmax_triton(torch.zeros(4, v), seeds, steps, chunk=512)
+        got = gumbel.gumbel_argmax_triton(torch.zeros(4, v), torch.zeros(4), seeds, steps, chunk=512)
         assert torch.equal(got, u.argmax(dim=-1))
 
 
 def test_op_off_cuda_is_the_reference_and_checks_its_arguments(monkeypatch):
-    y, seeds, steps = _rows(777)
-    assert torch.equal(gumbel_argmax_op(y, seeds, steps), gumbel_argmax_reference(y, seeds, steps))
+    y, cut, seeds, steps = _rows(777)
+    assert torch.equal(gumbel_argmax_op(y, cut, seeds, steps), gumbel_argmax_reference(y, cut, seeds, steps))
     monkeypatch.setenv("FLARE_GUMBEL_KERNEL", "1")  # CUDA only: the CPU sampler keeps the traced draw
-    assert torch.equal(sampling.gumbel_argmax(y, seeds, steps), gumbel_argmax_reference(y, seeds, steps))
-    with pytest.raises(ValueError, match="filtered"):
-        gumbel_argmax_op(y.double(), seeds, steps)
+    assert torch.equal(sampling.gumbel_argmax(y, cut, seeds, steps), gumbel_argmax_reference(y, cut, seeds, steps))
+    with pytest.raises(ValueError, match="scaled"):
+        gumbel_argmax_op(y.double(), cut, seeds, steps)
+    with pytest.raises(ValueError, match="cut"):
+        gumbel_argmax_op(y, cut[:2], seeds, steps)
     with pytest.raises(ValueError, match="seed"):
-        gumbel_argmax_op(y, seeds.int(), steps)
+        gumbel_argmax_op(y, cut, seeds.int(), steps)
     with pytest.raises(ValueError, match="step"):
-        gumbel_argmax_op(y, seeds, steps[:3])
+        gumbel_argmax_op(y, cut, seeds, steps[:3])
+
+
+def test_sample_draws_from_the_cut_as_the_filtered_logits_do():
+    """``sample`` now draws from (scaled, cut) where it drew from ``filter_logits``'s masked logits: the same tokens
+    (the reference cuts with the same masked_fill) over mixed rows -- greedy, top-k, top-p, min-p, penalties."""
+    from ignition.components.sampling import SamplingTensors, argmax_last, filter_logits, sample
+
+    v = 3000
+    rows = [{"temperature": t, "top_k": k, "top_p": p, "min_p": m, "presence_penalty": 0.4, "seed": 11 + i}
+            for i, (t, k, p, m) in enumerate([(0.0, 0, 1.0, 0.0), (0.7, 20, 0.9, 0.0), (1.2, 0, 0.8, 0.05),
+                                              (1.0, 5, 1.0, 0.0), (0.6, 0, 1.0, 0.1)])]
+    params = SamplingTensors.from_resolved(rows, 6, vocab_size=v, prompt_token_ids=[[1, 2, i] for i in range(5)])
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(5):
+        logits = torch.randn(6, v, generator=gen) * 4
+        penalized, filtered = filter_logits(logits, params, skip=params.temperature < sampling.GREEDY_EPS)
+        u = uniform_noise(params.seed, params.step, v)
+        drawn = argmax_last(filtered - torch.log(-torch.log(u)))
+        want = torch.where(params.active, torch.where(params.temperature < sampling.GREEDY_EPS,
+                                                      argmax_last(penalized), drawn), -1)
+        assert torch.equal(sample(logits, params), want)
+        params.step += 1

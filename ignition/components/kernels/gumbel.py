@@ -1,11 +1,12 @@
 """The sampler's Gumbel-max draw in one launch (``flare::gumbel_argmax``, :mod:`ignition.components.sampling`).
 
-Grid (rows, chunks of ``CHUNK`` values): each program forms its chunk's noise -- the counter-based hash of (row seed,
-row step, vocabulary index) of ``sampling.uniform_noise``, in uint32 lanes, the same bits -- and its first maximum of
-``filtered - log(-log u)``; then draws a ticket of its row (a CTA barrier, one acq_rel add at GPU scope: CUTLASS's
-semaphore pattern), and the program drawing the row's last ticket reads every chunk's maximum (through L2), keeps the
-first largest, writes the token and puts the count back to zero for the next launch.  Where Inductor traces the same
-expression as four launches (the row keys, the noise and its logs, then the two stages of ``argmax_last``).
+Grid (rows, chunks of ``CHUNK`` values): each program cuts its chunk (the values below the row's cut -inf, as the
+sampler's ``masked_fill``), forms its noise -- the counter-based hash of (row seed, row step, vocabulary index) of
+``sampling.uniform_noise``, in uint32 lanes, the same bits -- and its first maximum of ``filtered - log(-log u)``;
+then draws a ticket of its row (a CTA barrier, one acq_rel add at GPU scope: CUTLASS's semaphore pattern), and the
+program drawing the row's last ticket reads every chunk's maximum (through L2), keeps the first largest, writes the
+token and puts the count back to zero for the next launch.  Where Inductor traces the same expression as four
+launches (the row keys, the cut with the noise and its logs, the two stages of ``argmax_last``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import triton.language as tl
 
 from ignition.components.kernels.launch import zeroed_counts
 
-#: Values per program.
+#: Values per program, and its warps (offline sm90, ``scripts/sm90_kernel_check.py``: 80 registers at 8 warps, 139 at
+#: 4 -- 16 values per thread instead of 32 -- 3 programs per SM either way).
 GUMBEL_CHUNK = 4096
+GUMBEL_WARPS = 8
 
 _COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -44,7 +47,7 @@ def _row_keys(SEED, STEP, b):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(Y, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
                           CP: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -53,6 +56,7 @@ def _gumbel_argmax_kernel(Y, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: t
     offs = c * CHUNK + tl.arange(0, CHUNK)
     keep = offs < V
     y = tl.load(Y + b64 * stride_y + offs, mask=keep, other=float("-inf"))
+    y = tl.where(y < tl.load(CUT + b), float("-inf"), y)  # a NaN stays, as masked_fill(y < cut) leaves it
     h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
     u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
     z = y - tl.log(-tl.log(u))
@@ -74,20 +78,21 @@ def _gumbel_argmax_kernel(Y, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: t
         tl.store(OUT + b, tl.where(token < V, token, 0).to(tl.int64))  # a row of -inf everywhere: 0, as argmax
 
 
-def gumbel_argmax_triton(filtered: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
+def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
                          chunk: int = GUMBEL_CHUNK) -> torch.Tensor:
-    """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``filtered [B, V]`` float32, ``seed, step [B]``
-    int64 -> ``[B]`` int64 (shapes checked by the op)."""
-    b, v = filtered.shape
-    out = torch.empty(b, dtype=torch.int64, device=filtered.device)
+    """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``scaled [B, V]`` float32, ``cut [B]`` float32,
+    ``seed, step [B]`` int64 -> ``[B]`` int64 (shapes checked by the op)."""
+    b, v = scaled.shape
+    out = torch.empty(b, dtype=torch.int64, device=scaled.device)
     if b == 0:
         return out
-    if filtered.stride(-1) != 1:
-        filtered = filtered.contiguous()
+    if scaled.stride(-1) != 1:
+        scaled = scaled.contiguous()
     chunks = triton.cdiv(v, chunk)
-    pv = torch.empty((b, chunks), dtype=torch.float32, device=filtered.device)
-    pi = torch.empty((b, chunks), dtype=torch.int32, device=filtered.device)
-    _gumbel_argmax_kernel[(b, chunks)](filtered, seed, step, pv, pi, zeroed_counts(_COUNTS, filtered.device, b), out,
-                                       v, filtered.stride(0), CHUNK=chunk, CHUNKS=chunks,
-                                       CP=triton.next_power_of_2(chunks), num_warps=4)
+    pv = torch.empty((b, chunks), dtype=torch.float32, device=scaled.device)
+    pi = torch.empty((b, chunks), dtype=torch.int32, device=scaled.device)
+    counts = zeroed_counts(_COUNTS, scaled.device, b)
+    _gumbel_argmax_kernel[(b, chunks)](scaled, cut, seed, step, pv, pi, counts, out, v, scaled.stride(0), CHUNK=chunk,
+                                       CHUNKS=chunks, CP=triton.next_power_of_2(chunks),
+                                       num_warps=GUMBEL_WARPS)
     return out
