@@ -6,7 +6,8 @@ Gumbel-max draw in one launch.
   two-stage argmax) over rows kept whole, cut to a few values by -inf or by the row's cut (values tied with it kept),
   to one value, dropped entirely, with a NaN, negative and 64-bit seeds, steps past 2**32, chunks that do not divide
   the row; the noise's bits themselves; the row counts back at zero.
-- CPU: the op's reference is the sampler's draw (the switch changes nothing off CUDA); arguments checked by name.
+- CPU: the op's reference is the sampler's draw (the switch changes nothing off CUDA); arguments checked by name;
+  the count buffers its tickets (and the decode combine's and the MLP handoff's) live in (``launch.zeroed_counts``).
 - The vocabulary-sized rows on the H200: ``test_components_gpu.py``.
 """
 
@@ -113,3 +114,20 @@ def test_sample_draws_from_the_cut_as_the_filtered_logits_do():
                                                       argmax_last(penalized), drawn), -1)
         assert torch.equal(sample(logits, params), want)
         params.step += 1
+
+
+def test_count_buffers_grow_and_keep_the_ones_they_replace():
+    """``launch.zeroed_counts`` (the tickets' and the handoff's counts): one buffer per device of at least
+    ``COUNT_SLOTS_MIN`` slots, reused while it is large enough; a larger request replaces it and the replaced one stays
+    alive (a captured graph may still launch on its address)."""
+    from ignition.components.kernels import launch
+
+    store: dict = {}
+    dev = torch.device("cpu")
+    first = launch.zeroed_counts(store, dev, 8)
+    assert first.dtype == torch.int32 and first.numel() == launch.COUNT_SLOTS_MIN and not first.any()
+    assert launch.zeroed_counts(store, dev, launch.COUNT_SLOTS_MIN) is first
+    bigger = launch.zeroed_counts(store, dev, launch.COUNT_SLOTS_MIN + 1)
+    assert bigger.numel() == launch.COUNT_SLOTS_MIN + 1 and store[launch.device_key(dev)] is bigger
+    assert any(t is first for t in launch._RETIRED)
+    assert launch.zeroed_counts(store, dev, 8) is bigger

@@ -121,17 +121,27 @@ def device_key(device: torch.device) -> tuple[str, int]:
     return device.type, device.index
 
 
+#: The fewest int32 slots of a device's count buffer (:func:`zeroed_counts`), so that a buffer rarely grows.
+COUNT_SLOTS_MIN = 1024
+
+#: Count buffers a larger one replaced: never freed, since a captured CUDA graph holds their addresses.
+_RETIRED: list[torch.Tensor] = []
+
+
 def zeroed_counts(store: dict, device: torch.device, slots: int) -> torch.Tensor:
     """int32 counts of at least ``slots`` slots on ``device``, all zero between launches: every kernel that counts in
-    them puts them back to zero before it completes.  One buffer per device in ``store``, reused by every launch (the
-    layers of a step run one after another) and grown when a launch needs more -- except while a CUDA graph is being
-    captured, where a buffer not yet in ``store`` is the graph's own (its zeroing a node of that graph)."""
+    them puts them back to zero before it completes.  One buffer per device in ``store`` (at least
+    :data:`COUNT_SLOTS_MIN` slots), reused by every launch -- the layers of a step run one after another, and so do the
+    graphs.  A launch that needs more slots gets a larger buffer; the one it replaces is kept alive (a captured graph
+    may launch on it).  Made while a CUDA graph is captured, the buffer comes from the graph's pool and its zeroing is
+    a node of that graph (each replay zeroes it again: harmless, the counts are zero between launches)."""
     key = device_key(device)
     counts = store.get(key)
     if counts is None or counts.numel() < slots:
-        counts = torch.zeros(slots, dtype=torch.int32, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            store[key] = counts
+        if counts is not None:
+            _RETIRED.append(counts)
+        counts = torch.zeros(max(slots, COUNT_SLOTS_MIN), dtype=torch.int32, device=device)
+        store[key] = counts
     return counts
 
 
