@@ -205,10 +205,11 @@ def _decode_combine_group(M_ws, L_ws, ACC_ws, Out, b64, kvh, offs_d, d_mask,
                           DP: tl.constexpr, SPLITS: tl.constexpr):
     """The ``G`` heads of (row b, KV head ``kvh``) at once, tiles ``[GP, DP]`` (``offs_d [DP]``): the
     splits' partials combined as :func:`_decode_combine` does (the same weights; the sums in split order, one after
-    another), divided, rounded once, stored.  Every tile ``[QR, D]`` in one layout -- each partial's max and sum loaded
-    broadcast over the columns -- so nothing crosses threads: no CTA barrier between the loads, which are all issued
-    before the first is used.  Loads through L2: the partials come from other programs of the same launch
-    (:func:`_decode_combine_last`)."""
+    another), divided, rounded once, stored.  Every tile in one layout -- each partial's max and sum loaded broadcast
+    over the columns -- so nothing crosses threads and no CTA barrier stands between the loads: every split's maximum
+    is loaded at once, then every split's sum, accumulator and maximum again (two round trips; the maxima kept from
+    the first pass held 9 registers more offline).  Loads through L2: the partials come from other programs of the
+    same launch (:func:`_decode_combine_last`)."""
     offs_g = tl.arange(0, GP)
     keep = (offs_g < G)[:, None] & d_mask[None, :]
     cols = tl.zeros_like(offs_d)[None, :]  # a partial's max and sum, broadcast over the columns
