@@ -176,7 +176,8 @@ def format_table(r: dict, label: str = "") -> str:
 
 def compare(base: dict, cand: dict) -> list[str]:
     """Markdown lines: per region and per layer position, baseline against candidate (medians, difference).  Layer
-    positions are matched by index; where the two layers hold other kernels, the names of both are shown."""
+    positions are paired by their kernels' names (:func:`aligned_positions`: a launch one side does not run pairs with
+    "-"); where a pair holds other kernels, the names of both are shown."""
     lines = ["| region | baseline us | candidate us | difference |", "|---|---|---|---|"]
     lines.append(f"| step span | {base['span_us']:.1f} | {cand['span_us']:.1f} | "
                  f"{cand['span_us'] - base['span_us']:+.1f} |")
@@ -208,19 +209,37 @@ def short_name(kernel: str) -> str:
     return base.split("::")[-1].split(" ")[-1] or kernel
 
 
+def aligned_positions(bpos: list[dict], cpos: list[dict]) -> list[tuple[dict | None, dict | None]]:
+    """Two position lists paired by their kernels' names, in order (``difflib``'s longest matching runs): a kernel one
+    layer runs and the other does not (a launch a switch removes or adds) pairs with None, so the kernels after it
+    still meet their own; where both hold other kernels at the same place they pair by index."""
+    import difflib
+
+    pairs: list[tuple[dict | None, dict | None]] = []
+    names = [[short_name(p["name"]) for p in pos] for pos in (bpos, cpos)]
+    for op, b0, b1, c0, c1 in difflib.SequenceMatcher(a=names[0], b=names[1], autojunk=False).get_opcodes():
+        n = max(b1 - b0, c1 - c0)
+        if op == "replace" and b1 - b0 == c1 - c0 or op == "equal":
+            pairs += list(zip(bpos[b0:b1], cpos[c0:c1]))
+        else:
+            pairs += [(bpos[b0 + i] if b0 + i < b1 else None, cpos[c0 + i] if c0 + i < c1 else None)
+                      for i in range(n)]
+    return pairs
+
+
 def _position_rows(bpos: list[dict], cpos: list[dict]) -> list[str]:
     """Table rows ``| k | kernel | baseline | candidate | difference | lead (baseline / candidate) |`` of two position
-    lists matched by index; where the two hold other kernels, the names of both are shown."""
+    lists paired by :func:`aligned_positions` (``k``: the baseline's position, or the candidate's as ``-/k`` for a
+    kernel only it runs); where a pair holds other kernels, the names of both are shown."""
     rows = []
-    for j in range(max(len(bpos), len(cpos))):
-        b = bpos[j] if j < len(bpos) else None
-        c = cpos[j] if j < len(cpos) else None
+    for b, c in aligned_positions(bpos, cpos):
         bn, cn = (short_name(p["name"]) if p else None for p in (b, c))
         name = bn or cn if not (b and c) or bn == cn else f"{bn} / {cn}"
         cell = lambda p: "-" if p is None else f"{p['median_us']:.2f} ({p['min_us']:.2f}-{p['max_us']:.2f})"  # noqa
         diff = "-" if b is None or c is None else f"{c['median_us'] - b['median_us']:+.2f}"
         lead = " / ".join("-" if p is None else f"{p['lead_us']:.2f}" for p in (b, c))
-        rows.append(f"| {j} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} | {lead} |")
+        k = b["position"] if b is not None else f"-/{c['position']}"
+        rows.append(f"| {k} | `{name[:60]}` | {cell(b)} | {cell(c)} | {diff} | {lead} |")
     return rows
 
 

@@ -79,6 +79,28 @@ def test_mismatched_runs_and_uneven_replays_are_refused():
         cp.increments(_replay([extra]), _attributed(LAYOUT), replays=1)
 
 
+def test_compare_pairs_layer_positions_by_kernel_name():
+    """A launch one side does not run (the decode reduce a switch folds into the attention) pairs with "-", and the
+    kernels after it still meet their own; kernels that differ in place pair by index with both names shown."""
+    def pos(names):
+        return [{"position": j, "name": n, "median_us": 1.0 + j, "min_us": 1.0, "max_us": 9.0, "lead_us": 0.0}
+                for j, n in enumerate(names)]
+
+    base = pos(["_fused_gemv_kernel", "_rope_decode_kernel", "_paged_decode_reduce_kernel", "_fused_gemv_kernel",
+                "_fused_gemv_kernel"])
+    cand = pos(["_fused_gemv_kernel", "_rope_decode_kernel", "_fused_gemv_kernel", "_fused_gemv_kernel"])
+    pairs = cp.aligned_positions(base, cand)
+    assert [(b and b["position"], c and c["position"]) for b, c in pairs] == [(0, 0), (1, 1), (2, None), (3, 2),
+                                                                              (4, 3)]
+    rows = cp._position_rows(base, cand)
+    assert rows[2] == "| 2 | `_paged_decode_reduce_kernel` | 3.00 (1.00-9.00) | - | - | 0.00 / - |"
+    assert rows[3] == "| 3 | `_fused_gemv_kernel` | 4.00 (1.00-9.00) | 3.00 (1.00-9.00) | -1.00 | 0.00 / 0.00 |"
+    added = cp._position_rows(cand, base)  # the other way: the candidate's extra kernel at its own position
+    assert added[2] == "| -/2 | `_paged_decode_reduce_kernel` | - | 3.00 (1.00-9.00) | - | - / 0.00 |"
+    swapped = cp._position_rows(pos(["a", "x", "c"]), pos(["a", "y", "c"]))
+    assert swapped[1] == "| 1 | `x / y` | 2.00 (1.00-9.00) | 2.00 (1.00-9.00) | +0.00 | 0.00 / 0.00 |"
+
+
 def test_compare_and_report_section(tmp_path):
     base = cp.increments(_replay([STEP]), _attributed(LAYOUT), replays=1)
     # layer.0's o_proj 1 us shorter, everything after it 1 us earlier
