@@ -57,7 +57,8 @@ from dataclasses import fields
 
 import torch
 
-from ignition.components.sampling import GREEDY_EPS, SamplingTensors, argmax_last, filter_logits, uniform_noise
+from ignition.components.sampling import (GREEDY_EPS, SamplingTensors, argmax_last, filter_logits, gumbel_argmax,
+                                          uniform_noise)
 
 __all__ = ["accept", "advance_accepted", "position_params", "full_acceptance_violations", "stream_seed",
            "gumbel_draw", "ACCEPT_STREAM", "RESIDUAL_STREAM", "DRAFT_STREAM"]
@@ -142,9 +143,10 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def gumbel_draw(log_weights: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """``argmax(x - log(-log u))``: the exact expression :func:`sample` uses (bytewise parity)."""
-    u = uniform_noise(seed, step, log_weights.shape[-1])
-    return argmax_last(log_weights - torch.log(-torch.log(u)))
+    """``argmax(x - log(-log u))``: :func:`sample`'s own draw (``sampling.gumbel_argmax``, here without a cut), so the
+    width-one round and decode draw alike -- the traced expression, or ``flare::gumbel_argmax`` under
+    ``FLARE_GUMBEL_KERNEL`` for both (bytewise parity)."""
+    return gumbel_argmax(log_weights, torch.full_like(log_weights[:, 0], float("-inf")), seed, step)
 
 
 # ----------------------------------------------------------------------------- acceptance
