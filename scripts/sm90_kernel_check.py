@@ -59,7 +59,8 @@ ONE_ROW = [
 
 def cases():
     """``(name, kernel name, signature, constexprs, options)`` of the configurations to compile (:func:`kernel_of`)."""
-    from ignition.components.kernels import decode_plan, gumbel, linear, prefill_attention, rotary, sampling_cut
+    from ignition.components.kernels import (decode_plan, gumbel, linear, prefill_attention, rotary, sampler_front,
+                                             sampling_cut)
 
     out = []
     for name, n, k, norm, gated, res, gi in ONE_ROW:
@@ -194,6 +195,17 @@ def cases():
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
                 dict(BLOCK=sampling_cut.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=sampling_cut.SORTED_CUT_SCAN),
                 dict(num_warps=sampling_cut.SORTED_CUT_WARPS)))
+    chunks = -(-151_936 // sampler_front.FRONT_CHUNK)  # the sampler's front over Qwen3's vocabulary
+    rows = {n: "*fp32" for n in ("REP", "FREQ", "PRES", "TEMP")}
+    out.append((f"sampler front {sampler_front.FRONT_CHUNK}", "_front_kernel",
+                {"X": P, "CNT": "*i32", "PM": "*i1", **rows, "Y": "*fp32", "PY": "*fp32", "PNAN": "*i32",
+                 "PX": "*fp32", "PI": "*i32", "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
+                 "stride_x": "i32", "stride_c": "i32", "stride_p": "i32", "stride_y": "i32"},
+                dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
+                     CP=1 << (chunks - 1).bit_length()), dict(num_warps=sampler_front.FRONT_WARPS)))
+    out.append((f"sampler min-p {sampler_front.FRONT_CHUNK}", "_min_p_kernel",
+                {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32"},
+                dict(CHUNK=sampler_front.FRONT_CHUNK), dict(num_warps=sampler_front.FRONT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
     out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}", "_gumbel_argmax_kernel",
                 {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32", "CNT": "*i32",

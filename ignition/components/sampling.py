@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -49,8 +49,8 @@ from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "filter_cut", "filter_logits", "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference",
-           "GREEDY_EPS", "GUMBEL_KERNEL"]
+           "apply_min_p", "cut_of", "filter_cut", "filter_logits", "penalized", "uniform_noise", "gumbel_argmax",
+           "gumbel_argmax_reference", "sampler_front_reference", "GREEDY_EPS", "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -227,11 +227,18 @@ def apply_penalties(logits: torch.Tensor, params: SamplingTensors) -> torch.Tens
     """Repetition (prompt or output tokens), then frequency and presence (output tokens); see module doc."""
     if params.output_counts is None:
         return logits
-    counts = params.output_counts
+    return penalized(logits, params.output_counts, params.prompt_mask, params.repetition_penalty,
+                     params.frequency_penalty, params.presence_penalty)
+
+
+def penalized(logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor, repetition: torch.Tensor,
+              frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_penalties` on its tensors: ``counts [B, V]`` int32, ``prompt_mask [B, V]`` bool, the three
+    penalties ``[B]``."""
     seen = counts > 0
-    rep = torch.where(seen | params.prompt_mask, params.repetition_penalty[:, None], 1.0)
+    rep = torch.where(seen | prompt_mask, repetition[:, None], 1.0)
     x = torch.where(logits > 0, logits / rep, logits * rep)
-    return x - params.frequency_penalty[:, None] * counts.to(x.dtype) - params.presence_penalty[:, None] * seen.to(x.dtype)
+    return x - frequency[:, None] * counts.to(x.dtype) - presence[:, None] * seen.to(x.dtype)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -276,6 +283,11 @@ def filter_cut(logits: torch.Tensor, params: SamplingTensors,
     ``flare::sampling_cut_compact`` (no sort).  Elsewhere the full sort."""
     x = apply_penalties(logits.to(torch.float32), params)
     y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
+    return x, y, cut_of(y, params, skip)
+
+
+def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None = None) -> torch.Tensor:
+    """``[B]``: each row's top-k / top-p cut of the scaled, min-p-masked logits ``y`` (:func:`filter_cut`)."""
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
@@ -285,7 +297,7 @@ def filter_cut(logits: torch.Tensor, params: SamplingTensors,
                else sampling_cut_compact(y, params.top_k, params.top_p, skipped))
     else:
         cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
-    return x, y, cut
+    return cut
 
 
 def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
@@ -305,9 +317,10 @@ def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
 
 #: Whether the CUDA sampler draws its Gumbel-max token with ``flare::gumbel_argmax`` (one Triton launch: each program
 #: its chunk's cut, noise and first maximum, the row's last program the token -- ``kernels/gumbel.py``) instead of the
-#: traced cut, noise, logs and two-stage argmax (four Inductor launches in run 168's Qwen3-8B step, ~8 us of its
-#: critical path at batch 1).  ``FLARE_GUMBEL_KERNEL=1`` / ``0`` sets it (read at each trace, for side-by-side runs).
-#: The same noise bits; the logs are Triton's, as Inductor's.  Not measured in a step yet: off.
+#: traced cut, noise, logs and argmax: in run 168's Qwen3-8B step at batch 1 three Inductor launches (the row keys; the
+#: cut, noise and logs; the argmax's first stage: 6.2 us of kernel time), its second stage sharing a fourth with the
+#: token's selection and the state update.  ``FLARE_GUMBEL_KERNEL=1`` / ``0`` sets it (read at each trace, for
+#: side-by-side runs).  The same noise bits; the logs libdevice's, as torch's.  Not measured in a step yet: off.
 GUMBEL_KERNEL = False
 
 
@@ -351,12 +364,75 @@ def gumbel_argmax(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, s
     return gumbel_argmax_reference(scaled, cut, seed, step)
 
 
+#: Whether the CUDA sampler forms its penalized, scaled and min-p-masked logits and its greedy token with
+#: ``flare::sampler_front`` (two Triton launches, ``kernels/sampler_front.py``) instead of the traced penalties,
+#: temperature, split ``amax``, mask and first argmax stage: in run 168's Qwen3-8B step at batch 1 the seven Inductor
+#: launches before the cut, 12.0 us of kernel time.  ``FLARE_SAMPLER_FRONT_KERNEL=1`` / ``0`` sets it (read at each
+#: trace, for side-by-side runs).  The same arithmetic in the same order, bit for bit the eager reference's (IEEE
+#: divisions, libdevice's log).  Not measured in a step yet: off.
+SAMPLER_FRONT_KERNEL = False
+
+
+def sampler_front_reference(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
+                            repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+                            temperature: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(greedy [B] int64, scaled [B, V] float32)``: the first maximum of the penalized logits and the
+    temperature-scaled, min-p-masked ones -- :func:`filter_cut`'s before its cut, on tensors (no penalty state:
+    ``counts`` and ``prompt_mask`` None)."""
+    x = logits.to(torch.float32)
+    if counts is not None:
+        x = penalized(x, counts, prompt_mask, repetition, frequency, presence)
+    return argmax_last(x), apply_min_p(apply_temperature(x, temperature), min_p)
+
+
+def _front_fake(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p):
+    b, v = logits.shape
+    return logits.new_empty((b,), dtype=torch.int64), logits.new_empty((b, v), dtype=torch.float32)
+
+
+@opaque_op("sampler_front", mutates_args=(), fake=_front_fake)
+def sampler_front_op(logits: torch.Tensor, counts: Optional[torch.Tensor], prompt_mask: Optional[torch.Tensor],
+                     repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+                     temperature: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits [B, V]`` (bf16 or float32), the penalty state ``counts [B, V]`` int32 and ``prompt_mask [B, V]`` bool
+    (both or neither), ``repetition, frequency, presence, temperature, min_p [B]`` float32 -> new ``(greedy [B]
+    int64, scaled [B, V] float32)``: :func:`sampler_front_reference`.  CUDA: two Triton launches
+    (``kernels.sampler_front``); elsewhere the reference."""
+    if logits.dim() != 2 or logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"sampler_front: logits must be a [B, V] floating tensor, got {tuple(logits.shape)} "
+                         f"{logits.dtype}")
+    b, v = logits.shape
+    if (counts is None) != (prompt_mask is None):
+        raise ValueError("sampler_front: counts and prompt_mask come together (the penalty state) or not at all")
+    for name, t, dtype in (("counts", counts, torch.int32), ("prompt_mask", prompt_mask, torch.bool)):
+        if t is not None and (tuple(t.shape) != (b, v) or t.dtype != dtype or t.stride(-1) != 1):
+            raise ValueError(f"sampler_front: {name} must be a [{b}, {v}] {dtype} tensor with contiguous rows, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    for name, t in (("repetition", repetition), ("frequency", frequency), ("presence", presence),
+                    ("temperature", temperature), ("min_p", min_p)):
+        if tuple(t.shape) != (b,) or t.dtype != torch.float32:
+            raise ValueError(f"sampler_front: {name} must be a [{b}] float32 tensor, got {tuple(t.shape)} {t.dtype}")
+    if logits.is_cuda:
+        from ignition.components.kernels.sampler_front import sampler_front_triton  # imports triton: CUDA only
+
+        rows = (t.contiguous() for t in (repetition, frequency, presence, temperature, min_p))
+        return sampler_front_triton(logits, counts, prompt_mask, *rows, GREEDY_EPS)
+    return sampler_front_reference(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
-    penalized, scaled, cut = filter_cut(logits, params, skip=params.temperature < GREEDY_EPS)
-    greedy = argmax_last(penalized)
+    skip = params.temperature < GREEDY_EPS
+    if logits.is_cuda and switch("FLARE_SAMPLER_FRONT_KERNEL", SAMPLER_FRONT_KERNEL):
+        greedy, scaled = sampler_front_op(logits, params.output_counts, params.prompt_mask, params.repetition_penalty,
+                                          params.frequency_penalty, params.presence_penalty, params.temperature,
+                                          params.min_p)
+        cut = cut_of(scaled, params, skip)
+    else:
+        x, scaled, cut = filter_cut(logits, params, skip)
+        greedy = argmax_last(x)
     drawn = gumbel_argmax(scaled, cut, params.seed, params.step)
     tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
     return torch.where(params.active if active is None else active, tokens, pad_id)

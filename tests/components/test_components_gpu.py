@@ -26,12 +26,13 @@ def _params(capacity, device):
                                          prompt_token_ids=[[b, 7, 9000 + b] for b in range(n)])
 
 
-@pytest.mark.parametrize("gumbel", ["0", "1"])
+@pytest.mark.parametrize("kernels", ["0", "1"])
 @pytest.mark.parametrize("capacity", [1, 8, 64])
-def test_captured_sampling_step_replays_like_eager(monkeypatch, capacity, gumbel):
-    """The compiled sampling step captured in a graph replays the eager step's tokens and state, with the traced
-    Gumbel draw and with ``flare::gumbel_argmax`` (``FLARE_GUMBEL_KERNEL``, eager and compiled alike)."""
-    monkeypatch.setenv("FLARE_GUMBEL_KERNEL", gumbel)
+def test_captured_sampling_step_replays_like_eager(monkeypatch, capacity, kernels):
+    """The compiled sampling step captured in a graph replays the eager step's tokens and state: traced, and with the
+    sampler's own kernels (``FLARE_SAMPLER_FRONT_KERNEL`` and ``FLARE_GUMBEL_KERNEL``, eager and compiled alike)."""
+    monkeypatch.setenv("FLARE_GUMBEL_KERNEL", kernels)
+    monkeypatch.setenv("FLARE_SAMPLER_FRONT_KERNEL", kernels)
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(capacity)
     logits = [torch.randn(capacity, VOCAB, device=dev, generator=g) * 4 for _ in range(8)]
@@ -532,6 +533,29 @@ def test_topk_values_on_this_gpu(monkeypatch, rows, k):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("penalties", [True, False])
+def test_sampler_front_on_this_gpu(penalties):
+    """``flare::sampler_front`` on vocabulary-sized rows (test_sampler_front.py's rows): the traced reference's greedy
+    tokens and scaled logits bit for bit (IEEE divisions and libdevice's log on both sides), every row ticket back at
+    zero, the same bits launch after launch."""
+    from test_sampler_front import front_case
+
+    from ignition.components.kernels import launch, sampler_front
+    from ignition.components.sampling import sampler_front_op, sampler_front_reference
+
+    case = [t.cuda() for t in front_case(VOCAB)]
+    if not penalties:
+        case[1] = case[2] = None
+    greedy, scaled = sampler_front_op(*case)
+    want_greedy, want_scaled = sampler_front_reference(*case)
+    assert torch.equal(greedy, want_greedy)
+    assert torch.equal(scaled.view(torch.int32), want_scaled.view(torch.int32))
+    again = sampler_front_op(*case)
+    torch.cuda.synchronize()
+    assert torch.equal(again[0], greedy) and torch.equal(again[1].view(torch.int32), scaled.view(torch.int32))
+    assert not sampler_front._COUNTS[launch.device_key(scaled.device)].any()
 
 
 def test_gumbel_argmax_on_this_gpu():

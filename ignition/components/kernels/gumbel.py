@@ -5,8 +5,8 @@ sampler's ``masked_fill``), forms its noise -- the counter-based hash of (row se
 ``sampling.uniform_noise``, in uint32 lanes, the same bits -- and its first maximum of ``filtered - log(-log u)``;
 then draws a ticket of its row (a CTA barrier, one acq_rel add at GPU scope: CUTLASS's semaphore pattern), and the
 program drawing the row's last ticket reads every chunk's maximum (through L2), keeps the first largest, writes the
-token and puts the count back to zero for the next launch.  Where Inductor traces the same expression as four
-launches (the row keys, the cut with the noise and its logs, the two stages of ``argmax_last``).
+token and puts the count back to zero for the next launch.  Where Inductor traces the same expression as three
+launches and part of a fourth (the row keys; the cut, noise and logs; the two stages of ``argmax_last``).
 """
 
 from __future__ import annotations

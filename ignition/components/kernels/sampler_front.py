@@ -1,0 +1,118 @@
+"""The sampler's front in two launches (``flare::sampler_front``, :mod:`ignition.components.sampling`): penalties,
+temperature, the greedy token and the min-p mask of ``sampling.filter_cut``.
+
+Launch 1, grid (rows, chunks of ``CHUNK`` values): each program reads its chunk of the logits (and of the penalty
+state), forms the penalized values ``x`` and the scaled ``y = x / t`` exactly as ``apply_penalties`` and
+``apply_temperature`` do, stores ``y``, and its chunk's first maximum of ``x`` and maximum of ``y``; then a ticket of its
+row (a CTA barrier, one acq_rel add at GPU scope), and the program drawing the row's last ticket reads every chunk's
+(through L2): the greedy token (the first maximum, NaN the largest as argmax's) and the min-p floor (the row maximum of
+``y`` plus ``log(min_p)``; none where a NaN made torch's ``amax`` NaN).  Launch 2, the same grid: the values below
+their row's floor become -inf (``apply_min_p``'s ``masked_fill``).  Where Inductor traces the same expressions as
+about seven launches (the penalties, the split ``amax``, the mask, the first stage of the greedy argmax).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ignition.components.kernels.launch import zeroed_counts
+
+#: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
+#: registers) 92 registers, 2 programs per SM -- 4096 values at 8 warps took 172 registers, 1 per SM; at 16 warps 92,
+#: 1 per SM.  Qwen3's vocabulary: 75 programs per row.
+FRONT_CHUNK = 2048
+FRONT_WARPS = 8
+#: Chunks per row at most (the final program reads them all at once).
+FRONT_MAX_CHUNKS = 256
+
+_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+@triton.jit
+def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PNAN, PX, PI, TICK, GREEDY, YMAX, V, stride_x, stride_c,
+                  stride_p, stride_y, GREEDY_EPS: tl.constexpr, HAS_PEN: tl.constexpr, CHUNK: tl.constexpr,
+                  CHUNKS: tl.constexpr, CP: tl.constexpr):
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    b64 = b.to(tl.int64)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    keep = offs < V
+    x = tl.load(X + b64 * stride_x + offs, mask=keep, other=0.0).to(tl.float32)
+    if HAS_PEN:  # apply_penalties: repetition (prompt or output tokens), then frequency and presence
+        counts = tl.load(CNT + b64 * stride_c + offs, mask=keep, other=0)
+        seen = counts > 0
+        prompt = tl.load(PM + b64 * stride_p + offs, mask=keep, other=0) != 0
+        rep = tl.where(seen | prompt, tl.load(REP + b), 1.0)
+        x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)  # IEEE division, as torch's (Triton's "/" is not)
+        x = x - tl.load(FREQ + b) * counts.to(tl.float32) - tl.load(PRES + b) * seen.to(tl.float32)
+    t = tl.load(TEMP + b)
+    y = tl.math.div_rn(x, tl.where(t < GREEDY_EPS, 1.0, t))  # apply_temperature: greedy rows divide by 1
+    tl.store(Y + b64 * stride_y + offs, y, mask=keep)
+    xn = tl.where(keep, tl.where(x != x, float("inf"), x), float("-inf"))  # NaN the largest, as argmax's
+    top = tl.max(xn, axis=0)
+    first = tl.min(tl.where(keep & (xn == top), offs, V), axis=0)
+    nan = tl.max(tl.where(keep & (y != y), 1, 0), axis=0)
+    ytop = tl.max(tl.where(keep & (y == y), y, float("-inf")), axis=0)
+    tl.store(PX + b64 * CHUNKS + c, top)
+    tl.store(PI + b64 * CHUNKS + c, first)
+    tl.store(PY + b64 * CHUNKS + c, ytop)
+    tl.store(PNAN + b64 * CHUNKS + c, nan)
+    tl.debug_barrier()  # every thread's stores before the release
+    ticket = tl.atomic_add(TICK + b, 1, sem="acq_rel", scope="gpu")
+    if ticket == CHUNKS - 1:
+        tl.store(TICK + b, 0)
+        cs = tl.arange(0, CP)
+        cm = cs < CHUNKS
+        tops = tl.load(PX + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
+        firsts = tl.load(PI + b64 * CHUNKS + cs, mask=cm, other=V, cache_modifier=".cg")
+        best = tl.max(tops, axis=0)
+        token = tl.min(tl.where(cm & (tops == best), firsts, V), axis=0)  # chunks in order: the first maximum
+        tl.store(GREEDY + b, tl.where(token < V, token, 0).to(tl.int64))
+        ys = tl.load(PY + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
+        nans = tl.load(PNAN + b64 * CHUNKS + cs, mask=cm, other=0, cache_modifier=".cg")
+        ymax = tl.max(ys, axis=0)
+        tl.store(YMAX + b, tl.where(tl.max(nans, axis=0) > 0, float("nan"), ymax))
+
+
+@triton.jit
+def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr):
+    """apply_min_p: the values below ``amax + log(min_p)`` -inf, in place (a NaN maximum masks nothing)."""
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    keep = offs < V
+    row = Y + b.to(tl.int64) * stride_y + offs
+    y = tl.load(row, mask=keep, other=0.0)
+    floor = tl.load(YMAX + b) + tl.log(tl.load(MINP + b))
+    tl.store(row, tl.where(y < floor, float("-inf"), y), mask=keep)
+
+
+def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
+                         repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+                         temperature: torch.Tensor, min_p: torch.Tensor, greedy_eps: float, *,
+                         chunk: int = FRONT_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flare::sampler_front`` on the GPU (or the interpreter) -> ``(greedy [B] int64, scaled [B, V] float32)``
+    (arguments checked by the op)."""
+    b, v = logits.shape
+    dev = logits.device
+    scaled = torch.empty((b, v), dtype=torch.float32, device=dev)
+    greedy = torch.empty(b, dtype=torch.int64, device=dev)
+    if b == 0:
+        return greedy, scaled
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    chunks = triton.cdiv(v, chunk)
+    if chunks > FRONT_MAX_CHUNKS:
+        raise ValueError(f"sampler_front: {v} values make {chunks} chunks of {chunk}, more than {FRONT_MAX_CHUNKS}")
+    f32 = dict(dtype=torch.float32, device=dev)
+    py, px, ymax = torch.empty((b, chunks), **f32), torch.empty((b, chunks), **f32), torch.empty(b, **f32)
+    pnan, pi = (torch.empty((b, chunks), dtype=torch.int32, device=dev) for _ in range(2))
+    pen = counts is not None
+    cnt, pm = (counts, prompt_mask) if pen else (logits, logits)  # unused without penalties
+    _front_kernel[(b, chunks)](logits, cnt, pm, repetition, frequency, presence, temperature, scaled, py, pnan, px,
+                               pi, zeroed_counts(_COUNTS, dev, b), greedy, ymax, v, logits.stride(0),
+                               cnt.stride(0), pm.stride(0), scaled.stride(0), GREEDY_EPS=greedy_eps, HAS_PEN=pen,
+                               CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS)
+    _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS)
+    return greedy, scaled
