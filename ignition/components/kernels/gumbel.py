@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ignition.components.kernels.launch import zeroed_counts
+from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
 
 #: Values per program, and its warps (offline sm90, ``scripts/sm90_kernel_check.py``: 80 registers at 8 warps, 139 at
 #: 4 -- 16 values per thread instead of 32 -- 3 programs per SM either way).
@@ -59,23 +60,11 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHU
     y = tl.where(y < tl.load(CUT + b), float("-inf"), y)  # a NaN stays, as masked_fill(y < cut) leaves it
     h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
     u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
-    z = y - tl.log(-tl.log(u))
-    z = tl.where(keep, tl.where(z != z, float("inf"), z), float("-inf"))  # NaN counts as the largest, as argmax's
-    top = tl.max(z, axis=0)
-    first = tl.min(tl.where(keep & (z == top), offs, V), axis=0)
+    top, first = _chunk_first_max(y - tl.log(-tl.log(u)), offs, keep, V)
     tl.store(PV + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
-    tl.debug_barrier()  # every thread's stores before the release
-    ticket = tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu")
-    if ticket == CHUNKS - 1:
-        tl.store(CNT + b, 0)
-        cs = tl.arange(0, CP)
-        cm = cs < CHUNKS
-        tops = tl.load(PV + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
-        firsts = tl.load(PI + b64 * CHUNKS + cs, mask=cm, other=V, cache_modifier=".cg")
-        best = tl.max(tops, axis=0)
-        token = tl.min(tl.where(cm & (tops == best), firsts, V), axis=0)  # chunks in order: the first maximum
-        tl.store(OUT + b, tl.where(token < V, token, 0).to(tl.int64))  # a row of -inf everywhere: 0, as argmax
+    if _row_ticket(CNT, b):
+        tl.store(OUT + b, _row_first_max(PV, PI, b64, CHUNKS, CP, V))
 
 
 def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,

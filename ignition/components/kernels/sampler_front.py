@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from ignition.components.kernels.launch import zeroed_counts
+from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
 
 #: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
 #: registers) 92 registers, 2 programs per SM -- 4096 values at 8 warps took 172 registers, 1 per SM; at 16 warps 92,
@@ -50,30 +51,18 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PNAN, PX, PI, TICK, 
     t = tl.load(TEMP + b)
     y = tl.math.div_rn(x, tl.where(t < GREEDY_EPS, 1.0, t))  # apply_temperature: greedy rows divide by 1
     tl.store(Y + b64 * stride_y + offs, y, mask=keep)
-    xn = tl.where(keep, tl.where(x != x, float("inf"), x), float("-inf"))  # NaN the largest, as argmax's
-    top = tl.max(xn, axis=0)
-    first = tl.min(tl.where(keep & (xn == top), offs, V), axis=0)
-    nan = tl.max(tl.where(keep & (y != y), 1, 0), axis=0)
-    ytop = tl.max(tl.where(keep & (y == y), y, float("-inf")), axis=0)
+    top, first = _chunk_first_max(x, offs, keep, V)
     tl.store(PX + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
-    tl.store(PY + b64 * CHUNKS + c, ytop)
-    tl.store(PNAN + b64 * CHUNKS + c, nan)
-    tl.debug_barrier()  # every thread's stores before the release
-    ticket = tl.atomic_add(TICK + b, 1, sem="acq_rel", scope="gpu")
-    if ticket == CHUNKS - 1:
-        tl.store(TICK + b, 0)
+    tl.store(PY + b64 * CHUNKS + c, tl.max(tl.where(keep & (y == y), y, float("-inf")), axis=0))
+    tl.store(PNAN + b64 * CHUNKS + c, tl.max(tl.where(keep & (y != y), 1, 0), axis=0))
+    if _row_ticket(TICK, b):
+        tl.store(GREEDY + b, _row_first_max(PX, PI, b64, CHUNKS, CP, V))
         cs = tl.arange(0, CP)
         cm = cs < CHUNKS
-        tops = tl.load(PX + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
-        firsts = tl.load(PI + b64 * CHUNKS + cs, mask=cm, other=V, cache_modifier=".cg")
-        best = tl.max(tops, axis=0)
-        token = tl.min(tl.where(cm & (tops == best), firsts, V), axis=0)  # chunks in order: the first maximum
-        tl.store(GREEDY + b, tl.where(token < V, token, 0).to(tl.int64))
         ys = tl.load(PY + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
         nans = tl.load(PNAN + b64 * CHUNKS + cs, mask=cm, other=0, cache_modifier=".cg")
-        ymax = tl.max(ys, axis=0)
-        tl.store(YMAX + b, tl.where(tl.max(nans, axis=0) > 0, float("nan"), ymax))
+        tl.store(YMAX + b, tl.where(tl.max(nans, axis=0) > 0, float("nan"), tl.max(ys, axis=0)))
 
 
 @triton.jit
