@@ -198,8 +198,8 @@ def cases():
     chunks = -(-151_936 // sampler_front.FRONT_CHUNK)  # the sampler's front over Qwen3's vocabulary
     rows = {n: "*fp32" for n in ("REP", "FREQ", "PRES", "TEMP")}
     out.append((f"sampler front {sampler_front.FRONT_CHUNK}", "_front_kernel",
-                {"X": P, "CNT": "*i32", "PM": "*i1", **rows, "Y": "*fp32", "PY": "*fp32", "PNAN": "*i32",
-                 "PX": "*fp32", "PI": "*i32", "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
+                {"X": P, "CNT": "*i32", "PM": "*i1", **rows, "Y": "*fp32", "PY": "*fp32", "PX": "*fp32", "PI": "*i32",
+                 "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
                  "stride_x": "i32", "stride_c": "i32", "stride_p": "i32", "stride_y": "i32"},
                 dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
                      CP=1 << (chunks - 1).bit_length()), dict(num_warps=sampler_front.FRONT_WARPS)))

@@ -49,8 +49,9 @@ from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "cut_of", "filter_cut", "filter_logits", "penalized", "uniform_noise", "gumbel_argmax",
-           "gumbel_argmax_reference", "sampler_front_reference", "GREEDY_EPS", "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
+           "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized", "uniform_noise",
+           "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference", "GREEDY_EPS",
+           "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -281,9 +282,25 @@ def filter_cut(logits: torch.Tensor, params: SamplingTensors,
     top ``N`` values, and ``flare::sampling_cut`` for the rows whose cut they do not decide (``sampling_cut.py``);
     otherwise (:func:`sort_free`, default on; ``FLARE_SAMPLER_SORT_FREE=0``: the full sort) every row by
     ``flare::sampling_cut_compact`` (no sort).  Elsewhere the full sort."""
-    x = apply_penalties(logits.to(torch.float32), params)
-    y = apply_min_p(apply_temperature(x, params.temperature), params.min_p)
+    x, y = front_logits(*_front_args(logits, params))
     return x, y, cut_of(y, params, skip)
+
+
+def front_logits(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
+                 repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor, temperature: torch.Tensor,
+                 min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(penalized, scaled)`` in float32: the penalties (none without the penalty state: ``counts`` and
+    ``prompt_mask`` None), then the temperature and the min-p mask -- the front of :func:`filter_cut`, on tensors."""
+    x = logits.to(torch.float32)
+    if counts is not None:
+        x = penalized(x, counts, prompt_mask, repetition, frequency, presence)
+    return x, apply_min_p(apply_temperature(x, temperature), min_p)
+
+
+def _front_args(logits: torch.Tensor, params: SamplingTensors) -> tuple:
+    """:func:`front_logits`' arguments (and ``flare::sampler_front``'s) from ``params``."""
+    return (logits, params.output_counts, params.prompt_mask, params.repetition_penalty, params.frequency_penalty,
+            params.presence_penalty, params.temperature, params.min_p)
 
 
 def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None = None) -> torch.Tensor:
@@ -376,13 +393,10 @@ SAMPLER_FRONT_KERNEL = False
 def sampler_front_reference(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
                             repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
                             temperature: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(greedy [B] int64, scaled [B, V] float32)``: the first maximum of the penalized logits and the
-    temperature-scaled, min-p-masked ones -- :func:`filter_cut`'s before its cut, on tensors (no penalty state:
-    ``counts`` and ``prompt_mask`` None)."""
-    x = logits.to(torch.float32)
-    if counts is not None:
-        x = penalized(x, counts, prompt_mask, repetition, frequency, presence)
-    return argmax_last(x), apply_min_p(apply_temperature(x, temperature), min_p)
+    """``(greedy [B] int64, scaled [B, V] float32)``: the first maximum of :func:`front_logits`' penalized logits,
+    and its scaled ones."""
+    x, y = front_logits(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
+    return argmax_last(x), y
 
 
 def _front_fake(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p):
@@ -420,20 +434,20 @@ def sampler_front_op(logits: torch.Tensor, counts: Optional[torch.Tensor], promp
     return sampler_front_reference(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
 
 
+def sampler_front(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampler's front, ``(greedy, scaled)``: ``flare::sampler_front`` on CUDA with :data:`SAMPLER_FRONT_KERNEL`
+    (``FLARE_SAMPLER_FRONT_KERNEL``), else :func:`sampler_front_reference` traced inline."""
+    if logits.is_cuda and switch("FLARE_SAMPLER_FRONT_KERNEL", SAMPLER_FRONT_KERNEL):
+        return sampler_front_op(*_front_args(logits, params))
+    return sampler_front_reference(*_front_args(logits, params))
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
-    skip = params.temperature < GREEDY_EPS
-    if logits.is_cuda and switch("FLARE_SAMPLER_FRONT_KERNEL", SAMPLER_FRONT_KERNEL):
-        greedy, scaled = sampler_front_op(logits, params.output_counts, params.prompt_mask, params.repetition_penalty,
-                                          params.frequency_penalty, params.presence_penalty, params.temperature,
-                                          params.min_p)
-        cut = cut_of(scaled, params, skip)
-    else:
-        x, scaled, cut = filter_cut(logits, params, skip)
-        greedy = argmax_last(x)
-    drawn = gumbel_argmax(scaled, cut, params.seed, params.step)
+    greedy, scaled = sampler_front(logits, params)
+    drawn = gumbel_argmax(scaled, cut_of(scaled, params, params.temperature < GREEDY_EPS), params.seed, params.step)
     tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
     return torch.where(params.active if active is None else active, tokens, pad_id)
 

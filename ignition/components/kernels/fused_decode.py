@@ -37,6 +37,11 @@ from ignition.components.switches import switch
 # together, to be measured in the step).
 
 
+#: The fused decode kernel's per-(row, KV head) counts of programs done when it combines its splits itself
+#: (``decode_plan.DECODE_COMBINE_ROWS``), one buffer per device (``launch.zeroed_counts``).
+_COMBINE_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
+
+
 @triton.jit
 def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, L_ws, ACC_ws, Out,
                         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cb, stride_sb,
@@ -196,11 +201,6 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             SP=ws_geo["SP"], num_warps=4, **_pdl(q.device, early_rows=b, overlap_bytes=overlap_bytes),
             **_probe_args(probe, 1, b * h), **_reduce_prefetch_args(prefetch))
     return out
-
-
-#: The fused decode kernel's per-(row, KV head) counts of programs done when it combines its splits itself
-#: (``decode_plan.DECODE_COMBINE_ROWS``), one buffer per device (``launch.zeroed_counts``).
-_COMBINE_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def _reduce_prefetch_args(prefetch: tuple[torch.Tensor, int] | None) -> dict:

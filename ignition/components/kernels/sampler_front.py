@@ -32,7 +32,7 @@ _COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 @triton.jit
-def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PNAN, PX, PI, TICK, GREEDY, YMAX, V, stride_x, stride_c,
+def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY, YMAX, V, stride_x, stride_c,
                   stride_p, stride_y, GREEDY_EPS: tl.constexpr, HAS_PEN: tl.constexpr, CHUNK: tl.constexpr,
                   CHUNKS: tl.constexpr, CP: tl.constexpr):
     b = tl.program_id(0)
@@ -54,15 +54,20 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PNAN, PX, PI, TICK, 
     top, first = _chunk_first_max(x, offs, keep, V)
     tl.store(PX + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
-    tl.store(PY + b64 * CHUNKS + c, tl.max(tl.where(keep & (y == y), y, float("-inf")), axis=0))
-    tl.store(PNAN + b64 * CHUNKS + c, tl.max(tl.where(keep & (y != y), 1, 0), axis=0))
+    tl.store(PY + b64 * CHUNKS + c, _nan_max(y, keep))
     if _row_ticket(TICK, b):
         tl.store(GREEDY + b, _row_first_max(PX, PI, b64, CHUNKS, CP, V))
         cs = tl.arange(0, CP)
-        cm = cs < CHUNKS
-        ys = tl.load(PY + b64 * CHUNKS + cs, mask=cm, other=float("-inf"), cache_modifier=".cg")
-        nans = tl.load(PNAN + b64 * CHUNKS + cs, mask=cm, other=0, cache_modifier=".cg")
-        tl.store(YMAX + b, tl.where(tl.max(nans, axis=0) > 0, float("nan"), tl.max(ys, axis=0)))
+        tl.store(YMAX + b, _nan_max(tl.load(PY + b64 * CHUNKS + cs, mask=cs < CHUNKS, cache_modifier=".cg"),
+                                    cs < CHUNKS))
+
+
+@triton.jit
+def _nan_max(y, keep):
+    """The largest of ``y`` where ``keep`` -- NaN when one of them is NaN, as torch's ``amax`` (Triton's ``max`` leaves
+    it unspecified)."""
+    top = tl.max(tl.where(keep & (y == y), y, float("-inf")), axis=0)
+    return tl.where(tl.max(tl.where(keep & (y != y), 1, 0), axis=0) > 0, float("nan"), top)
 
 
 @triton.jit
@@ -96,11 +101,11 @@ def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prom
         raise ValueError(f"sampler_front: {v} values make {chunks} chunks of {chunk}, more than {FRONT_MAX_CHUNKS}")
     f32 = dict(dtype=torch.float32, device=dev)
     py, px, ymax = torch.empty((b, chunks), **f32), torch.empty((b, chunks), **f32), torch.empty(b, **f32)
-    pnan, pi = (torch.empty((b, chunks), dtype=torch.int32, device=dev) for _ in range(2))
+    pi = torch.empty((b, chunks), dtype=torch.int32, device=dev)
     pen = counts is not None
     cnt, pm = (counts, prompt_mask) if pen else (logits, logits)  # unused without penalties
-    _front_kernel[(b, chunks)](logits, cnt, pm, repetition, frequency, presence, temperature, scaled, py, pnan, px,
-                               pi, zeroed_counts(_COUNTS, dev, b), greedy, ymax, v, logits.stride(0),
+    _front_kernel[(b, chunks)](logits, cnt, pm, repetition, frequency, presence, temperature, scaled, py, px, pi,
+                               zeroed_counts(_COUNTS, dev, b), greedy, ymax, v, logits.stride(0),
                                cnt.stride(0), pm.stride(0), scaled.stride(0), GREEDY_EPS=greedy_eps, HAS_PEN=pen,
                                CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS)
     _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS)
