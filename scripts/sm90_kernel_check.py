@@ -55,6 +55,31 @@ ONE_ROW = [
     ("0.6B gate_up", 6144, 1024, True, True, False, False), ("0.6B down", 1024, 3072, False, False, True, False),
     ("8B head", 151936, 4096, True, False, False, False), ("0.6B head", 151936, 1024, True, False, False, False),
 ]
+#: One-row launches under a ``FLARE_GEMV_CONFIG`` item of a planned side-by-side run: (name, ONE_ROW entry's name, the
+#: item).  Qwen3-8B's MLP as gated gate/up (SiLU in its epilogue, whole K preloaded) and a plain-input down that
+#: preloads nothing or 2 tiles -- run 134 paired the gated gate/up only with downs preloading 4 tiles.
+NAMED = [
+    ("8B gate_up gated 2x1024", "8B gate_up gated", "1x24576x4096g=2/1024/4/2"),
+    ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/0"),
+    ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/2"),
+    ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/0"),
+    ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/2"),
+]
+
+
+def _one_row_case(label: str, n: int, k: int, norm: bool, gated: bool, res: bool, gi: bool) -> tuple:
+    """``(case name, constexprs, options)`` of a one-row GEMV launch as ``fused_linear_triton`` configures it (its
+    config, preload, accumulator and eviction under the environment's ``FLARE_GEMV_CONFIG``)."""
+    from ignition.components.kernels import linear
+
+    cfg = linear.gemv_config(1, n, k, gated)
+    bk = cfg["BK"]
+    c = dict(K=k, MP=1, BN=cfg["BN"], BK=bk, HAS_NORM=norm, HAS_RES=res, GATED=gated, EVEN_K=k % bk == 0,
+             GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
+             PRELOAD=linear.gemv_preload_tiles(1, k, bk, not (norm or gated or gi), cfg.get("preload")))
+    c["FLAT"], c["STREAM_STAGES"] = linear.gemv_flat(1, k, bk, c["PRELOAD"])
+    c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and linear.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
+    return f"gemv {label} preload {c['PRELOAD']}", c, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def cases():
@@ -64,27 +89,30 @@ def cases():
 
     out = []
     for name, n, k, norm, gated, res, gi in ONE_ROW:
-        cfg = linear.gemv_config(1, n, k, gated)
-        bk = cfg["BK"]
-        c = dict(K=k, MP=1, BN=cfg["BN"], BK=bk, HAS_NORM=norm, HAS_RES=res, GATED=gated, EVEN_K=k % bk == 0,
-                 GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
-                 PRELOAD=linear.gemv_preload_tiles(1, k, bk, not (norm or gated or gi)))
-        c["FLAT"], c["STREAM_STAGES"] = linear.gemv_flat(1, k, bk, c["PRELOAD"])
-        c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and linear.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
-        out.append((f"gemv {name} preload {c['PRELOAD']}", "_fused_gemv_kernel", GEMV_SIG, c,
-                    dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+        label, c, options = _one_row_case(name, n, k, norm, gated, res, gi)
+        out.append((label, "_fused_gemv_kernel", GEMV_SIG, c, options))
         if name in ("8B gate_up packed", "8B down (gated input)"):  # the MLP handoff's producer and consumer
             hidden, inter = (k, n // 2) if not gi else (n, k)
             flags = linear.gemv_handoff_constexprs(hidden, inter, consumer=gi)
             if gi:  # the consumer as the recipe launches it: compiled, early
                 flags.update(FENCE=True, EARLY=True)
             out.append((f"gemv {name} preload {c['PRELOAD']} handoff", "_fused_gemv_kernel",
-                        {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags},
-                        dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+                        {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags}, options))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
-                        {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True},
-                        dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+                        {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, options))
+    shapes = {entry[0]: entry[1:] for entry in ONE_ROW}
+    for label, base, item in NAMED:
+        before = os.environ.get("FLARE_GEMV_CONFIG")
+        os.environ["FLARE_GEMV_CONFIG"] = item
+        try:
+            name, c, options = _one_row_case(label, *shapes[base])
+        finally:
+            if before is None:
+                os.environ.pop("FLARE_GEMV_CONFIG")
+            else:
+                os.environ["FLARE_GEMV_CONFIG"] = before
+        out.append((name, "_fused_gemv_kernel", GEMV_SIG, c, options))
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (decode_plan.fused_decode_wide, 33 splits on 132
     # SMs) and its FLARE_DECODE_WIDE=0 one (8B: 64-key blocks, decode_plan.fused_decode_one_row_blocks -- 17 splits at
     # 1025 keys; every one prefetches its K/V), and Qwen3-8B's batch-4 launch (32-key blocks,

@@ -529,10 +529,38 @@ def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypat
     assert gemv_config(1, 6144, 1024, True) == {"BN": 4, "BK": 1024, "num_warps": 4, "num_stages": 2}
     assert gemv_config(1, 6144, 1024, False) != gemv_config(1, 6144, 1024, True)  # the ungated key is not named
     assert [gemv_config(4, 4096, 4096), gemv_config(1, 4096, 12288)] == others  # shapes not named: unchanged
-    for bad in ("1x4096=16/512/8/2", "1x4096x4096=16/512/8", "1x4096x4096=16,512,8,2", "1x4096x4096=0/512/8/2"):
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x4096x12288=8/1024/4/2/0")  # the fifth field: that launch's preload
+    assert gemv_config(1, 4096, 12288) == {"BN": 8, "BK": 1024, "num_warps": 4, "num_stages": 2, "preload": 0}
+    for bad in ("1x4096=16/512/8/2", "1x4096x4096=16/512/8", "1x4096x4096=16,512,8,2", "1x4096x4096=0/512/8/2",
+                "1x4096x4096=16/512/8/2/5", "1x4096x4096=16/512/8/2/-1", "1x4096x4096=16/512/8/2/1/1"):
         monkeypatch.setenv("FLARE_GEMV_CONFIG", bad)
         with pytest.raises(ValueError, match="FLARE_GEMV_CONFIG item"):
             gemv_config(1, 4096, 4096)
+
+
+@pytest.mark.parametrize("gated_input", [False, True])
+def test_gemv_config_preload_field_names_one_launch_and_changes_no_bit(monkeypatch, gated_input):
+    """A ``FLARE_GEMV_CONFIG`` item's fifth field sets that one-row launch's preloaded tiles whatever its prologue
+    (the gated input too, which preloads nothing by default at a partial K), leaves other shapes' preload to the
+    defaults, and changes no bit; the tensor-core launch, which preloads nothing, refuses it."""
+    from ignition.components.kernels.linear import fused_linear_triton, gemm_rows_config, gemv_preload_tiles
+
+    k = 384  # 3 tiles of 128
+    x, w, _, r = _gemv_inputs(1, 64, k, norm=False, gated=False, residual=True, seed=5)
+    if gated_input:
+        x = torch.cat([x, x.flip(-1)], dim=-1)  # [gate; up]
+    run = lambda: fused_linear_triton(x, w, residual=r, gated_input=gated_input)  # noqa: E731
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x64x384=16/128/4/2/0")
+    plain = run()
+    assert gemv_preload_tiles(1, k, 128, not gated_input, 2) == 2 and gemv_preload_tiles(4, k, 128, True, 2) == 0
+    assert gemv_preload_tiles(1, k, 128, True, 4) == 3 and gemv_preload_tiles(1, 500, 128, True, 2) == 0
+    monkeypatch.setenv("FLARE_GEMV_FLAT", "0")  # the whole K preloaded (4: all 3) keeps the 3-D accumulator's order
+    for tiles in (1, 2, 4):
+        monkeypatch.setenv("FLARE_GEMV_CONFIG", f"1x64x384=16/128/4/2/{tiles}")
+        assert torch.equal(run().view(torch.int16), plain.view(torch.int16)), tiles
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "4x4096x12288=16/512/4/3/2")
+    with pytest.raises(ValueError, match="preloads no tiles"):
+        gemm_rows_config(4, 4096, 12288)
 
 
 def test_gemv_config_override_reaches_the_tensor_core_launch_by_row_count(monkeypatch):

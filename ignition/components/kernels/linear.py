@@ -191,10 +191,16 @@ def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
 GEMV_PRELOAD_TILES = 4
 
 
-def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool) -> int:
+def gemv_preload_tiles(m: int, k: int, bk: int, plain: bool, named: int | None = None) -> int:
     """Weight tiles the GEMV loads into registers before its PDL wait (:data:`GEMV_PRELOAD_TILES`): one row, a
     plain input (no norm, no gated input or output -- those too when the tiles cover K, or as
-    ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only; never more than the tiles of K."""
+    ``FLARE_GEMV_PRELOAD_PROLOGUE`` says), whole tiles only; never more than the tiles of K.  ``named``: the launch's
+    own count (a ``FLARE_GEMV_CONFIG`` item's fifth field, :func:`gemv_config`), whatever its prologue -- still one
+    row, whole tiles, at most K's."""
+    if named is not None:
+        if not 0 <= named <= 4:
+            raise ValueError(f"preload {named}: 0 to 4 tiles (the kernel unrolls up to 4)")
+        return 0 if m != 1 or k % bk else min(named, k // bk)
     tiles = whole("FLARE_GEMV_PRELOAD", GEMV_PRELOAD_TILES, what=" of tiles")
     if tiles > 4:
         raise ValueError(f"FLARE_GEMV_PRELOAD={tiles}: at most 4 tiles (the kernel unrolls up to 4)")
@@ -270,6 +276,9 @@ def gemm_rows_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     (:func:`gemv_config_override`, keyed by the row count too; side-by-side runs; both read at each launch)."""
     measured = gemv_config_override(M, N, K, gated) or (
         GEMM_ROWS_MEASURED.get((N, K, bool(gated))) if switch("FLARE_GEMM_ROWS_TABLE", True) else None)
+    if measured is not None and len(measured) != 4:
+        raise ValueError(f"FLARE_GEMV_CONFIG {M}x{N}x{K}{'g' if gated else ''}: the tensor-core launch preloads no "
+                         f"tiles; give it BN/BK/warps/stages")
     if measured is not None:
         return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
     n_out = N // 2 if gated else N
@@ -387,10 +396,11 @@ def gemv_early_enabled(device: torch.device, rows: int) -> bool:
     return pdl_enabled(device) and pdl_early_enabled(rows) and switch("FLARE_GEMV_EARLY", GEMV_EARLY)
 
 
-def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int, int, int] | None:
-    """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages;..."`` (side-by-side runs; read at each launch): the launch
-    config of those shapes (``g``: gated) instead of the table's or the heuristic's, in whichever kernel launches them
-    (:func:`gemv_config`, :func:`gemm_rows_config`); raises naming a malformed item."""
+def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, ...] | None:
+    """``FLARE_GEMV_CONFIG="MxNxK[g]=BN/BK/warps/stages[/preload];..."`` (side-by-side runs; read at each launch): the
+    launch config of those shapes (``g``: gated) instead of the table's or the heuristic's, in whichever kernel launches
+    them (:func:`gemv_config`, :func:`gemm_rows_config`); the optional fifth field, the one-row GEMV's preloaded weight
+    tiles for that shape alone (:func:`gemv_preload_tiles`; 0 to 4).  Raises naming a malformed item."""
     spec = os.environ.get("FLARE_GEMV_CONFIG", "").strip()
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         key, _, value = item.partition("=")
@@ -399,8 +409,10 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int,
             cfg = tuple(int(v) for v in value.split("/"))
         except ValueError:
             shape, cfg = (), ()
-        if len(shape) != 3 or len(cfg) != 4 or min(cfg) < 1:
-            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages")
+        bad_preload = len(cfg) == 5 and not 0 <= cfg[4] <= 4
+        if len(shape) != 3 or len(cfg) not in (4, 5) or min(cfg[:4]) < 1 or bad_preload:
+            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages[/preload] "
+                             f"(positive BN, BK, warps, stages; preload 0..4)")
         if key == f"{M}x{N}x{K}{'g' if gated else ''}":
             return cfg
     return None
@@ -409,13 +421,14 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, int,
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
-    take their entry of :data:`GEMV_MEASURED`; others the heuristic below.
+    take their entry of :data:`GEMV_MEASURED`; others the heuristic below.  A ``FLARE_GEMV_CONFIG`` item with a fifth
+    field adds ``preload``: that launch's preloaded tiles (:func:`gemv_preload_tiles`).
 
     ``BN``: the largest of 32/16/8/4 whose grid still has >= 2 programs per SM; ``BK``: up to 1024 (never more
     than K rounded up to a power of two), shrunk -- then ``BN`` -- until the accumulator fits the budget."""
     measured = gemv_config_override(M, N, K, gated) or GEMV_MEASURED.get((M, N, K, bool(gated)))
     if measured is not None:
-        return dict(zip(("BN", "BK", "num_warps", "num_stages"), measured))
+        return dict(zip(("BN", "BK", "num_warps", "num_stages", "preload"), measured))
     n_out = N // 2 if gated else N
     mp = min(triton.next_power_of_2(max(M, 1)), GEMV_MAX_ROWS)
     tiles = 2 if gated else 1
@@ -554,7 +567,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     bn, bk = int(cfg["BN"]), int(cfg["BK"])
     mp = min(triton.next_power_of_2(m), GEMV_MAX_ROWS)
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
-    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input)
+    preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input, cfg.get("preload"))
     flat, stream_stages = gemv_flat(mp, k, bk, preload)
     handoff_args = _handoff_args(x, weight, gated, gated_input, norm_weight is not None, config) if handoff else {}
     _fused_gemv_kernel[grid](
