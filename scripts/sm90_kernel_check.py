@@ -15,6 +15,7 @@ reduce kernel at the Qwen3 shapes, the tensor-core GEMV's default configs and th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -58,13 +59,29 @@ ONE_ROW = [
 #: One-row launches under a ``FLARE_GEMV_CONFIG`` item of a planned side-by-side run: (name, ONE_ROW entry's name, the
 #: item).  Qwen3-8B's MLP as gated gate/up (SiLU in its epilogue, whole K preloaded) and a plain-input down that
 #: preloads nothing or 2 tiles -- run 134 paired the gated gate/up only with downs preloading 4 tiles.
+#: The first two with the handoff too (``kernels.linear.GEMV_HANDOFF``'s gated form).
+GATED_MLP = "1x24576x4096g=2/1024/4/2;1x4096x12288=8/1024/4/2/0"
 NAMED = [
-    ("8B gate_up gated 2x1024", "8B gate_up gated", "1x24576x4096g=2/1024/4/2"),
-    ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/0"),
+    ("8B gate_up gated 2x1024", "8B gate_up gated", GATED_MLP),
+    ("8B down 8x1024", "8B down", GATED_MLP),
     ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/2"),
     ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/0"),
     ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/2"),
 ]
+
+
+@contextlib.contextmanager
+def _named_config(item: str):
+    """``FLARE_GEMV_CONFIG`` set to ``item`` inside the block, as it was after."""
+    before = os.environ.get("FLARE_GEMV_CONFIG")
+    os.environ["FLARE_GEMV_CONFIG"] = item
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FLARE_GEMV_CONFIG")
+        else:
+            os.environ["FLARE_GEMV_CONFIG"] = before
 
 
 def _one_row_case(label: str, n: int, k: int, norm: bool, gated: bool, res: bool, gi: bool) -> tuple:
@@ -103,16 +120,18 @@ def cases():
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, options))
     shapes = {entry[0]: entry[1:] for entry in ONE_ROW}
     for label, base, item in NAMED:
-        before = os.environ.get("FLARE_GEMV_CONFIG")
-        os.environ["FLARE_GEMV_CONFIG"] = item
-        try:
+        with _named_config(item):
             name, c, options = _one_row_case(label, *shapes[base])
-        finally:
-            if before is None:
-                os.environ.pop("FLARE_GEMV_CONFIG")
-            else:
-                os.environ["FLARE_GEMV_CONFIG"] = before
+            gated_mlp = item == GATED_MLP  # the gated handoff's producer and consumer
+            flags = {}
+            if gated_mlp:
+                flags = linear.gemv_handoff_constexprs(4096, 12288, consumer=not c["GATED"], gated=True)
         out.append((name, "_fused_gemv_kernel", GEMV_SIG, c, options))
+        if gated_mlp:
+            if not c["GATED"]:  # the consumer as the recipe launches it: compiled, early
+                flags.update(FENCE=True, EARLY=True)
+            out.append((f"{name} handoff", "_fused_gemv_kernel", {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags},
+                        options))
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (decode_plan.fused_decode_wide, 33 splits on 132
     # SMs) and its FLARE_DECODE_WIDE=0 one (8B: 64-key blocks, decode_plan.fused_decode_one_row_blocks -- 17 splits at
     # 1025 keys; every one prefetches its K/V), and Qwen3-8B's batch-4 launch (32-key blocks,

@@ -143,8 +143,8 @@ def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[to
     (with ``norm_weight``): x's norm as :func:`fused_linear_publish` published it with x (:data:`GEMM_ROWS_PRENORM`)
     -- on CUDA the launch takes ``xw`` (x times the norm's weights) as its input and scales its sums by the rstd of
     ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always.  ``handoff``
-    (:func:`mlp_handoff`): on CUDA the one-row MLP's packed gate/up launch and its down launch (``gated_input``) hand
-    the activation over tile by tile (``kernels.linear.GEMV_HANDOFF``); the same result."""
+    (:func:`mlp_handoff`): on CUDA the one-row MLP's gate/up launch (packed, or gated) and its down launch (the gated
+    input, or plain) hand the activation over tile by tile (``kernels.linear.GEMV_HANDOFF``); the same result."""
     if x.is_cuda:
         from ignition.components.kernels.linear import fused_linear_triton
 
@@ -481,15 +481,25 @@ def _gate_into_down(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -
             and prefers_fused(rows, down_w, False, prologue=True))
 
 
-def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor) -> bool:
-    """Whether :func:`gated_mlp_block`'s packed gate/up launch (with the norm prologue) and its down launch take the
-    handoff (``kernels.linear.GEMV_HANDOFF``, ``FLARE_GEMV_HANDOFF``; read when a step is traced): one row on CUDA,
-    where the two launch configs line up (``kernels.linear.gemv_handoff_fits``)."""
+def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor, gated: bool = False) -> bool:
+    """Whether :func:`gated_mlp_block`'s gate/up launch with the norm prologue (packed, or ``gated``) and its down
+    launch take the handoff (``kernels.linear.GEMV_HANDOFF``, ``FLARE_GEMV_HANDOFF``; read when a step is traced): one
+    row on CUDA, where the two launch configs line up (``kernels.linear.gemv_handoff_fits``: elsewhere the two
+    launches run as without the switch, PDL-ordered)."""
     if rows != 1 or not gu_w.is_cuda:
         return False
     from ignition.components.kernels.linear import GEMV_HANDOFF, gemv_handoff_fits
 
-    return switch("FLARE_GEMV_HANDOFF", GEMV_HANDOFF) and gemv_handoff_fits(down_w.shape[0], down_w.shape[1])
+    return (switch("FLARE_GEMV_HANDOFF", GEMV_HANDOFF)
+            and gemv_handoff_fits(down_w.shape[0], down_w.shape[1], gated))
+
+
+def _gated_handoff(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -> bool:
+    """Whether :func:`gated_mlp_block` runs a gated gate/up launch (its SiLU product in the epilogue) and a plain
+    down launch with the handoff between them (:func:`mlp_handoff` with ``gated``): both fused, behind a norm."""
+    return (act_name == "silu" and norm and gu_w is not None and down_w is not None
+            and prefers_fused(rows, gu_w, True, prologue=True, norm=True) and prefers_fused(rows, down_w, False)
+            and mlp_handoff(rows, gu_w, down_w, gated=True))
 
 
 def mlp_takes_prenorm(rows: int, gate_up, down, act_name: str | None) -> bool:
@@ -529,13 +539,17 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
         handoff = False
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
-            handoff = mlp_handoff(rows, gu_w, down_w)
+            handoff = norm is not None and mlp_handoff(rows, gu_w, down_w)
             packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
                                   0.0 if norm is None else norm.variance_epsilon, None, False, False, True,
                                   handoff=handoff)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
         out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early, handoff=handoff)
+        return (out, None) if publish_norm is not None else out
+    if _gated_handoff(rows, gu_w, down_w, act_name, norm is not None):
+        act = fused_linear(x, gu_w, norm.weight, norm.variance_epsilon, None, True, False, True, handoff=True)
+        out = fused_linear(act, down_w, None, 0.0, residual, False, False, early, handoff=True)
         return (out, None) if publish_norm is not None else out
     act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True,
                        prenorm=prenorm)

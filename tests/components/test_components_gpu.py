@@ -475,7 +475,10 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     prologue, down with the gated input and the residual -- Qwen3-8B's and Qwen3-0.6B's shapes), each letting the next
     launch before its own wait: the same bits as the chain launched without ``EARLY``, eager and captured in a CUDA
     graph (a kernel that read its predecessor's output before its wait would read stale values here).  The Triton
-    GEMV's ``EARLY`` path, which no other test launches; and the MLP handoff (``kernels.linear.GEMV_HANDOFF``)."""
+    GEMV's ``EARLY`` path, which no other test launches; and the MLP handoff (``kernels.linear.GEMV_HANDOFF``) in
+    both forms -- packed into the gated input, and gated (the configs of the planned side-by-side run: gate/up 2x1024,
+    whole K preloaded) into a plain down -- with down's preload named 0 (``FLARE_GEMV_CONFIG``'s fifth field; the
+    consumer preloads nothing)."""
     from gemv_cases import _gemv_inputs
 
     from ignition.components.kernels import launch, linear
@@ -487,31 +490,37 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     nw = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16).cuda()
     x, wo, r = x.cuda(), wo.cuda(), r.cuda()
 
-    def chain(early, handoff=False):
+    def chain(early, handoff=False, gated=False):
         h = linear.fused_linear_triton(x, wo, residual=r, early=early)
-        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, early=early, handoff=handoff)
-        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=True, early=early, handoff=handoff)
+        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=early, handoff=handoff)
+        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=not gated, early=early, handoff=handoff)
 
     assert linear.gemv_early_enabled(x.device, 1), "PDL's early launches are off on this GPU"
-    plain, early = chain(False), chain(True)
-    torch.cuda.synchronize()
-    assert torch.equal(early.view(torch.int16), plain.view(torch.int16))
-    # the MLP handoff (down taking gate/up's activation tile by tile): the same bits, eager (20 chains queued back to
-    # back) and captured, the device's counts back at zero after each
-    handed = [chain(True, True) for _ in range(20)]
-    torch.cuda.synchronize()
-    flags = linear._HANDOFF_FLAGS[launch.device_key(x.device)]
-    assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in handed)
-    assert not flags.any().item()
-    for handoff in (False, True):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outs = [chain(True, handoff) for _ in range(4)]  # four layers' chains in one graph
-        for _ in range(50 if handoff else 3):
-            graph.replay()
+    down = linear.gemv_config(1, hidden, inter)
+    named = (f"1x{2 * inter}x{hidden}g=2/1024/4/2;"
+             f"1x{hidden}x{inter}={down['BN']}/{down['BK']}/{down['num_warps']}/{down['num_stages']}/0")
+    for gated in (False, True):
+        monkeypatch.setenv("FLARE_GEMV_CONFIG", named)
+        assert linear.gemv_handoff_fits(hidden, inter, gated)
+        plain, early = chain(False, gated=gated), chain(True, gated=gated)
         torch.cuda.synchronize()
-        assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in outs), handoff
+        assert torch.equal(early.view(torch.int16), plain.view(torch.int16)), gated
+        # the MLP handoff (down taking gate/up's activation tile by tile): the same bits, eager (20 chains queued back
+        # to back) and captured, the device's counts back at zero after each
+        handed = [chain(True, True, gated) for _ in range(20)]
+        torch.cuda.synchronize()
+        flags = linear._HANDOFF_FLAGS[launch.device_key(x.device)]
+        assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in handed), gated
         assert not flags.any().item()
+        for handoff in (False, True):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = [chain(True, handoff, gated) for _ in range(4)]  # four layers' chains in one graph
+            for _ in range(50 if handoff else 3):
+                graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in outs), (gated, handoff)
+            assert not flags.any().item()
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

@@ -224,23 +224,28 @@ def _mlp_inputs(hidden, inter, seed):
     return x, wgu, wd, nw, r
 
 
-def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero():
-    """The one-row MLP handoff (gate/up counting its finished activation tiles, down taking each tile once complete):
-    the same bits as the two launches without it, the device's counts back at zero after each pair, the canonical
-    MLP within the gated-input bound; a consumer with no producer before it raises, as does a producer at a config
-    the consumer would not expect or at more than one row."""
+@pytest.mark.parametrize("gated", [False, True])
+def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero(monkeypatch, gated):
+    """The one-row MLP handoff (gate/up counting its finished activation tiles, down taking each tile once complete),
+    packed (into down's gated input) or gated (its SiLU product into a plain down that preloads nothing): the same
+    bits as the two launches without it, the device's counts back at zero after each pair, the canonical MLP within
+    the gated-input bound; a consumer with no producer before it, or of the other form, raises, as does a producer at
+    a config the consumer would not expect or at more than one row."""
     import torch.nn.functional as F
 
     from ignition.components.kernels import linear
 
-    hidden, inter = 64, 2048  # the heuristic configs: gate/up 8-column blocks, down 1024-column tiles
-    assert linear.gemv_handoff_fits(hidden, inter)
+    hidden, inter = 64, 2048  # the heuristic configs: gate/up 8 (gated: 4) -column blocks, down 1024-column tiles
+    # down would preload its 2 tiles by default (their inputs read before any poll): not a consumer until named 0
+    assert not linear.gemv_handoff_fits(hidden, inter, gated)
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x64x2048=4/1024/8/2/0")
+    assert linear.gemv_handoff_fits(hidden, inter, gated)
     assert linear.gemv_config(1, hidden, inter)["BK"] == 1024  # 2 tiles of the activation
     x, wgu, wd, nw, r = _mlp_inputs(hidden, inter, 5)
 
     def mlp(handoff):
-        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, early=True, handoff=handoff)
-        return linear.fused_linear_triton(gu, wd, residual=r, gated_input=True, early=True, handoff=handoff), gu
+        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=True, handoff=handoff)
+        return linear.fused_linear_triton(gu, wd, residual=r, gated_input=not gated, early=True, handoff=handoff), gu
 
     (plain, gu), (got, gu2) = mlp(False), mlp(True)
     assert torch.equal(gu2.view(torch.int16), gu.view(torch.int16))
@@ -249,15 +254,24 @@ def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero():
     assert not flags.any() and not linear._HANDOFF_PENDING
     again, _ = mlp(True)
     assert torch.equal(again.view(torch.int16), plain.view(torch.int16)) and not flags.any()
+    if gated:  # the canonical MLP from the packed launch's gate and up (the gated launch sums them in its own order)
+        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6)
     y = F.linear(F.silu(gu[:, :inter]) * gu[:, inter:], wd)
-    assert ((got.float() - (r + y).float()).abs() <= _gated_input_tolerance(gu, wd, y) + 2 * 2.0 ** -7 * y.abs()).all()
+    slack = (4 if gated else 2) * 2.0 ** -7 * y.abs()
+    assert ((got.float() - (r + y).float()).abs() <= _gated_input_tolerance(gu, wd, y) + slack).all()
+    act = gu2 if gated else gu
     with pytest.raises(ValueError, match="without its producer"):
-        linear.fused_linear_triton(gu, wd, residual=r, gated_input=True, handoff=True)
+        linear.fused_linear_triton(act, wd, residual=r, gated_input=not gated, handoff=True)
+    linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=True)
+    other = torch.cat([act, act], dim=-1) if gated else act[:, :inter].contiguous()
+    with pytest.raises(ValueError, match="input after a"):  # the other form's consumer
+        linear.fused_linear_triton(other, wd, residual=r, gated_input=gated, handoff=True)
+    assert not flags.any() and not linear._HANDOFF_PENDING
     with pytest.raises(ValueError, match="table configs"):
-        linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, handoff=True, config={"BN": 8})
+        linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=True, config={"BN": 8})
     with pytest.raises(ValueError, match="table configs"):
-        linear.fused_linear_triton(x.expand(2, -1).contiguous(), wgu, norm_weight=nw, eps=1e-6, handoff=True,
-                                   dot=False)
+        linear.fused_linear_triton(x.expand(2, -1).contiguous(), wgu, norm_weight=nw, eps=1e-6, gated=gated,
+                                   handoff=True, dot=False)
     assert not linear._HANDOFF_PENDING
 
 

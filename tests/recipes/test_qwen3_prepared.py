@@ -98,7 +98,7 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     monkeypatch.delenv("FLARE_PACKED_GATE_UP", raising=False)
     monkeypatch.setattr(fl, "fused_linear", recording)
     # the MLP handoff's rule as on a GPU where it is on (kernels.linear.GEMV_HANDOFF): one row
-    monkeypatch.setattr(fl, "mlp_handoff", lambda rows, gu_w, down_w: rows == 1)
+    monkeypatch.setattr(fl, "mlp_handoff", lambda rows, gu_w, down_w, gated=False: rows == 1)
     ref_tokens, ref_logits = reference
     tokens, logits = prepared_greedy(prepare(ckpt)[1], Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
     assert any(gi for gi, _, _ in calls)  # down took gate/up's packed output
@@ -110,6 +110,33 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     assert bool(pairs) == packed_fused
     assert all(handoffs[i + 1] == (True, True) for i in pairs)
     assert sum(h for _, h in handoffs) == 2 * len(pairs)
+    assert tokens == ref_tokens
+    assert_close(logits, ref_logits, logit_bound(ref_logits))
+
+
+def test_gated_mlp_handoff_pairs_the_gated_launch_with_a_plain_down(ckpt, reference, monkeypatch):
+    """The MLP handoff's gated form (``fused_linear.mlp_handoff`` with ``gated``, as on a GPU where it is on and the
+    configs line up): at one row the gate/up launch with its SiLU gate and the norm prologue and the plain down launch
+    right after it take the handoff as a pair -- every one-row step's MLP, nothing else -- and the tokens and logits
+    match the canonical forward."""
+    from ignition.components import fused_linear as fl
+
+    launches = []  # (gated, gated_input, norm weight given, handoff) of every fused launch
+    real = fl.fused_linear
+
+    def recording(*args, **kw):
+        launches.append((args[5], args[6] if len(args) > 6 else False, args[2] is not None, kw.get("handoff", False)))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fl, "fused_linear", recording)
+    monkeypatch.setattr(fl, "mlp_handoff", lambda rows, gu_w, down_w, gated=False: rows == 1 and gated)
+    ref_tokens, ref_logits = reference
+    tokens, logits = prepared_greedy(prepare(ckpt)[1], Row(list(PAGES), PAGE), PROMPT, STEPS, chunk=32)
+    producers = [i for i, (g, _, _, h) in enumerate(launches) if h and g]
+    assert producers and all(launches[i][2] for i in producers)  # behind the layer's norm
+    assert all(launches[i + 1] == (False, False, False, True) for i in producers)  # a plain down right after
+    assert sum(h for *_, h in launches) == 2 * len(producers)
+    assert len(producers) % AutoConfig.from_pretrained(ckpt).num_hidden_layers == 0  # whole steps, every layer
     assert tokens == ref_tokens
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 

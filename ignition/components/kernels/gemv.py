@@ -31,7 +31,7 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
                  EVEN_K: tl.constexpr, CG: tl.constexpr = False):
     """The decode GEMV's input tile at columns ``kk``, ``[MP, BK]`` in x's dtype: x, or the gated input
     ``bf16(bf16(silu(gate)) * up)``, through the RMSNorm prologue (``rstd [MP]``) when ``HAS_NORM``; ``CG``: the
-    gated input through L2 only."""
+    input through L2 only (the MLP handoff's consumer: tiles other SMs store while it runs)."""
     cache: tl.constexpr = ".cg" if CG else ""
     if GATED_IN:  # x is the packed [gate; up] activation input: bf16(bf16(silu(gate)) * up), as Qwen3MLP
         gx = tl.load(x_rows + kk[None, :], mask=xm, other=0.0, cache_modifier=cache).to(tl.float32)
@@ -39,7 +39,7 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
         ax = (gx / (1.0 + tl.exp(-gx))).to(ux.dtype)
         xv = (ax.to(tl.float32) * ux.to(tl.float32)).to(ux.dtype)
     else:
-        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)  # [MP, BK] bf16
+        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0, cache_modifier=cache)  # [MP, BK] bf16
     if HAS_NORM:
         if EVEN_K:
             nw = tl.load(NW + kk)
@@ -268,10 +268,13 @@ def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.cons
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The one-row MLP handoff (``kernels.linear.GEMV_HANDOFF``): the packed gate/up launch (the producer) counts, per
-# ``FLAG_COLS``-column tile of the activation, the programs that stored their columns (gate and up halves alike) in
-# ``FLAGS[tile]``; down (the consumer, gated input) waits for each tile's count instead of the PDL wait, so its programs
-# multiply the tiles gate/up has finished while gate/up's last programs still run.  ``FLAGS[tiles]`` is the consumer's
+# The one-row MLP handoff (``kernels.linear.GEMV_HANDOFF``): the gate/up launch (the producer) counts, per
+# ``FLAG_COLS``-column tile of the activation, the programs that stored their columns in ``FLAGS[tile]`` -- packed
+# (ungated: gate and up halves alike; down, the consumer, takes the gated input) or gated (each program both halves of
+# its columns and their SiLU product; down takes that activation as a plain input); down waits for each tile's count
+# instead of the PDL wait, so its programs multiply the tiles gate/up has finished while gate/up's last programs still
+# run.  Packed, a tile completes only once the grid's second half (the up rows) reaches it; gated, the tiles complete
+# in the grid's order.  ``FLAGS[tiles]`` is the consumer's
 # ticket: its last program puts every count back to zero for the next launch.  Publication is CUTLASS's semaphore
 # pattern: the producer's threads meet at a CTA barrier after their stores, then one release add at GPU scope; the
 # consumer reads the counts with acquire loads at GPU scope (``FENCE``: compiled -- the interpreter runs programs one
@@ -280,8 +283,8 @@ def _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES: tl.cons
 
 @triton.jit
 def _handoff_signal(FLAGS, col0, HALF, FLAG_COLS: tl.constexpr):
-    """The producer program whose output columns start at ``col0`` (of the packed ``[gate; up]``, ``HALF`` each):
-    after its stores, one release add to its tile's count."""
+    """The producer program whose output columns start at ``col0`` (of the packed ``[gate; up]``, ``HALF`` each; or
+    of the gated activation, ``HALF`` its width): after its stores, one release add to its tile's count."""
     tl.debug_barrier()
     tl.atomic_add(FLAGS + (col0 % HALF) // FLAG_COLS, 1, sem="release", scope="gpu")
 
@@ -339,10 +342,11 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
                        FLAGS=None, HANDOFF: tl.constexpr = 0, FLAG_COLS: tl.constexpr = 1, FLAG_TILES: tl.constexpr = 1,
                        FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False):
-    # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed gate/up, signalling its tile's count
-    # after its store; 2, the consumer -- down with the gated input, polling the counts (FLAG_TARGET programs per tile
-    # of FLAG_COLS = BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait
-    # only before its epilogue.
+    # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed or gated gate/up, signalling its tile's
+    # count after its store; 2, the consumer -- down, polling the counts (FLAG_TARGET programs per tile of FLAG_COLS =
+    # BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait only before its
+    # epilogue (it preloads no tiles: their inputs would be read before any poll).
+    tl.static_assert(HANDOFF != 2 or PRELOAD == 0, "the handoff's consumer preloads no tiles")
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -444,5 +448,5 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         _gemv_epilogue(_gemv_acc_sum(acc, FLAT), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED,
                        HAS_RES)
     if HANDOFF == 1:
-        _handoff_signal(FLAGS, tl.program_id(0) * BN, N_OUT // 2, FLAG_COLS)
+        _handoff_signal(FLAGS, tl.program_id(0) * BN, N_OUT if GATED else N_OUT // 2, FLAG_COLS)
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)

@@ -329,64 +329,77 @@ GEMV_EARLY = True
 #: slower by the min-max rule, paired blocks 0/10 against A and A2), batch 4 (not applied) 1.0023x.
 
 
-#: Whether the one-row MLP takes the handoff (``gemv.py``): the packed gate/up launch counts its finished activation
-#: tiles and down multiplies each tile once complete, instead of waiting for the whole of gate/up at its PDL wait --
-#: down's programs launch during gate/up's last wave (run 168: 2.46 us before its end) and find most tiles done.  The
-#: same tiles in the same order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
+#: Whether the one-row MLP takes the handoff (``gemv.py``): the gate/up launch counts its finished activation tiles
+#: and down multiplies each tile once complete, instead of waiting for the whole of gate/up at its PDL wait -- down's
+#: programs launch during gate/up's last wave (run 168: 2.46 us before its end) and find most tiles done.  Both MLP
+#: forms: the packed gate/up (the default at one row) into down's gated input, and the gated gate/up (SiLU in its
+#: epilogue; ``FLARE_GATED_FUSED_MAX_ELEMENTS`` above the packed weight) into a plain down.  The same tiles in the same
+#: order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
 #: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`).  Not measured in a step yet: off.
 GEMV_HANDOFF = False
 #: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
 HANDOFF_SLOTS = 64
 
 _HANDOFF_FLAGS: dict[tuple[str, int], torch.Tensor] = {}
-_HANDOFF_PENDING: dict[tuple[str, int], torch.Tensor] = {}
+_HANDOFF_PENDING: dict[tuple[str, int], tuple[torch.Tensor, bool]] = {}
 
 
-def gemv_handoff_fits(hidden: int, inter: int) -> bool:
-    """Whether a one-row MLP of these sizes can take the handoff: its packed gate/up launch (``[2 * inter, hidden]``,
-    the norm prologue) and its down launch (``[hidden, inter]``, the gated input) are one-row GEMVs whose configs
-    (:func:`gemv_config`, pure functions of the shapes) line up -- gate/up's column blocks inside down's K tiles, whole
-    tiles, fewer than :data:`HANDOFF_SLOTS`."""
-    producer, consumer = gemv_config(1, 2 * inter, hidden), gemv_config(1, hidden, inter)
+def gemv_handoff_fits(hidden: int, inter: int, gated: bool = False) -> bool:
+    """Whether a one-row MLP of these sizes can take the handoff: its gate/up launch (``[2 * inter, hidden]``, the
+    norm prologue; packed, or ``gated``) and its down launch (``[hidden, inter]``; the gated input, or plain after a
+    gated gate/up) are one-row GEMVs whose configs (:func:`gemv_config`, pure functions of the shapes) line up --
+    gate/up's column blocks inside down's K tiles, whole tiles, fewer than :data:`HANDOFF_SLOTS` -- and down
+    preloads no tiles."""
+    producer, consumer = gemv_config(1, 2 * inter, hidden, gated), gemv_config(1, hidden, inter)
     bn, bk = int(producer["BN"]), int(consumer["BK"])
-    return inter % bk == 0 and bk % bn == 0 and inter // bk < HANDOFF_SLOTS
+    preload = gemv_preload_tiles(1, inter, bk, gated, consumer.get("preload"))
+    return inter % bk == 0 and bk % bn == 0 and inter // bk < HANDOFF_SLOTS and preload == 0
 
 
 def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_input: bool, norm: bool,
                   config: dict | None) -> dict:
-    """The ``HANDOFF`` launch arguments of a producer (the packed gate/up) or a consumer (down, ``gated_input``) launch;
-    raises naming what does not fit.  The producer takes the device's counts (zeros; every consumer leaves them so)
-    and leaves them to the next consumer launch, which raises without one."""
+    """The ``HANDOFF`` launch arguments of a producer (gate/up: packed with the norm prologue, or gated) or a consumer
+    (down: the gated input after a packed producer, a plain input after a gated one) launch; raises naming what does
+    not fit.  The producer takes the device's counts (zeros; every consumer leaves them so) and leaves them to the
+    next consumer launch, which raises without one or when its input is not that producer's form."""
     m, k = x.shape[0], weight.shape[1]
-    hidden, inter = (weight.shape[0], k) if gated_input else (k, weight.shape[0] // 2)
-    if m != 1 or gated or config is not None or (norm and gated_input) or (not gated_input and weight.shape[0] % 2):
-        raise ValueError(f"fused_linear_triton: handoff is for the one-row GEMV's packed gate/up and down launches at "
-                         f"their table configs (got {m} rows, gated={gated}, config={config})")
-    if not gemv_handoff_fits(hidden, inter):
-        raise ValueError(f"fused_linear_triton: handoff does not fit hidden={hidden}, intermediate={inter} "
-                         f"(gemv_handoff_fits)")
+    producer = x.shape[1] == k and weight.shape[0] % 2 == 0 and (gated or norm)
+    hidden, inter = (k, weight.shape[0] // 2) if producer else (weight.shape[0], k)
+    if m != 1 or config is not None or (producer and gated_input) or (not producer and (gated or norm)):
+        raise ValueError(f"fused_linear_triton: handoff is for the one-row GEMV's gate/up and down launches at their "
+                         f"table configs (got {m} rows, gated={gated}, norm={norm}, config={config})")
     key = device_key(x.device)
-    if not gated_input:
+    if producer:
+        if not gemv_handoff_fits(hidden, inter, gated):
+            raise ValueError(f"fused_linear_triton: handoff does not fit hidden={hidden}, intermediate={inter}, "
+                             f"gated={gated} (gemv_handoff_fits)")
         flags = zeroed_counts(_HANDOFF_FLAGS, x.device, HANDOFF_SLOTS)
         if _HANDOFF_PENDING.get(key) is not None:  # a producer whose consumer never launched: its counts stand
-            _HANDOFF_PENDING[key].zero_()
-        _HANDOFF_PENDING[key] = flags
-        return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=False)}
-    flags = _HANDOFF_PENDING.pop(key, None)
-    if flags is None:
-        raise ValueError("fused_linear_triton: a handoff consumer (gated_input) without its producer launch before it")
-    return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=True), "FENCE": not _interpreting()}
+            _HANDOFF_PENDING[key][0].zero_()
+        _HANDOFF_PENDING[key] = (flags, gated)
+        return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=False, gated=gated)}
+    pending = _HANDOFF_PENDING.pop(key, None)
+    if pending is None:
+        raise ValueError("fused_linear_triton: a handoff consumer (down) without its producer launch before it")
+    flags, gated_producer = pending
+    if gated_input == gated_producer:
+        pending[0].zero_()
+        raise ValueError(f"fused_linear_triton: a handoff consumer with {'the gated' if gated_input else 'a plain'} "
+                         f"input after a {'gated' if gated_producer else 'packed'} gate/up launch (the packed one "
+                         f"goes into the gated input, the gated one into a plain input)")
+    return {"FLAGS": flags, **gemv_handoff_constexprs(hidden, inter, consumer=True, gated=gated_producer),
+            "FENCE": not _interpreting()}
 
 
-def gemv_handoff_constexprs(hidden: int, inter: int, *, consumer: bool) -> dict:
-    """The ``HANDOFF`` constexprs of a one-row MLP's producer (packed gate/up) or consumer (down) launch, from the two
-    launch configs (:func:`gemv_config`): the activation's tile width (down's BK), its tiles, and the producer programs
-    that complete one (both halves); the launch adds ``FLAGS`` and ``FENCE``."""
-    bn, bk = int(gemv_config(1, 2 * inter, hidden)["BN"]), int(gemv_config(1, hidden, inter)["BK"])
+def gemv_handoff_constexprs(hidden: int, inter: int, *, consumer: bool, gated: bool = False) -> dict:
+    """The ``HANDOFF`` constexprs of a one-row MLP's producer (gate/up, packed or ``gated``) or consumer (down)
+    launch, from the two launch configs (:func:`gemv_config`): the activation's tile width (down's BK), its tiles, and
+    the producer programs that complete one (both halves when packed); the launch adds ``FLAGS`` and ``FENCE``."""
+    bn, bk = int(gemv_config(1, 2 * inter, hidden, gated)["BN"]), int(gemv_config(1, hidden, inter)["BK"])
     if not consumer:
         return {"HANDOFF": 1, "FLAG_COLS": bk}
     tiles = inter // bk
-    return {"HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles, "FLAG_TARGET": 2 * bk // bn,
+    return {"HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles, "FLAG_TARGET": (1 if gated else 2) * bk // bn,
             "FLAG_P2": triton.next_power_of_2(tiles + 1)}
 
 
@@ -490,9 +503,10 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
     the fused decode attention): the one-row kernel then lets it launch before its own wait
     (:func:`gemv_early_enabled`).
-    ``handoff``: the one-row MLP handoff (:data:`GEMV_HANDOFF`): this packed gate/up launch (ungated, K = hidden)
-    publishes its activation tiles as it finishes them, or this down launch (``gated_input``) takes them so; the two
-    launches back to back on one stream, the producer first.
+    ``handoff``: the one-row MLP handoff (:data:`GEMV_HANDOFF`): this gate/up launch (K = hidden; packed with the norm
+    prologue, or ``gated``) publishes its activation tiles as it finishes them, or this down launch (``gated_input``
+    after a packed one, a plain input after a gated one) takes them so; the two launches back to back on one stream,
+    the producer first.
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
     the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``.
