@@ -39,6 +39,7 @@ the grid, re-reading the weight).
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -490,8 +491,17 @@ def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor, gated: bool
         return False
     from ignition.components.kernels.linear import GEMV_HANDOFF, gemv_handoff_fits
 
-    return (switch("FLARE_GEMV_HANDOFF", GEMV_HANDOFF)
-            and gemv_handoff_fits(down_w.shape[0], down_w.shape[1], gated))
+    if not switch("FLARE_GEMV_HANDOFF", GEMV_HANDOFF):
+        return False
+    hidden, inter = down_w.shape
+    if gemv_handoff_fits(hidden, inter, gated):
+        return True
+    if switch("FLARE_GEMV_HANDOFF", False):  # asked for in this environment: say where it does not apply
+        warnings.warn(f"FLARE_GEMV_HANDOFF: the one-row {'gated' if gated else 'packed'} MLP of hidden={hidden}, "
+                      f"intermediate={inter} does not take the handoff (kernels.linear.gemv_handoff_fits: the "
+                      f"launch configs do not line up, or down preloads tiles -- name its preload 0 in "
+                      f"FLARE_GEMV_CONFIG); its launches run PDL-ordered", stacklevel=2)
+    return False
 
 
 def _gated_handoff(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -> bool:

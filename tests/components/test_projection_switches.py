@@ -87,3 +87,30 @@ def test_fused_rotary_switch_routes_cuda_steps(monkeypatch):
     monkeypatch.setenv("FLARE_FUSED_ROTARY", "0")
     assert rotary.position_embeddings(rot, cuda_x, pos) == "module"
     assert calls == ["op", "module", "module"]
+
+
+def test_mlp_handoff_takes_the_fitting_forms_and_warns_where_asked_for_and_not_taken(monkeypatch):
+    """``FLARE_GEMV_HANDOFF`` (``fused_linear.mlp_handoff``; one row on CUDA): Qwen3-8B's packed MLP takes it at the
+    table configs; the gated form only once down's preload is named 0 (``FLARE_GEMV_CONFIG``) -- asked for and not
+    taken, a warning names the shapes; off, neither form and no warning."""
+    pytest.importorskip("triton", reason="Triton is not installed here")
+    import warnings
+
+    from ignition.components import fused_linear
+
+    gu_w = SimpleNamespace(is_cuda=True)  # the rule reads the device and down's shape only
+    down_w = torch.empty(4096, 12288, device="meta")
+    monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
+    monkeypatch.setenv("FLARE_GEMV_HANDOFF", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not fused_linear.mlp_handoff(1, gu_w, down_w) and not fused_linear.mlp_handoff(1, gu_w, down_w, True)
+    monkeypatch.setenv("FLARE_GEMV_HANDOFF", "1")
+    assert fused_linear.mlp_handoff(1, gu_w, down_w) and not fused_linear.mlp_handoff(4, gu_w, down_w)
+    assert not fused_linear.mlp_handoff(1, SimpleNamespace(is_cuda=False), down_w)
+    with pytest.warns(UserWarning, match="gated MLP of hidden=4096, intermediate=12288 does not take the handoff"):
+        assert not fused_linear.mlp_handoff(1, gu_w, down_w, True)  # plain down preloads 4 tiles by default
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x24576x4096g=2/1024/4/2;1x4096x12288=8/1024/4/2/0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fused_linear.mlp_handoff(1, gu_w, down_w, True) and fused_linear.mlp_handoff(1, gu_w, down_w)
