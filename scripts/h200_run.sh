@@ -38,6 +38,8 @@
 #                   entry a B bench of ONE process, all interleaved with one A (and A2): A's load, build and
 #                   timelines once instead of once per entry; each bench holds its own copy of the weights, Qwen3-8B's
 #                   16 GB) -- the order and machine effects of separate processes cancel
+#   replayinN-G     the same with the entries of $AB_INN_G or $AB_INN (N any suffix, e.g. replayin2-8B with
+#                   AB_IN2_8B): a second side-by-side set on the same core in the same call, no second build
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
 #                   the side-by-side graph cost; when it fails, later stages run with FLARE_PDL=0
 #   prefill-G       ignition bench --prefill, chunks 1024 and 4096 (% of the measured matmul throughput)
@@ -111,18 +113,19 @@ for s in ${STAGES:?set STAGES}; do
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin-*) i=0; k=AB_IN_${g//./_}; entries=(${!k:-${AB_IN:?set AB_IN}}); runs=()
+    replayin*-*) i=0; sfx=${s%%-*}; sfx=${sfx#replayin}; k=AB_IN${sfx}_${g//./_}; kk=AB_IN$sfx
+          entries=(${!k:-${!kk:?set $kk or $k}}); runs=()
           if [ "${AB_TOGETHER:-0}" = 1 ]; then  # every entry a B bench of one process: A (and A2) built once
             abs=(); for v in "${entries[@]}"; do abs+=(--ab "$v"); done; runs=("${#entries[@]}-together")
           else for v in "${entries[@]}"; do i=$((i + 1)); runs+=("$i-$(slug "$v")"); done; fi
           i=0; for n in "${runs[@]}"; do
             [ "${AB_TOGETHER:-0}" = 1 ] || { abs=(--ab "${entries[$i]}"); i=$((i + 1)); }
+            name=replayin$sfx-$g-$n
             timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
               --samples 200 --seeds 0 --attention $ATTN "${abs[@]}" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
-              --out $R/replayin-$g-$n 2>&1 | log \
-              > "$OUT/replayin-$g-$n.log"
-            tar czf "$OUT/replayin-$g-$n.tgz" -C $R/replayin-$g-$n . 2>/dev/null
-            grep -A 3 "side by side in one process" "$OUT/replayin-$g-$n.log" | head -n 40; done ;;
+              --out $R/$name 2>&1 | log > "$OUT/$name.log"
+            tar czf "$OUT/$name.tgz" -C $R/$name . 2>/dev/null
+            grep -A 3 "side by side in one process" "$OUT/$name.log" | head -n 40; done ;;
     prefill-*) for chunk in 1024 4096; do
           timeout 150 python3 -m ignition.cli bench $W/core-$g --prefill --prefill-chunk-size $chunk --samples 30 --attention $ATTN \
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done
