@@ -8,8 +8,9 @@ appearance), so a refactor can be shown to change no generated code.
     python scripts/sm90_kernel_check.py [--against REV] [--only TEXT] [--json OUT] [--ptx-dir DIR]
 
 Needs Triton (its bundled ``ptxas``), no CUDA device.  The configurations are the measured ones: every
-``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the fused decode kernel and the
-reduce kernel at the Qwen3 shapes, the tensor-core GEMV's default configs and the top-k kernels.
+``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the one-row launches of planned
+side-by-side runs under their ``FLARE_GEMV_CONFIG`` items (``NAMED``), the fused decode kernel and the reduce kernel at
+the Qwen3 shapes, the tensor-core GEMV's default configs, the top-k and sampler kernels.
 """
 
 from __future__ import annotations
