@@ -121,12 +121,13 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
     return stages > 0, stages
 
 
-#: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages)``: the fastest of the H200 sweep
+#: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages[, preload])`` (the optional fifth:
+#: the launch's preloaded tiles, as ``FLARE_GEMV_CONFIG``'s; none yet): the fastest of the H200 sweep
 #: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
 #: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
 #: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
 #: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
-GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, int, int, int]] = {
+GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: its whole K preloaded before the wait (4 tiles, 127
     #   registers, 4 programs per SM; ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
     #   side in one process against run 6's 8x512 w4 (13.78 us alone, no preload): batch 1 0.9848x
