@@ -502,8 +502,9 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
 def test_gemv_config_is_a_pure_function_of_the_shapes():
     from ignition.components.kernels.linear import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
-    for (m, n, k, gated), (bn, bk, warps, stages) in GEMV_MEASURED.items():  # measured shapes: their table entry
-        assert gemv_config(m, n, k, gated) == {"BN": bn, "BK": bk, "num_warps": warps, "num_stages": stages}
+    names = ("BN", "BK", "num_warps", "num_stages", "preload")
+    for (m, n, k, gated), entry in GEMV_MEASURED.items():  # measured shapes: their table entry (a preload if named)
+        assert len(entry) in (4, 5) and gemv_config(m, n, k, gated) == dict(zip(names, entry))
     for m in (1, 4, 8, 16):
         for n, k, gated in ((6144, 4096, False), (24576, 4096, True), (1024, 3072, False), (1000, 64, False)):
             cfg = gemv_config(m, n, k, gated)
@@ -534,7 +535,7 @@ def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypat
     shape is another key); a malformed item raises naming it; unset, the measured table."""
     from ignition.components.kernels.linear import GEMV_MEASURED, gemv_config
 
-    table = dict(zip(("BN", "BK", "num_warps", "num_stages"), GEMV_MEASURED[(1, 4096, 4096, False)]))
+    table = dict(zip(("BN", "BK", "num_warps", "num_stages", "preload"), GEMV_MEASURED[(1, 4096, 4096, False)]))
     monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
     assert gemv_config(1, 4096, 4096) == table
     others = [gemv_config(4, 4096, 4096), gemv_config(1, 4096, 12288)]
