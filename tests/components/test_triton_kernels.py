@@ -263,6 +263,11 @@ def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero(monkeypatch, 
     with pytest.raises(ValueError, match="without its producer"):
         linear.fused_linear_triton(act, wd, residual=r, gated_input=not gated, handoff=True)
     linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=True)
+    # the producer alone: each activation tile counted exactly the consumer's target (a target above the count would
+    # poll until the trap on a GPU; below it, read tiles still being stored), the consumer's ticket untouched
+    spec = linear.gemv_handoff_constexprs(hidden, inter, consumer=True, gated=gated)
+    tiles = spec["FLAG_TILES"]
+    assert flags[:tiles].tolist() == [spec["FLAG_TARGET"]] * tiles and not flags[tiles:].any()
     other = torch.cat([act, act], dim=-1) if gated else act[:, :inter].contiguous()
     with pytest.raises(ValueError, match="input after a"):  # the other form's consumer
         linear.fused_linear_triton(other, wd, residual=r, gated_input=gated, handoff=True)
