@@ -126,10 +126,15 @@ def _gated_input_features(x: torch.Tensor, weight: torch.Tensor, norm_weight: Op
     return k
 
 
+#: A launch's role in the one-row MLP handoff (``fused_linear``'s ``handoff``; the GEMV kernel's ``HANDOFF``; 0 none):
+#: the gate/up launch publishing its activation tiles, the down launch taking them (:func:`mlp_handoff`).
+HANDOFF_PRODUCER, HANDOFF_CONSUMER = 1, 2
+
+
 def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
           residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
           early: bool = False, xw: Optional[torch.Tensor] = None,
-          norm_stats: Optional[torch.Tensor] = None, handoff: bool = False) -> torch.Tensor:
+          norm_stats: Optional[torch.Tensor] = None, handoff: int = 0) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _out_features(weight, gated)))
 
 
@@ -137,15 +142,16 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Ten
 def fused_linear(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
                  residual: Optional[torch.Tensor], gated: bool, gated_input: bool = False,
                  early: bool = False, xw: Optional[torch.Tensor] = None,
-                 norm_stats: Optional[torch.Tensor] = None, handoff: bool = False) -> torch.Tensor:
+                 norm_stats: Optional[torch.Tensor] = None, handoff: int = 0) -> torch.Tensor:
     """``x [..., K]`` (``[..., 2 * K]`` with ``gated_input``), ``weight [N, K]`` -> a new contiguous
     ``[..., N_out]`` (see the module docstring).  ``early``: the next kernel reads nothing but weights before its PDL
     wait (``kernels.linear.fused_linear_triton``); the result is the same either way.  ``xw`` and ``norm_stats``
     (with ``norm_weight``): x's norm as :func:`fused_linear_publish` published it with x (:data:`GEMM_ROWS_PRENORM`)
     -- on CUDA the launch takes ``xw`` (x times the norm's weights) as its input and scales its sums by the rstd of
     ``norm_stats``: no norm launch; the CPU path computes the canonical norm of x as always.  ``handoff``
-    (:func:`mlp_handoff`): on CUDA the one-row MLP's gate/up launch (packed, or gated) and its down launch (the gated
-    input, or plain) hand the activation over tile by tile (``kernels.linear.GEMV_HANDOFF``); the same result."""
+    (:func:`mlp_handoff`; the launch's role, :data:`HANDOFF_PRODUCER` / :data:`HANDOFF_CONSUMER`, 0 none): on
+    CUDA the one-row MLP's gate/up launch (packed, or gated) and its down launch (the gated input, or plain) hand the
+    activation over tile by tile (``kernels.linear.GEMV_HANDOFF``); the same result."""
     if x.is_cuda:
         from ignition.components.kernels.linear import fused_linear_triton
 
@@ -483,8 +489,8 @@ def _gate_into_down(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -
 
 
 def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor, gated: bool = False) -> bool:
-    """Whether :func:`gated_mlp_block`'s gate/up launch with the norm prologue (packed, or ``gated``) and its down
-    launch take the handoff (``kernels.linear.GEMV_HANDOFF``, ``FLARE_GEMV_HANDOFF``; read when a step is traced): one
+    """Whether :func:`gated_mlp_block`'s fused gate/up launch (packed, or ``gated``) and its down launch take the
+    handoff (``kernels.linear.GEMV_HANDOFF``, ``FLARE_GEMV_HANDOFF``; read when a step is traced): one
     row on CUDA, where the two launch configs line up (``kernels.linear.gemv_handoff_fits``: elsewhere the two
     launches run as without the switch, PDL-ordered)."""
     if rows != 1 or not gu_w.is_cuda:
@@ -506,9 +512,9 @@ def mlp_handoff(rows: int, gu_w: torch.Tensor, down_w: torch.Tensor, gated: bool
 
 def _gated_handoff(rows: int, gu_w, down_w, act_name: str | None, norm: bool) -> bool:
     """Whether :func:`gated_mlp_block` runs a gated gate/up launch (its SiLU product in the epilogue) and a plain
-    down launch with the handoff between them (:func:`mlp_handoff` with ``gated``): both fused, behind a norm."""
-    return (act_name == "silu" and norm and gu_w is not None and down_w is not None
-            and prefers_fused(rows, gu_w, True, prologue=True, norm=True) and prefers_fused(rows, down_w, False)
+    down launch with the handoff between them (:func:`mlp_handoff` with ``gated``): both fused."""
+    return (act_name == "silu" and gu_w is not None and down_w is not None
+            and prefers_fused(rows, gu_w, True, prologue=norm, norm=norm) and prefers_fused(rows, down_w, False)
             and mlp_handoff(rows, gu_w, down_w, gated=True))
 
 
@@ -524,6 +530,21 @@ def mlp_publishes_prenorm(rows: int, gate_up, down, act_name: str | None) -> boo
     :func:`publishes_prenorm`, not the gated-input one)."""
     return (not _gate_into_down(rows, gate_up.plain_weight(), down.plain_weight(), act_name, True)
             and publishes_prenorm(rows, down))
+
+
+def _mlp_in(x: torch.Tensor, gu_w: torch.Tensor, norm, gated: bool, handoff: bool) -> torch.Tensor:
+    """The MLP's fused gate/up launch behind ``norm`` (None: none): packed, or ``gated``; early (its successor is
+    down's launch); the handoff's producer when ``handoff``."""
+    return fused_linear(x, gu_w, None if norm is None else norm.weight, 0.0 if norm is None else norm.variance_epsilon,
+                        None, gated, False, True, handoff=HANDOFF_PRODUCER if handoff else 0)
+
+
+def _mlp_out(act: torch.Tensor, down_w: torch.Tensor, residual: Optional[torch.Tensor], gated_input: bool,
+             early: bool, handoff: bool) -> torch.Tensor:
+    """The MLP's fused down launch (+ residual) on gate/up's output (``gated_input``: the packed one); the handoff's
+    consumer when ``handoff``."""
+    return fused_linear(act, down_w, None, 0.0, residual, False, gated_input, early,
+                        handoff=HANDOFF_CONSUMER if handoff else 0)
 
 
 def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Optional[torch.Tensor] = None,
@@ -549,17 +570,14 @@ def gated_mlp_block(x: torch.Tensor, gate_up, down, *, norm=None, residual: Opti
         packed_fused = switch("FLARE_PACKED_GATE_UP", PACKED_GATE_UP_FUSED)
         handoff = False
         if packed_fused and prefers_fused(rows, gu_w, False, prologue=norm is not None, norm=norm is not None):
-            handoff = norm is not None and mlp_handoff(rows, gu_w, down_w)
-            packed = fused_linear(x, gu_w, None if norm is None else norm.weight,
-                                  0.0 if norm is None else norm.variance_epsilon, None, False, False, True,
-                                  handoff=handoff)
+            handoff = mlp_handoff(rows, gu_w, down_w)
+            packed = _mlp_in(x, gu_w, norm, False, handoff)
         else:
             packed = F.linear(x if norm is None else norm(x), gu_w)  # gate_up's own product, left packed
-        out = fused_linear(packed, down_w, None, 0.0, residual, False, True, early, handoff=handoff)
+        out = _mlp_out(packed, down_w, residual, True, early, handoff)
         return (out, None) if publish_norm is not None else out
     if _gated_handoff(rows, gu_w, down_w, act_name, norm is not None):
-        act = fused_linear(x, gu_w, norm.weight, norm.variance_epsilon, None, True, False, True, handoff=True)
-        out = fused_linear(act, down_w, None, 0.0, residual, False, False, early, handoff=True)
+        out = _mlp_out(_mlp_in(x, gu_w, norm, True, True), down_w, residual, False, early, True)
         return (out, None) if publish_norm is not None else out
     act = linear_block(x, gate_up, norm=norm, gated=True, act_fn=act_fn, act_name=act_name, early=True,
                        prenorm=prenorm)

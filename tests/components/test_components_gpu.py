@@ -492,8 +492,10 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
 
     def chain(early, handoff=False, gated=False):
         h = linear.fused_linear_triton(x, wo, residual=r, early=early)
-        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=early, handoff=handoff)
-        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=not gated, early=early, handoff=handoff)
+        gu = linear.fused_linear_triton(h, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=early,
+                                        handoff=linear.HANDOFF_PRODUCER * handoff)
+        return linear.fused_linear_triton(gu, wd, residual=h, gated_input=not gated, early=early,
+                                          handoff=linear.HANDOFF_CONSUMER * handoff)
 
     assert linear.gemv_early_enabled(x.device, 1), "PDL's early launches are off on this GPU"
     down = linear.gemv_config(1, hidden, inter)

@@ -243,9 +243,13 @@ def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero(monkeypatch, 
     assert linear.gemv_config(1, hidden, inter)["BK"] == 1024  # 2 tiles of the activation
     x, wgu, wd, nw, r = _mlp_inputs(hidden, inter, 5)
 
+    producer, consumer = linear.HANDOFF_PRODUCER, linear.HANDOFF_CONSUMER
+
     def mlp(handoff):
-        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=True, handoff=handoff)
-        return linear.fused_linear_triton(gu, wd, residual=r, gated_input=not gated, early=True, handoff=handoff), gu
+        gu = linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, early=True,
+                                        handoff=producer * handoff)
+        return linear.fused_linear_triton(gu, wd, residual=r, gated_input=not gated, early=True,
+                                          handoff=consumer * handoff), gu
 
     (plain, gu), (got, gu2) = mlp(False), mlp(True)
     assert torch.equal(gu2.view(torch.int16), gu.view(torch.int16))
@@ -261,8 +265,8 @@ def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero(monkeypatch, 
     assert ((got.float() - (r + y).float()).abs() <= _gated_input_tolerance(gu, wd, y) + slack).all()
     act = gu2 if gated else gu
     with pytest.raises(ValueError, match="without its producer"):
-        linear.fused_linear_triton(act, wd, residual=r, gated_input=not gated, handoff=True)
-    linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=True)
+        linear.fused_linear_triton(act, wd, residual=r, gated_input=not gated, handoff=consumer)
+    linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=producer)
     # the producer alone: each activation tile counted exactly the consumer's target (a target above the count would
     # poll until the trap on a GPU; below it, read tiles still being stored), the consumer's ticket untouched
     spec = linear.gemv_handoff_constexprs(hidden, inter, consumer=True, gated=gated)
@@ -270,13 +274,13 @@ def test_gemv_handoff_changes_no_bit_and_leaves_its_counts_at_zero(monkeypatch, 
     assert flags[:tiles].tolist() == [spec["FLAG_TARGET"]] * tiles and not flags[tiles:].any()
     other = torch.cat([act, act], dim=-1) if gated else act[:, :inter].contiguous()
     with pytest.raises(ValueError, match="input after a"):  # the other form's consumer
-        linear.fused_linear_triton(other, wd, residual=r, gated_input=gated, handoff=True)
+        linear.fused_linear_triton(other, wd, residual=r, gated_input=gated, handoff=consumer)
     assert not flags.any() and not linear._HANDOFF_PENDING
     with pytest.raises(ValueError, match="table configs"):
-        linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=True, config={"BN": 8})
+        linear.fused_linear_triton(x, wgu, norm_weight=nw, eps=1e-6, gated=gated, handoff=producer, config={"BN": 8})
     with pytest.raises(ValueError, match="table configs"):
         linear.fused_linear_triton(x.expand(2, -1).contiguous(), wgu, norm_weight=nw, eps=1e-6, gated=gated,
-                                   handoff=True, dot=False)
+                                   handoff=producer, dot=False)
     assert not linear._HANDOFF_PENDING
 
 

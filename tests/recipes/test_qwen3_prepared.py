@@ -86,11 +86,13 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
 
     calls = []  # (gated_input, norm weight given, weight rows) of every fused launch
     handoffs = []  # (gated_input, handoff) of every fused launch
+    roles = []  # each launch's handoff role (0 none)
     real = fl.fused_linear
 
     def recording(*args, **kw):
         calls.append((args[6] if len(args) > 6 else False, args[2] is not None, args[1].shape[0]))
-        handoffs.append((calls[-1][0], kw.get("handoff", False)))
+        handoffs.append((calls[-1][0], bool(kw.get("handoff", 0))))
+        roles.append(kw.get("handoff", 0))
         return real(*args, **kw)
 
     monkeypatch.setattr(fl, "GATED_FUSED_MAX_ELEMENTS", 0)
@@ -110,6 +112,7 @@ def test_packed_gate_up_feeds_down_with_the_silu_gate_in_its_prologue(ckpt, refe
     assert bool(pairs) == packed_fused
     assert all(handoffs[i + 1] == (True, True) for i in pairs)
     assert sum(h for _, h in handoffs) == 2 * len(pairs)
+    assert all(roles[i] == fl.HANDOFF_PRODUCER and roles[i + 1] == fl.HANDOFF_CONSUMER for i in pairs)
     assert tokens == ref_tokens
     assert_close(logits, ref_logits, logit_bound(ref_logits))
 
@@ -122,10 +125,12 @@ def test_gated_mlp_handoff_pairs_the_gated_launch_with_a_plain_down(ckpt, refere
     from ignition.components import fused_linear as fl
 
     launches = []  # (gated, gated_input, norm weight given, handoff) of every fused launch
+    roles = []  # each launch's handoff role (0 none)
     real = fl.fused_linear
 
     def recording(*args, **kw):
-        launches.append((args[5], args[6] if len(args) > 6 else False, args[2] is not None, kw.get("handoff", False)))
+        launches.append((args[5], args[6] if len(args) > 6 else False, args[2] is not None, bool(kw.get("handoff", 0))))
+        roles.append(kw.get("handoff", 0))
         return real(*args, **kw)
 
     monkeypatch.setattr(fl, "fused_linear", recording)
@@ -136,6 +141,7 @@ def test_gated_mlp_handoff_pairs_the_gated_launch_with_a_plain_down(ckpt, refere
     assert producers and all(launches[i][2] for i in producers)  # behind the layer's norm
     assert all(launches[i + 1] == (False, False, False, True) for i in producers)  # a plain down right after
     assert sum(h for *_, h in launches) == 2 * len(producers)
+    assert all(roles[i] == fl.HANDOFF_PRODUCER and roles[i + 1] == fl.HANDOFF_CONSUMER for i in producers)
     assert len(producers) % AutoConfig.from_pretrained(ckpt).num_hidden_layers == 0  # whole steps, every layer
     assert tokens == ref_tokens
     assert_close(logits, ref_logits, logit_bound(ref_logits))

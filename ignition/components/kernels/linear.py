@@ -8,7 +8,7 @@ import os
 import torch
 import triton
 
-from ignition.components.fused_linear import DOT_ROWS, uses_dot_kernel
+from ignition.components.fused_linear import DOT_ROWS, HANDOFF_CONSUMER, HANDOFF_PRODUCER, uses_dot_kernel
 from ignition.components.kernels.gemm_rows import _fused_gemm_rows_kernel, _published_norm_kernel
 from ignition.components.kernels.gemv import _fused_gemv_kernel
 from ignition.components.kernels.launch import (_interpreting, _pdl, _probe_args, device_key, pdl_early_enabled,
@@ -341,6 +341,7 @@ GEMV_HANDOFF = False
 #: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
 HANDOFF_SLOTS = 64
 
+
 _HANDOFF_FLAGS: dict[tuple[str, int], torch.Tensor] = {}
 _HANDOFF_PENDING: dict[tuple[str, int], tuple[torch.Tensor, bool]] = {}
 
@@ -358,17 +359,20 @@ def gemv_handoff_fits(hidden: int, inter: int, gated: bool = False) -> bool:
 
 
 def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_input: bool, norm: bool,
-                  config: dict | None) -> dict:
-    """The ``HANDOFF`` launch arguments of a producer (gate/up: packed with the norm prologue, or gated) or a consumer
-    (down: the gated input after a packed producer, a plain input after a gated one) launch; raises naming what does
-    not fit.  The producer takes the device's counts (zeros; every consumer leaves them so) and leaves them to the
-    next consumer launch, which raises without one or when its input is not that producer's form."""
+                  config: dict | None, role: int) -> dict:
+    """The ``HANDOFF`` launch arguments of a producer (``role`` :data:`HANDOFF_PRODUCER`: gate/up, packed or gated) or
+    a consumer (:data:`HANDOFF_CONSUMER`: down, the gated input after a packed producer, a plain input after a gated
+    one) launch; raises naming what does not fit.  The producer takes the device's counts (zeros; every consumer leaves
+    them so) and leaves them to the next consumer launch, which raises without one or when its input is not that
+    producer's form."""
     m, k = x.shape[0], weight.shape[1]
-    producer = x.shape[1] == k and weight.shape[0] % 2 == 0 and (gated or norm)
+    producer = role == HANDOFF_PRODUCER
+    if (role not in (HANDOFF_PRODUCER, HANDOFF_CONSUMER) or m != 1 or config is not None
+            or (producer and (gated_input or weight.shape[0] % 2)) or (not producer and (gated or norm))):
+        raise ValueError(f"fused_linear_triton: handoff {role} (1 producer: gate/up; 2 consumer: down) is for the "
+                         f"one-row GEMV's MLP launches at their table configs (got {m} rows, gated={gated}, "
+                         f"gated_input={gated_input}, norm={norm}, config={config})")
     hidden, inter = (k, weight.shape[0] // 2) if producer else (weight.shape[0], k)
-    if m != 1 or config is not None or (producer and gated_input) or (not producer and (gated or norm)):
-        raise ValueError(f"fused_linear_triton: handoff is for the one-row GEMV's gate/up and down launches at their "
-                         f"table configs (got {m} rows, gated={gated}, norm={norm}, config={config})")
     key = device_key(x.device)
     if producer:
         if not gemv_handoff_fits(hidden, inter, gated):
@@ -384,7 +388,7 @@ def _handoff_args(x: torch.Tensor, weight: torch.Tensor, gated: bool, gated_inpu
         raise ValueError("fused_linear_triton: a handoff consumer (down) without its producer launch before it")
     flags, gated_producer = pending
     if gated_input == gated_producer:
-        pending[0].zero_()
+        flags.zero_()
         raise ValueError(f"fused_linear_triton: a handoff consumer with {'the gated' if gated_input else 'a plain'} "
                          f"input after a {'gated' if gated_producer else 'packed'} gate/up launch (the packed one "
                          f"goes into the gated input, the gated one into a plain input)")
@@ -398,10 +402,10 @@ def gemv_handoff_constexprs(hidden: int, inter: int, *, consumer: bool, gated: b
     the producer programs that complete one (both halves when packed); the launch adds ``FLAGS`` and ``FENCE``."""
     bn, bk = int(gemv_config(1, 2 * inter, hidden, gated)["BN"]), int(gemv_config(1, hidden, inter)["BK"])
     if not consumer:
-        return {"HANDOFF": 1, "FLAG_COLS": bk}
+        return {"HANDOFF": HANDOFF_PRODUCER, "FLAG_COLS": bk}
     tiles = inter // bk
-    return {"HANDOFF": 2, "FLAG_COLS": bk, "FLAG_TILES": tiles, "FLAG_TARGET": (1 if gated else 2) * bk // bn,
-            "FLAG_P2": triton.next_power_of_2(tiles + 1)}
+    return {"HANDOFF": HANDOFF_CONSUMER, "FLAG_COLS": bk, "FLAG_TILES": tiles,
+            "FLAG_TARGET": (1 if gated else 2) * bk // bn, "FLAG_P2": triton.next_power_of_2(tiles + 1)}
 
 
 def gemv_early_enabled(device: torch.device, rows: int) -> bool:
@@ -492,7 +496,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                         gated_input: bool = False, config: dict | None = None,
                         dot: bool | None = None, probe: torch.Tensor | None = None,
                         early: bool = False, norm_stats: torch.Tensor | None = None,
-                        publish_norm: torch.Tensor | None = None, handoff: bool = False):
+                        publish_norm: torch.Tensor | None = None, handoff: int = 0):
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -504,10 +508,10 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
     the fused decode attention): the one-row kernel then lets it launch before its own wait
     (:func:`gemv_early_enabled`).
-    ``handoff``: the one-row MLP handoff (:data:`GEMV_HANDOFF`): this gate/up launch (K = hidden; packed with the norm
-    prologue, or ``gated``) publishes its activation tiles as it finishes them, or this down launch (``gated_input``
-    after a packed one, a plain input after a gated one) takes them so; the two launches back to back on one stream,
-    the producer first.
+    ``handoff``: the launch's role in the one-row MLP handoff (:data:`GEMV_HANDOFF`; 0 none):
+    :data:`HANDOFF_PRODUCER`, this gate/up launch (K = hidden; packed, or ``gated``) publishes its activation tiles as
+    it finishes them; :data:`HANDOFF_CONSUMER`, this down launch (``gated_input`` after a packed one, a plain input
+    after a gated one) takes them so; the two launches back to back on one stream, the producer first.
     ``probe``: diagnostics (``scripts/probe_decode_attention.py``; the one-row kernel only) -- an int64 buffer of
     ``[programs, 2 * PROBE_STAMPS]`` the kernel fills with clock stamps: 0 entry, 1 preloaded tiles arrived, 2 after
     the PDL wait, 3 after the main loop, 4 after the store; the SM id in slot ``PROBE_STAMPS - 1``.
@@ -584,7 +588,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     grid = (triton.cdiv(n_out, bn), triton.cdiv(m, mp))
     preload = gemv_preload_tiles(m, k, bk, norm_weight is None and not gated and not gated_input, cfg.get("preload"))
     flat, stream_stages = gemv_flat(mp, k, bk, preload)
-    handoff_args = _handoff_args(x, weight, gated, gated_input, norm_weight is not None, config) if handoff else {}
+    handoff_args = (_handoff_args(x, weight, gated, gated_input, norm_weight is not None, config, handoff)
+                    if handoff else {})
     _fused_gemv_kernel[grid](
         x, weight, norm_weight if norm_weight is not None else x, residual if residual is not None else out, out,
         m, n_out, x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
