@@ -59,7 +59,8 @@ def _attributed_fn(step):
     hk = getattr(head, "keywords", {}) or {}
     layer_fn = _ranged(kw["layer_fn"], lambda layer, *a: f"layer.{getattr(layer.self_attn, 'layer_idx', '?')}")
     head_fn = functools.partial(step_head, logits_fn=_ranged(hk["logits_fn"], lambda *a: "head"),
-                                sample_fn=_ranged(hk["sample_fn"], lambda *a: "sampler")) if hk else head
+                                sample_fn=_ranged(hk["sample_fn"], lambda *a: "sampler"),
+                                hook_fn=_ranged(hk["hook_fn"], lambda *a: "sampler")) if hk else head
     batch_fn = _ranged(kw["batch_fn"], lambda *a: "metadata") if kw.get("batch_fn") is not None else None
     return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn)
 

@@ -30,8 +30,9 @@ buffers; ``PreparedGraphs`` then runs the stages in order:
    ``head(hidden, batch) -> logits``.
 3. ``capture()`` (CUDA only): each step is warmed up on a side stream and captured into a
    ``torch.cuda.CUDAGraph``; all graphs share one pool (``torch.cuda.graph_pool_handle()``), largest
-   first.  The captured step copies logits and tokens into per-step output buffers allocated outside
-   the pool, so a later replay of another graph never overwrites them.
+   first.  The captured step's head and sampler regions store logits and tokens into per-step output buffers
+   allocated outside the pool (no copy kernel after them), so a later replay of another graph never overwrites
+   them.
 
 ``PreparedStep.run(...)`` copies a (possibly smaller) batch into the static inputs -- padding rows are
 inactive, padding tokens carry ``slot_mapping = -1`` -- then replays the graph (CUDA) or calls the
@@ -212,37 +213,50 @@ def _recompile_limit(n: int):
     return contextlib.nullcontext()
 
 
-def head_logits(model, hidden: torch.Tensor, batch) -> torch.Tensor:
-    """The model's head: last token, final norm, vocabulary projection (a compile region)."""
-    return model.head(hidden, batch)
+def _into(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """``x`` stored into the step's static output ``out`` inside the region (None: ``x``).  Compiled, the region's
+    last fused kernel stores there itself, instead of a copy kernel after it: a captured Qwen3-8B decode step ended
+    with two ``memcpy32_post`` copies of its outputs, 1.3 + 1.2 us (run 168's batch-1 trace)."""
+    return x if out is None else out.copy_(x)
 
 
-def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor) -> torch.Tensor:
-    """In-graph sampling of ``logits [rows, V]`` and its state update (a compile region keyed by rows)."""
+def head_logits(model, hidden: torch.Tensor, batch, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's head: last token, final norm, vocabulary projection (a compile region); into ``out`` if given."""
+    return _into(out, model.head(hidden, batch))
+
+
+def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """In-graph sampling of ``logits [rows, V]`` and its state update (a compile region keyed by rows); the tokens
+    into ``out`` if given."""
     from ignition.components.sampling import advance, sample
 
     tokens = sample(logits, sampling, active=active_rows)
     advance(sampling, tokens, active=active_rows)
-    return tokens
+    return _into(out, tokens)
 
 
-def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """The model's own sampler hook on ``logits`` (a compile region keyed by rows, as :func:`sample_rows`).  Eager, the
     greedy hook's two-stage argmax ran as aten reductions and elementwise kernels: Qwen3-8B's greedy variant on the H200
     (``results/20261204T054200Z-sm90-run129``, batch 1) spent 33.6 us of its critical path in its 10 eager kernels
     with the embedding, rotary and metadata (the decode graph: 5.9 us there, its compiled argmax two fused kernels)."""
-    return sampler(logits, active)
+    return _into(out, sampler(logits, active))
 
 
 def step_head(model, sampling, hidden: torch.Tensor, batch, active_rows: torch.Tensor,
-              logits_fn: Callable = head_logits, sample_fn: Callable = sample_rows, hook_fn: Callable = run_sampler):
+              logits_fn: Callable = head_logits, sample_fn: Callable = sample_rows, hook_fn: Callable = run_sampler,
+              out: tuple[torch.Tensor, torch.Tensor] | None = None):
     """The non-repeated tail of a step -- the model's head (last token, final norm, vocabulary projection)
     then in-graph sampling and its state update (``sampling``), or the model's own sampler hook.
-    ``logits_fn``/``sample_fn``/``hook_fn`` are the compiled regions under ``compile(scope="regional")``."""
-    logits = logits_fn(model, hidden, batch)
+    ``logits_fn``/``sample_fn``/``hook_fn`` are the compiled regions under ``compile(scope="regional")``;
+    ``out``: the step's static ``(logits, tokens)``, which the regions write themselves."""
+    out_logits, out_tokens = out if out is not None else (None, None)
+    logits = logits_fn(model, hidden, batch, out_logits)
     if sampling is None:
-        return logits, hook_fn(model.sampler, logits, batch.active)
-    return logits, sample_fn(sampling, logits, active_rows)
+        return logits, hook_fn(model.sampler, logits, batch.active, out_tokens)
+    return logits, sample_fn(sampling, logits, active_rows, out_tokens)
 
 
 COMPILE_SCOPES = ("regional", "whole")
@@ -283,23 +297,28 @@ class PreparedStep:
         self.graph = None
         self.example: dict | None = None  # declaration example, alive only until release_examples()
 
-    def forward(self, *inputs):
+    def forward(self, *inputs, out: tuple[torch.Tensor, torch.Tensor] | None = None):
         """The complete step: prepared forward (vocabulary projection included), then sampling and the
-        in-graph update of the sampling state (counts, random step) when the catalog samples."""
-        return self.regional_forward(*inputs)
+        in-graph update of the sampling state (counts, random step) when the catalog samples; into ``out``."""
+        return self.regional_forward(*inputs, **({} if out is None else {"out": out}))
 
     def regional_forward(self, *inputs, layer_fn: Callable | None = None, head_fn: Callable | None = None,
-                         batch_fn: Callable | None = None):
+                         batch_fn: Callable | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None):
         """The step as its regions: the model's body (the attention metadata through ``batch_fn``, each decoder
-        layer through ``layer_fn`` when given), then ``head_fn`` (default :func:`step_head`, eager).  Compiled
-        regions are passed in by ``PreparedGraphs.compile(scope="regional")``."""
+        layer through ``layer_fn`` when given), then ``head_fn`` (default :func:`step_head`, eager) writing
+        ``out`` (the static ``(logits, tokens)``).  Compiled regions are passed in by
+        ``PreparedGraphs.compile(scope="regional")``."""
         batch, hidden = self.model.body(*inputs, layer_fn=layer_fn, batch_fn=batch_fn)
-        return (head_fn or step_head)(self.model, self.sampling, hidden, batch, inputs[INPUTS.index("active_rows")])
+        return (head_fn or step_head)(self.model, self.sampling, hidden, batch, inputs[INPUTS.index("active_rows")],
+                                      out=out)
 
     def _body(self):
-        logits, tokens = self.fn(*(self.inputs[k] for k in self.names))
-        self.logits.copy_(logits)
-        self.tokens.copy_(tokens)
+        logits, tokens = self.fn(*(self.inputs[k] for k in self.names), out=(self.logits, self.tokens))
+        # the head and sampler regions wrote the static outputs themselves; a head that handed back other storage
+        # (none here) is copied, so the outputs are always the step's
+        for buf, x in ((self.logits, logits), (self.tokens, tokens)):
+            if x.data_ptr() != buf.data_ptr():
+                buf.copy_(x)
 
     def execute(self) -> None:
         """Run on whatever the static inputs hold (graph replay when captured)."""

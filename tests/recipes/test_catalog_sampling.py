@@ -8,7 +8,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from ignition.graphs.catalog import GraphCatalog, head_logits, sample_rows
 from ignition.recipes.qwen3.model import PreparedQwen3
-from tiny_qwen3 import Row, make_checkpoint
+from tiny_qwen3 import Row, make_checkpoint, stores_its_outputs
 
 PROMPT = [(i * 37 + 11) % 512 for i in range(12)]
 CATALOG = GraphCatalog(decode_capacities=(1, 2), prefill_chunks=(16,))
@@ -64,3 +64,4 @@ def test_compiled_step_with_sampling_equals_eager(ckpt):
     # The sampler region sees [rows, V] only: the 16-token prefill chunk (one row) reuses decode-1's graph.
     assert len(_debug_get_cache_entry_list(sample_rows.__code__)) == 1
     assert len(_debug_get_cache_entry_list(head_logits.__code__)) == 2
+    assert all(stores_its_outputs(s) for s in compiled.steps)  # the head and the sampler: no copy after them

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from ignition.components.attention import batch_tensors
 from ignition.graphs.catalog import GraphCatalog, head_logits, run_sampler
 from ignition.recipes.qwen3.model import PreparedQwen3
-from tiny_qwen3 import Row, make_checkpoint, prefill
+from tiny_qwen3 import Row, make_checkpoint, prefill, stores_its_outputs
 
 LAYERS = 3
 PROMPT = [(i * 37 + 11) % 512 for i in range(11)]
@@ -70,6 +70,7 @@ def test_regional_compile_is_once_per_shape_and_bytewise_eager(ckpt):
     for (le, te), (lc, tc) in zip(eager, compiled):
         assert torch.equal(le, lc) and torch.equal(te, tc)
     assert torch.equal(eager_cache.k, compiled_cache.k) and torch.equal(eager_cache.v, compiled_cache.v)
+    assert all(stores_its_outputs(s) for s in graphs.steps)  # the head and the greedy hook: no copy after them
 
 
 def test_unknown_compile_scope_is_refused(ckpt):

@@ -168,3 +168,11 @@ def batched_greedy(graphs, prompts: list[list[int] | None], steps: int, page_siz
         out.append(logits.cpu().clone())
         nxt = [int(t) for t in tokens.cpu()]
     return out
+
+
+def stores_its_outputs(step) -> bool:
+    """Whether a compiled step's head and sampler regions hand back the step's static ``(logits, tokens)`` themselves
+    (their last kernels store there; no copy kernel after the regions).  Runs the step once on its static inputs."""
+    with torch.no_grad():
+        logits, tokens = step.fn(*(step.inputs[k] for k in step.names), out=(step.logits, step.tokens))
+    return logits.data_ptr() == step.logits.data_ptr() and tokens.data_ptr() == step.tokens.data_ptr()
