@@ -72,8 +72,8 @@ def test_check_compiled_catches_a_planted_logit_defect(core, monkeypatch):
         for s in self.steps:
             inner = s.fn
 
-            def fn(*inputs, inner=inner):
-                logits, tokens = inner(*inputs)
+            def fn(*inputs, inner=inner, **kw):  # a new logits tensor: the step copies it into its own
+                logits, tokens = inner(*inputs, **kw)
                 return logits.index_add(1, logits.new_zeros(1, dtype=int), logits.new_full((logits.shape[0], 1), 1e-3)), tokens
             s.fn = fn
         self.stage = "compiled"
