@@ -132,12 +132,19 @@ for s in ${STAGES:?set STAGES}; do
           tar czf "$OUT/bench-$g.tgz" -C $R/bench-$g . 2>/dev/null; cat "$OUT/prefill-$g.log" ;;
     tests) timeout ${TESTS_S:-420} python3 -m pytest ${TESTS:-conformance tests/recipes/test_qwen3_captured.py \
           tests/components/test_components_gpu.py} ${TESTS_K:+-k "$TESTS_K"} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
-          --durations=15 2>&1 | log > "$OUT/gpu_tests.log"
+          --durations=15 2>&1 | log > "$OUT/gpu_tests.log"; trc=${PIPESTATUS[0]}
           tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*prefill_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
             ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*fused_decode_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
-            ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi ;;
+            ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi
+          # a default kernel whose GPU test failed is switched off for the later stages (named in stages.log); a
+          # stage cut by its time limit (a hung kernel: the handoff's or the combine's spin) switches off all of them
+          for t in early_gemv_chain:FLARE_GEMV_HANDOFF=0 decode_combine_in_kernel:FLARE_DECODE_COMBINE_ROWS=0 \
+                   gumbel:FLARE_GUMBEL_KERNEL=0 sampler_front:FLARE_SAMPLER_FRONT_KERNEL=0 width_one:FLARE_COMPILE_TAILS=0; do
+            if [ "$trc" = 124 ] || grep -qE "(FAILED|ERROR).*${t%%:*}" "$OUT/gpu_tests.log"; then
+              export "${t#*:}"; echo "${t%%:*} failed or the tests timed out (rc $trc): ${t#*:} from here" | tee -a "$OUT/stages.log"; fi
+          done ;;
     chain) timeout 150 python3 scripts/bench_kernel_chain.py ${CHAIN_ARGS:-} --json "$OUT/chain.json" > "$OUT/chain.log" 2>&1
           tail -n 12 "$OUT/chain.log" ;;
     sampler) timeout ${SAMPLER_S:-200} python3 scripts/bench_sampler.py ${SAMPLER_ARGS:-} --json "$OUT/sampler.json" \

@@ -260,12 +260,14 @@ def analyse(layers, meta, splits):
 
 
 def parse_variant(spec):
-    """``NAME=VALUE[,NAME=VALUE]`` -> the variant's environment (raises naming a malformed item)."""
+    """``NAME=VALUE[,NAME=VALUE]`` -> the variant's environment (raises naming a malformed item).  The probe stamps the
+    reduce kernel: a variant that does not name ``FLARE_DECODE_COMBINE_ROWS`` runs with it at 0 (whatever the
+    default), one that names a combining value is refused."""
     items = [item for item in spec.split(",") if item]
     bad = [item for item in items if "=" not in item]
     if bad:
         raise SystemExit(f"--env {spec!r}: expected NAME=VALUE items, got {', '.join(bad)}")
-    env = dict(item.split("=", 1) for item in items)
+    env = {"FLARE_DECODE_COMBINE_ROWS": "0", **dict(item.split("=", 1) for item in items)}
     with environment(env):
         if decode_plan.decode_combine_in_kernel(1):  # the probe stamps the reduce kernel, which would not launch
             raise SystemExit(f"--env {spec!r}: the probe times the reduce kernel; FLARE_DECODE_COMBINE_ROWS must be 0")
