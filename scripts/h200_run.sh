@@ -138,7 +138,7 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-decode; echo "the Triton prefill kernel failed on this GPU: ATTN=triton-decode from here" | tee -a "$OUT/stages.log"; fi
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*fused_decode_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi
-          # a default kernel whose GPU test failed is switched off for the later stages (named in stages.log); a
+          # a kernel whose GPU test failed is switched off for the later stages (named in stages.log); a
           # stage cut by its time limit (a hung kernel: the handoff's or the combine's spin) switches off all of them
           for t in early_gemv_chain:FLARE_GEMV_HANDOFF=0 decode_combine_in_kernel:FLARE_DECODE_COMBINE_ROWS=0 \
                    gumbel:FLARE_GUMBEL_KERNEL=0 sampler_front:FLARE_SAMPLER_FRONT_KERNEL=0 width_one:FLARE_COMPILE_TAILS=0; do
