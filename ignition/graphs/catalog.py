@@ -297,10 +297,11 @@ class PreparedStep:
         self.graph = None
         self.example: dict | None = None  # declaration example, alive only until release_examples()
 
-    def forward(self, *inputs, out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, *inputs, **outputs):
         """The complete step: prepared forward (vocabulary projection included), then sampling and the
-        in-graph update of the sampling state (counts, random step) when the catalog samples; into ``out``."""
-        return self.regional_forward(*inputs, **({} if out is None else {"out": out}))
+        in-graph update of the sampling state (counts, random step) when the catalog samples; ``outputs``: the
+        step kind's own (``out=`` here, see :meth:`regional_forward`)."""
+        return self.regional_forward(*inputs, **outputs)
 
     def regional_forward(self, *inputs, layer_fn: Callable | None = None, head_fn: Callable | None = None,
                          batch_fn: Callable | None = None, out: tuple[torch.Tensor, torch.Tensor] | None = None):
