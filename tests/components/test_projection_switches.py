@@ -91,8 +91,9 @@ def test_fused_rotary_switch_routes_cuda_steps(monkeypatch):
 
 def test_mlp_handoff_takes_the_fitting_forms_and_warns_where_asked_for_and_not_taken(monkeypatch):
     """``FLARE_GEMV_HANDOFF`` (``fused_linear.mlp_handoff``; one row on CUDA): Qwen3-8B's packed MLP takes it at the
-    table configs; the gated form only once down's preload is named 0 (``FLARE_GEMV_CONFIG``) -- asked for and not
-    taken, a warning names the shapes; off, neither form and no warning."""
+    table configs, and so does the gated form (the table names down's preload 0) -- not once down preloads tiles
+    (``FLARE_GEMV_CONFIG``'s fifth field): asked for and not taken, a warning names the shapes; off, neither form and
+    no warning."""
     pytest.importorskip("triton", reason="Triton is not installed here")
     import warnings
 
@@ -108,8 +109,12 @@ def test_mlp_handoff_takes_the_fitting_forms_and_warns_where_asked_for_and_not_t
     monkeypatch.setenv("FLARE_GEMV_HANDOFF", "1")
     assert fused_linear.mlp_handoff(1, gu_w, down_w) and not fused_linear.mlp_handoff(4, gu_w, down_w)
     assert not fused_linear.mlp_handoff(1, SimpleNamespace(is_cuda=False), down_w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fused_linear.mlp_handoff(1, gu_w, down_w, True)  # the table's down preloads nothing
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x4096x12288=8/1024/4/2/2")
     with pytest.warns(UserWarning, match="gated MLP of hidden=4096, intermediate=12288 does not take the handoff"):
-        assert not fused_linear.mlp_handoff(1, gu_w, down_w, True)  # plain down preloads 4 tiles by default
+        assert not fused_linear.mlp_handoff(1, gu_w, down_w, True)  # a plain down preloading 2 tiles
     monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x24576x4096g=2/1024/4/2;1x4096x12288=8/1024/4/2/0")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -138,7 +138,9 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #                                           in the layer graph 8x512, 4x1024 (preload 4 or 2), 16x256 1.007-1.051x
     #                                           slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``)
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
-    (1, 24576, 4096, True): (16, 256, 8, 2),  # Qwen3-8B gate_up: 66.31 us (heuristic 94.30)
+    (1, 24576, 4096, True): (2, 1024, 4, 2),  # Qwen3-8B gate_up gated (SiLU epilogue; ``GATED_FUSED_MAX_ELEMENTS``):
+    #   2 gate + 2 up rows per program, whole K preloaded (127 registers offline); candidate since run 169.  Before:
+    #   16x256 w8, 66.31 us alone (heuristic 94.30)
     (1, 24576, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B gate_up packed, norm prologue (``PACKED_GATE_UP_FUSED``):
     #   its whole K preloaded like the qkv's; in the step side by side against cuBLAS + the norm kernel 0.9798x, B
     #   faster by the min-max rule (``results/20261202T035300Z-sm90-run107``; 2x1024 w4 1.029x slower; run 108: 46.75
@@ -154,8 +156,9 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (1, 1024, 2048, False): (8, 1024, 4, 2),  # Qwen3-0.6B o_proj: 2.69 us (heuristic 4x1024 w8 2.99) [14]
     (1, 6144, 1024, True): (8, 512, 4, 2),  # Qwen3-0.6B gate_up: 5.18 us (heuristic 8x1024 w8 6.22) [14]
     (1, 1024, 3072, False): (4, 1024, 4, 2),  # Qwen3-0.6B down: 3.55 us (heuristic 4x1024 w8 4.13) [14]
-    (1, 4096, 12288, False): (8, 1024, 4, 2),  # Qwen3-8B down: 24.95 us, with the gated input 27.35 (32x1024 w8
-    #                                            spilled at 255 registers: 29.87 / 31.52) [6]
+    (1, 4096, 12288, False): (8, 1024, 4, 2, 0),  # Qwen3-8B down: 24.95 us, with the gated input 27.35 (32x1024 w8
+    #   spilled at 255 registers: 29.87 / 31.52) [6]; no tile preloaded (the plain input behind the gated gate/up
+    #   would preload 4: 255 registers, run 134; 0: 127, 4 per SM offline; the handoff consumer takes none)
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
     (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
 }
@@ -336,8 +339,8 @@ GEMV_EARLY = True
 #: forms: the packed gate/up (the default at one row) into down's gated input, and the gated gate/up (SiLU in its
 #: epilogue; ``FLARE_GATED_FUSED_MAX_ELEMENTS`` above the packed weight) into a plain down.  The same tiles in the same
 #: order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
-#: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`).  Not measured in a step yet: off.
-GEMV_HANDOFF = False
+#: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`). Candidate default since run 169 (measured there against the old value in the same process); was off.
+GEMV_HANDOFF = True
 #: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
 HANDOFF_SLOTS = 64
 
