@@ -322,13 +322,19 @@ def _handoff_await(FLAGS, tile, ready, TILES: tl.constexpr, TARGET: tl.constexpr
 
 
 @triton.jit
-def _handoff_release(FLAGS, TILES: tl.constexpr, FLAG_P2: tl.constexpr, PROGRAMS):
-    """The consumer program's ticket after its last poll; the last program puts the counts and the ticket back to 0."""
+def _handoff_release(FLAGS, TILES: tl.constexpr, FLAG_P2: tl.constexpr, PROGRAMS, FENCE: tl.constexpr):
+    """The consumer program's ticket after its last poll; the last program puts the counts and the ticket back to 0,
+    then fences at GPU scope (``FENCE``), before the launch's PDL trigger: the next MLP's consumer, which launches only
+    after every program here triggered, must find zeros, not this MLP's complete counts."""
     tl.debug_barrier()
     ticket = tl.atomic_add(FLAGS + TILES, 1, sem="acq_rel", scope="gpu")
     if ticket == PROGRAMS - 1:
         idx = tl.arange(0, FLAG_P2)
         tl.store(FLAGS + idx, tl.zeros_like(idx), mask=idx <= TILES)
+        if FENCE:
+            tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r,r", [ticket], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -374,10 +380,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     else:
         _probe_stamp(PROBE, prog, 1, prog, HAS_PROBE)
     ready = tl.full([], 0, tl.int32)  # HANDOFF 2: the activation's leading tiles known complete
-    if HANDOFF == 2:
-        if USE_PDL and EARLY:
-            gdc_launch_dependents()
-    else:
+    if HANDOFF != 2:  # the handoff's consumer triggers after its ticket (``_handoff_release``), waits after its loop
         _pdl_enter(USE_PDL, EARLY)
     _probe_stamp(PROBE, prog, 2, prog, HAS_PROBE)
     # The preloaded tiles' inputs and the residual are loaded together, before any of them is used: one round trip
@@ -433,12 +436,15 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
 
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(_gemv_acc_sum(acc, FLAT), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
-    if HANDOFF == 2:  # every input tile read: the ticket, then the PDL wait (gate/up complete) before any write
-        _handoff_release(FLAGS, FLAG_TILES, FLAG_P2, tl.num_programs(0) * tl.num_programs(1))
+    if HANDOFF == 2:  # every input tile read: the ticket, the trigger, then the PDL wait (gate/up complete)
+        # before any write.  The trigger only now, never at the start as ``EARLY`` would: launched from the start, the
+        # next layer's o_proj, gate/up and this consumer's successor could all start while this launch still holds its
+        # counts complete -- that successor would take them for its own gate/up's tiles (run 169: the chain test's
+        # bits differed on an H100).  After the last program's reset, the successor launches onto zeros.
+        _handoff_release(FLAGS, FLAG_TILES, FLAG_P2, tl.num_programs(0) * tl.num_programs(1), FENCE)
         if USE_PDL:
+            gdc_launch_dependents()
             gdc_wait()
-            if not EARLY:
-                gdc_launch_dependents()
     if not early:  # no preloaded tiles: the residual after the loop (held across it, it spilled in 8B down)
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
