@@ -131,7 +131,7 @@ for s in ${STAGES:?set STAGES}; do
             --out $R/bench-$g 2>&1 | log | tail -n 4 >> "$OUT/prefill-$g.log"; done
           tar czf "$OUT/bench-$g.tgz" -C $R/bench-$g . 2>/dev/null; cat "$OUT/prefill-$g.log" ;;
     tests) timeout ${TESTS_S:-420} python3 -m pytest ${TESTS:-conformance tests/recipes/test_qwen3_captured.py \
-          tests/components/test_components_gpu.py} ${TESTS_K:+-k "$TESTS_K"} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rs \
+          tests/components/test_components_gpu.py} ${TESTS_K:+-k "$TESTS_K"} -m gpu -p no:cacheprovider --flare-results $R/tests -q -rfEs \
           --durations=15 2>&1 | log > "$OUT/gpu_tests.log"; trc=${PIPESTATUS[0]}
           tar czf "$OUT/gpu-tests.tgz" -C $R/tests . 2>/dev/null; grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -n 15
           if [ "$ATTN" = triton ] && grep -qE "(FAILED|ERROR).*prefill_kernel_on_this_gpu" "$OUT/gpu_tests.log"; then

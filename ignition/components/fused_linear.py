@@ -59,9 +59,11 @@ __all__ = ["carries_prenorm", "fused_linear", "fused_linear_publish", "fused_lin
 #: offline, as the packed 4x1024), so that down takes the activated input plain: Qwen3-8B batch 1 side by side in one
 #: process (``results/20261204T101700Z-sm90-run134``, ``...102500Z-sm90-run135``): 1.054x slower with down 8x1024
 #: (preloading 4 tiles: 255 registers), 1.021x with down 8x512 -- the gated gate/up 45.82 -> 49.12 us per layer in the
-#: critical path, the plain down 27.94 -> 27.01 -- 1.072x with down 4x1024.  Candidate since run 169: above Qwen3-8B's
-#: packed weight (the gated 2x1024 gate/up into a plain down 8x1024 preloading nothing: 127 registers each, 4 per SM
-#: offline; ``kernels.linear.GEMV_MEASURED``), measured there against the old 1 << 26 in the same process.
+#: critical path, the plain down 27.94 -> 27.01 -- 1.072x with down 4x1024.  Since run 169: above Qwen3-8B's packed
+#: weight (the gated 2x1024 gate/up into a plain down 8x1024 preloading nothing: 127 registers each, 4 per SM offline;
+#: ``kernels.linear.GEMV_MEASURED``) -- side by side in one process on an H100 (the H200 did not start), the step with
+#: the old 1 << 26 1.0077x slower at batch 1 (10/10 paired blocks), batch 4 within noise; ``--check-compiled`` PASS
+#: (``results/20261205T123640Z-sm90-run169``).
 GATED_FUSED_MAX_ELEMENTS = 1 << 27
 #: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
 #: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed

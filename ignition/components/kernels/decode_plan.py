@@ -64,8 +64,10 @@ def decode_new_key_apart() -> bool:
 #: order, one after another, where the reduce kernel sums a tree: not its bits (within the same fp64 bound;
 #: deterministic).  Offline sm90 (``scripts/sm90_kernel_check.py``): Qwen3-8B's one-row launch 116 -> 125 registers (2
 #: programs per SM at 8 warps either way), the batch-4 launch 96 -> 106 (5 -> 4 per SM: its 544 programs would take
-#: two waves). Candidate default since run 169 (measured there against the old value in the same process); was 0.
-DECODE_COMBINE_ROWS = 1
+#: two waves).  Measured off: the Qwen3-8B step side by side on an H100 1.9% slower at batch 1 with it (1 row; B
+#: ``FLARE_DECODE_COMBINE_ROWS=0`` 0.9807x, 10/10 paired blocks), batch 4 within noise
+#: (``results/20261205T133434Z-sm90-run170``; GPU tests pass).  0.
+DECODE_COMBINE_ROWS = 0
 
 
 def decode_combine_in_kernel(rows: int) -> bool:

@@ -339,8 +339,11 @@ GEMV_EARLY = True
 #: forms: the packed gate/up (the default at one row) into down's gated input, and the gated gate/up (SiLU in its
 #: epilogue; ``FLARE_GATED_FUSED_MAX_ELEMENTS`` above the packed weight) into a plain down.  The same tiles in the same
 #: order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
-#: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`). Candidate default since run 169 (measured there against the old value in the same process); was off.
-GEMV_HANDOFF = True
+#: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`).  Off: on an H100 (runs 169 and 170,
+#: ``results/20261205T133434Z-sm90-run170``) the GPU chain test's handoff chains captured in a CUDA graph differ from
+#: the plain chain at both Qwen3 shapes (eager chains equal since the consumer triggers after its reset), and the
+#: Qwen3-8B step with it 1.5% slower at batch 1 (B ``FLARE_GEMV_HANDOFF=0`` 0.9846x, 10/10 paired blocks).
+GEMV_HANDOFF = False
 #: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
 HANDOFF_SLOTS = 64
 
