@@ -68,6 +68,11 @@ NAMED = [
     ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/2"),
     ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/0"),
     ("8B down 4x1024", "8B down", "1x4096x12288=4/1024/4/2/2"),
+    # the plain down behind the gated gate/up (the default since run 169) in one wave of 512 programs, preloading:
+    # 8x1024 one tile (126 registers, 4 per SM), 8x512 two (88, 5 per SM) or none (80, 6 per SM)
+    ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/1"),
+    ("8B down 8x512", "8B down", "1x4096x12288=8/512/4/2/2"),
+    ("8B down 8x512", "8B down", "1x4096x12288=8/512/4/2/0"),
 ]
 
 
