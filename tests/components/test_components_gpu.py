@@ -469,19 +469,15 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
-@pytest.mark.parametrize("hidden,inter", [(4096, 12288), (1024, 3072)])
-def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter):
-    """The one-row GEMVs the recipe marks ``early`` (o_proj + residual, then the MLP: the packed gate/up with the norm
-    prologue, down with the gated input and the residual -- Qwen3-8B's and Qwen3-0.6B's shapes), each letting the next
-    launch before its own wait: the same bits as the chain launched without ``EARLY``, eager and captured in a CUDA
-    graph (a kernel that read its predecessor's output before its wait would read stale values here).  The Triton
-    GEMV's ``EARLY`` path, which no other test launches; and the MLP handoff (``kernels.linear.GEMV_HANDOFF``) in
-    both forms -- packed into the gated input, and gated (the configs of the planned side-by-side run: gate/up 2x1024,
-    whole K preloaded) into a plain down -- with down's preload named 0 (``FLARE_GEMV_CONFIG``'s fifth field; the
-    consumer preloads nothing)."""
+def _mlp_chain(hidden: int, inter: int):
+    """Qwen3's one-row o_proj + residual then MLP (the packed or gated gate/up with the norm prologue, down with the
+    residual) at ``hidden, inter`` on the GPU: ``chain(early, handoff=False, gated=False)`` launches the three GEMVs
+    (``EARLY``: each letting the next launch before its own wait; ``handoff``: the MLP handoff between gate/up and
+    down), and the ``FLARE_GEMV_CONFIG`` item of the handoff's configs (the gated gate/up 2x1024, whole K preloaded;
+    down at its table config preloading nothing)."""
     from gemv_cases import _gemv_inputs
 
-    from ignition.components.kernels import launch, linear
+    from ignition.components.kernels import linear
 
     x, wo, _, r = _gemv_inputs(1, hidden, hidden, norm=False, gated=False, residual=True, seed=hidden)
     gen = torch.Generator().manual_seed(inter)
@@ -501,28 +497,64 @@ def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter)
     down = linear.gemv_config(1, hidden, inter)
     named = (f"1x{2 * inter}x{hidden}g=2/1024/4/2;"
              f"1x{hidden}x{inter}={down['BN']}/{down['BK']}/{down['num_warps']}/{down['num_stages']}/0")
+    return chain, named
+
+
+def _same_bits(outs, plain) -> bool:
+    return all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in outs)
+
+
+@pytest.mark.parametrize("hidden,inter", [(4096, 12288), (1024, 3072)])
+def test_early_gemv_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter):
+    """The one-row GEMVs the recipe marks ``early`` (o_proj + residual, then the MLP, packed or gated -- Qwen3-8B's and
+    Qwen3-0.6B's shapes), each letting the next launch before its own wait: the same bits as the chain launched
+    without ``EARLY``, eager and captured in a CUDA graph (a kernel that read its predecessor's output before its wait
+    would read stale values here).  The Triton GEMV's ``EARLY`` path, which no other test launches; down preloading
+    nothing, as behind the gated gate/up."""
+    chain, named = _mlp_chain(hidden, inter)
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", named)
     for gated in (False, True):
-        monkeypatch.setenv("FLARE_GEMV_CONFIG", named)
-        assert linear.gemv_handoff_fits(hidden, inter, gated)
         plain, early = chain(False, gated=gated), chain(True, gated=gated)
         torch.cuda.synchronize()
-        assert torch.equal(early.view(torch.int16), plain.view(torch.int16)), gated
-        # the MLP handoff (down taking gate/up's activation tile by tile): the same bits, eager (20 chains queued back
-        # to back) and captured, the device's counts back at zero after each
+        assert _same_bits([early], plain), gated
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [chain(True, gated=gated) for _ in range(4)]  # four layers' chains in one graph
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert _same_bits(outs, plain), gated
+
+
+@pytest.mark.xfail(strict=True, reason="known defect, the reason GEMV_HANDOFF is off: on an H100 (runs 169 and 170, "
+                   "results/20261205T133434Z-sm90-run170) four packed handoff chains captured in one CUDA graph gave "
+                   "other bits than the plain chain at both shapes (the 20 eager chains the same bits)")
+@pytest.mark.parametrize("hidden,inter", [(4096, 12288), (1024, 3072)])
+def test_mlp_handoff_chain_on_this_gpu_changes_no_bit(monkeypatch, hidden, inter):
+    """The MLP handoff (``kernels.linear.GEMV_HANDOFF``) in both forms -- packed into the gated input, and gated (the
+    gated gate/up 2x1024, whole K preloaded) into a plain down preloading nothing (``FLARE_GEMV_CONFIG``'s fifth
+    field) -- in the early chain: the same bits as the plain chain, eager (20 chains queued back to back) and captured
+    (four chains in one graph, replayed 50 times), the device's counts back at zero after each."""
+    from ignition.components.kernels import launch, linear
+
+    chain, named = _mlp_chain(hidden, inter)
+    monkeypatch.setenv("FLARE_GEMV_CONFIG", named)
+    for gated in (False, True):
+        assert linear.gemv_handoff_fits(hidden, inter, gated)
+        plain = chain(False, gated=gated)
         handed = [chain(True, True, gated) for _ in range(20)]
         torch.cuda.synchronize()
-        flags = linear._HANDOFF_FLAGS[launch.device_key(x.device)]
-        assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in handed), gated
+        flags = linear._HANDOFF_FLAGS[launch.device_key(plain.device)]
+        assert _same_bits(handed, plain), gated
         assert not flags.any().item()
-        for handoff in (False, True):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = [chain(True, handoff, gated) for _ in range(4)]  # four layers' chains in one graph
-            for _ in range(50 if handoff else 3):
-                graph.replay()
-            torch.cuda.synchronize()
-            assert all(torch.equal(o.view(torch.int16), plain.view(torch.int16)) for o in outs), (gated, handoff)
-            assert not flags.any().item()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [chain(True, True, gated) for _ in range(4)]
+        for _ in range(50):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert _same_bits(outs, plain), gated
+        assert not flags.any().item()
 
 
 @pytest.mark.parametrize("rows,k", [(1, 64), (4, 20), (2, 1)])

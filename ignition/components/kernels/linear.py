@@ -341,8 +341,9 @@ GEMV_EARLY = True
 #: order: the same bits.  ``FLARE_GEMV_HANDOFF=1`` / ``0`` sets it (read when a step is traced;
 #: ``fused_linear.gated_mlp_block`` asks :func:`gemv_handoff_fits`).  Off: on an H100 (runs 169 and 170,
 #: ``results/20261205T133434Z-sm90-run170``) the GPU chain test's handoff chains captured in a CUDA graph differ from
-#: the plain chain at both Qwen3 shapes (eager chains equal since the consumer triggers after its reset), and the
-#: Qwen3-8B step with it 1.5% slower at batch 1 (B ``FLARE_GEMV_HANDOFF=0`` 0.9846x, 10/10 paired blocks).
+#: the plain chain at both Qwen3 shapes (the 20 eager chains equal in run 170; run 169's failing line unknown), and the
+#: Qwen3-8B step with it 1.5% slower at batch 1 (B ``FLARE_GEMV_HANDOFF=0`` 0.9846x, 10/10 paired blocks).  The GPU
+#: test ``test_mlp_handoff_chain_on_this_gpu_changes_no_bit`` is a strict xfail until the cause is found and fixed.
 GEMV_HANDOFF = False
 #: int32 slots of the handoff's counts (the activation's tiles, then the consumer's ticket).
 HANDOFF_SLOTS = 64
