@@ -37,7 +37,9 @@
 #                   after B; AB_IN_8B, AB_IN_0_6B: the entries of that model's stage instead; AB_TOGETHER=1: every
 #                   entry a B bench of ONE process, all interleaved with one A (and A2): A's load, build and
 #                   timelines once instead of once per entry; each bench holds its own copy of the weights, Qwen3-8B's
-#                   16 GB) -- the order and machine effects of separate processes cancel
+#                   16 GB) -- the order and machine effects of separate processes cancel; the benches that fit the
+#                   card (1.1x the core's bytes each, 90% of its memory less 4 GB): on a smaller one the null goes,
+#                   then the last entries (named in stages.log)
 #   replayinN-G     the same with the entries of $AB_INN_G or $AB_INN (N any suffix, e.g. replayin2-8B with
 #                   AB_IN2_8B): a second side-by-side set on the same core in the same call, no second build
 #   pdl             scripts/pdl_smoke.py: PDL kernels bitwise equal with and without PDL, eager and captured, and
@@ -114,15 +116,24 @@ for s in ${STAGES:?set STAGES}; do
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
     replayin*-*) i=0; sfx=${s%%-*}; sfx=${sfx#replayin}; k=AB_IN${sfx}_${g//./_}; kk=AB_IN$sfx
-          entries=(${!k:-${!kk:?set $kk or $k}}); runs=()
+          entries=(${!k:-${!kk:?set $kk or $k}}); runs=(); null=${AB_NULL:-}
           if [ "${AB_TOGETHER:-0}" = 1 ]; then  # every entry a B bench of one process: A (and A2) built once
+            # each bench holds the core's weights: on a smaller card (an H100's 78 GiB for Qwen3-8B's 16 GB) the null
+            # goes first, then the last entries -- named in stages.log
+            fit=$(( ($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1) * 1048576 * 9 / 10
+                     - 4000000000) / ($(du -sb $W/core-$g | cut -f1) * 11 / 10) ))
+            if [ -n "$null" ] && [ $((${#entries[@]} + 2)) -gt $fit ]; then
+              null=; echo "replayin: A, A2 and ${#entries[@]} B benches do not fit this card ($fit): no null" | tee -a "$OUT/stages.log"; fi
+            if [ $((${#entries[@]} + 1)) -gt $fit ] && [ $fit -ge 2 ]; then
+              echo "replayin: only the first $((fit - 1)) entries fit this card: dropped ${entries[*]:$((fit - 1))}" | tee -a "$OUT/stages.log"
+              entries=("${entries[@]:0:$((fit - 1))}"); fi
             abs=(); for v in "${entries[@]}"; do abs+=(--ab "$v"); done; runs=("${#entries[@]}-together")
           else for v in "${entries[@]}"; do i=$((i + 1)); runs+=("$i-$(slug "$v")"); done; fi
           i=0; for n in "${runs[@]}"; do
             [ "${AB_TOGETHER:-0}" = 1 ] || { abs=(--ab "${entries[$i]}"); i=$((i + 1)); }
             name=replayin$sfx-$g-$n
             timeout ${REPLAYIN_S:-200} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
-              --samples 200 --seeds 0 --attention $ATTN "${abs[@]}" ${AB_NULL:+--ab-null} ${AB_ARGS:-} \
+              --samples 200 --seeds 0 --attention $ATTN "${abs[@]}" ${null:+--ab-null} ${AB_ARGS:-} \
               --out $R/$name 2>&1 | log > "$OUT/$name.log"
             tar czf "$OUT/$name.tgz" -C $R/$name . 2>/dev/null
             grep -A 3 "side by side in one process" "$OUT/$name.log" | head -n 40; done ;;
