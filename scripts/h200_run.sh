@@ -68,6 +68,7 @@ pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
 slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)  # the card's memory
 # the device copy's .git may name an older commit than the tree it runs: the caller writes the tree's commit to
 # .tree-commit (git-ignored; `git rev-parse --short HEAD > .tree-commit`, carried) -- archives and commit.txt take it
 if [ -s .tree-commit ]; then
@@ -120,8 +121,7 @@ for s in ${STAGES:?set STAGES}; do
           if [ "${AB_TOGETHER:-0}" = 1 ]; then  # every entry a B bench of one process: A (and A2) built once
             # each bench holds the core's weights: on a smaller card (an H100's 78 GiB for Qwen3-8B's 16 GB) the null
             # goes first, then the last entries -- named in stages.log
-            fit=$(( ($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1) * 1048576 * 9 / 10
-                     - 4000000000) / ($(du -sb $W/core-$g | cut -f1) * 11 / 10) ))
+            fit=$(( (GPU_MIB * 1048576 * 9 / 10 - 4000000000) / ($(du -sb $W/core-$g | cut -f1) * 11 / 10) ))
             if [ -n "$null" ] && [ $((${#entries[@]} + 2)) -gt $fit ]; then
               null=; echo "replayin: A, A2 and ${#entries[@]} B benches do not fit this card ($fit): no null" | tee -a "$OUT/stages.log"; fi
             if [ $((${#entries[@]} + 1)) -gt $fit ] && [ $fit -ge 2 ]; then

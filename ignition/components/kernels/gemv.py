@@ -439,8 +439,9 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     if HANDOFF == 2:  # every input tile read: the ticket, the trigger, then the PDL wait (gate/up complete)
         # before any write.  The trigger only now, never at the start as ``EARLY`` would: launched from the start, the
         # next layer's o_proj, gate/up and this consumer's successor could all start while this launch still holds its
-        # counts complete -- that successor would take them for its own gate/up's tiles (run 169: the chain test's
-        # bits differed on an H100).  After the last program's reset, the successor launches onto zeros.
+        # counts complete -- that successor would take them for its own gate/up's tiles.  After the last program's
+        # reset, the successor launches onto zeros.  (Suspected from run 169's failed chain test; with this, run 170's
+        # eager chains gave the plain bits but its captured chains still did not: ``linear.GEMV_HANDOFF``.)
         _handoff_release(FLAGS, FLAG_TILES, FLAG_P2, tl.num_programs(0) * tl.num_programs(1), FENCE)
         if USE_PDL:
             gdc_launch_dependents()
