@@ -189,6 +189,8 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
       first launch's) gives the same bits (a read of the old value would differ; the rows of 1 and 33 keys give the
       new key a large weight);
     - the same bits over repeated launches and CUDA-graph replays;
+    - each program's first key block loaded before its wait (``FLARE_DECODE_KV_EARLY_ROWS``): the same bits, also
+      when the new slots hold NaN before the launch (the writer patches its stale row with what it stored);
     - the new key's partial from a program of its own (``FLARE_DECODE_NEW_KEY_APART=1``): the same pools, its own
       bits launch after launch (also on pools already holding the new K/V), within the bound below;
     - P V the other way (``FLARE_DECODE_PV_SPLIT`` flipped from its default: the tf32x3 product with V widened when the
@@ -241,6 +243,18 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         kp4, vp4 = kp.clone(), vp.clone()
         assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"trigger {trigger} changed a bit"
     monkeypatch.delenv("FLARE_DECODE_TRIGGER")
+    # each program's first key block loaded before its wait, the writer's stale new slot patched after its write
+    # (FLARE_DECODE_KV_EARLY_ROWS): the same bits, also on pools whose new slots hold NaN before the launch
+    monkeypatch.setenv("FLARE_DECODE_KV_EARLY_ROWS", str(len(seq_lens)))
+    assert decode_plan.decode_kv_early(len(seq_lens))
+    kp4, vp4 = kp.clone(), vp.clone()
+    assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the early K/V loads changed a bit"
+    active = slots[lens > 0]
+    kp4, vp4 = kp.clone(), vp.clone()
+    kp4.view(-1, *kp4.shape[2:])[active] = float("nan")
+    vp4.view(-1, *vp4.shape[2:])[active] = float("nan")
+    assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "a stale new slot reached the output"
+    monkeypatch.delenv("FLARE_DECODE_KV_EARLY_ROWS")
     # the reduce's L2 prefetch of another weight (an o_proj's; all of it, and its last 3 MiB + 5 bytes): no value read
     weight = torch.randn(heads * 128, heads * 128, device="cuda").to(torch.bfloat16)
     for nbytes in (1 << 30, (3 << 20) + 5):

@@ -392,6 +392,24 @@ DECODE_KV_PREFETCH_MIN_BYTES = 0
 DECODE_KV_PREFETCH_LAST = True
 
 
+#: The most rows a fused decode launch loads its first key block's K and V tiles at before its wait -- into registers,
+#: through L2 -- instead of after its query rows (``FLARE_DECODE_KV_EARLY_ROWS=N``; read at each launch, for
+#: side-by-side runs; 0: never).  The old keys are legal to read there (:mod:`.launch`'s rules: the pools' slots before
+#: the step's new ones were written by kernels known complete); the writer's block holds its new slot's stale row,
+#: replaced after its write by the values it stored (the bits a load after the store returns; interpreter tests poison
+#: that slot).  Run 166's clock stamps (``results/20261205T015335Z-sm90-run166``, Qwen3-8B one row, 1024-token context:
+#: one 64-key block per program) put the last block's K/V at 3.62 us after the query rows (1.35 us) in the layer: with
+#: the tiles issued at the program's entry, both latencies overlap the qkv projection's tail and each other.  Offline
+#: sm90 (``scripts/sm90_kernel_check.py``) and the step side by side decide it; not measured yet.  0.
+DECODE_KV_EARLY_ROWS = 0
+
+
+def decode_kv_early(rows: int) -> bool:
+    """Whether a fused decode launch of ``rows`` rows loads its first key block before its wait: up to
+    :data:`DECODE_KV_EARLY_ROWS` rows (``FLARE_DECODE_KV_EARLY_ROWS``, read at each launch)."""
+    return rows <= switch_rows("FLARE_DECODE_KV_EARLY_ROWS", DECODE_KV_EARLY_ROWS)
+
+
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:
     """Keys per program of the fused decode kernel's pre-wait K/V prefetch (0: none) for ``batch`` rows: up to
     :data:`DECODE_KV_PREFETCH_ROWS` rows, and only after a stream of at least
