@@ -245,14 +245,18 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
     monkeypatch.delenv("FLARE_DECODE_TRIGGER")
     # each program's first key block loaded before its wait, the writer's stale new slot patched after its write
     # (FLARE_DECODE_KV_EARLY_ROWS): the same bits, also on pools whose new slots hold NaN before the launch
+    # -- pools complete before the launch, as in a step (the kernel reads them before its wait: launch.py's rules; a
+    # pool still being written by the kernel just before it, the copies here, is not a step's order)
     monkeypatch.setenv("FLARE_DECODE_KV_EARLY_ROWS", str(len(seq_lens)))
     assert decode_plan.decode_kv_early(len(seq_lens))
     kp4, vp4 = kp.clone(), vp.clone()
+    torch.cuda.synchronize()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the early K/V loads changed a bit"
     active = slots[lens > 0]
     kp4, vp4 = kp.clone(), vp.clone()
     kp4.view(-1, *kp4.shape[2:])[active] = float("nan")
     vp4.view(-1, *vp4.shape[2:])[active] = float("nan")
+    torch.cuda.synchronize()
     assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "a stale new slot reached the output"
     monkeypatch.delenv("FLARE_DECODE_KV_EARLY_ROWS")
     # the reduce's L2 prefetch of another weight (an o_proj's; all of it, and its last 3 MiB + 5 bytes): no value read
