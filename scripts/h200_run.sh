@@ -151,7 +151,7 @@ for s in ${STAGES:?set STAGES}; do
             ATTN=triton-unfused; echo "the fused decode kernel failed on this GPU: ATTN=triton-unfused from here" | tee -a "$OUT/stages.log"; fi
           # a kernel whose GPU test failed is switched off for the later stages (named in stages.log); a
           # stage cut by its time limit (a hung kernel: the handoff's or the combine's spin) switches off all of them
-          for t in mlp_handoff_chain:FLARE_GEMV_HANDOFF=0 decode_combine_in_kernel:FLARE_DECODE_COMBINE_ROWS=0 decode_kv_early:FLARE_DECODE_KV_EARLY_ROWS=0 \
+          for t in mlp_handoff_chain:FLARE_GEMV_HANDOFF=0 decode_combine_in_kernel:FLARE_DECODE_COMBINE_ROWS=0 \
                    gumbel:FLARE_GUMBEL_KERNEL=0 sampler_front:FLARE_SAMPLER_FRONT_KERNEL=0 width_one:FLARE_COMPILE_TAILS=0; do
             if [ "$trc" = 124 ] || grep -qE "(FAILED|ERROR).*${t%%:*}" "$OUT/gpu_tests.log"; then
               export "${t#*:}"; echo "${t%%:*} failed or the tests timed out (rc $trc): ${t#*:} from here" | tee -a "$OUT/stages.log"; fi

@@ -166,11 +166,6 @@ def cases():
         if not is_wide:  # the launch combining its splits itself (decode_plan.DECODE_COMBINE_ROWS)
             out.append((f"fused decode {heads}x8 splits {splits}{wide} combining", "_rope_decode_kernel",
                         {**DECODE_SIG, "CNT": "*i32"}, {**c, "PROBE": None, "COMBINE": True}, warps))
-        if rows == 1 and not is_wide:  # the first key block loaded before the wait (decode_plan.DECODE_KV_EARLY_ROWS)
-            out.append((f"fused decode {heads}x8 splits {splits}{wide} kv-early", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "PROBE": None, "KV_EARLY": True}, warps))
-            out.append((f"fused decode {heads}x8 splits {splits}{wide} kv-early no prefetch", "_rope_decode_kernel",
-                        DECODE_SIG, {**c, "PROBE": None, "KV_EARLY": True, "KV_PREFETCH": 0}, warps))
         if wide:  # the wide launch's reduce, and the batch-4 one's (the one-row launch's: the same 17 splits)
             continue
         out.append((f"decode reduce {heads}x8 splits {splits}", "_paged_decode_reduce_kernel", rsig,

@@ -63,7 +63,10 @@ __all__ = ["carries_prenorm", "fused_linear", "fused_linear_publish", "fused_lin
 #: weight (the gated 2x1024 gate/up into a plain down 8x1024 preloading nothing: 127 registers each, 4 per SM offline;
 #: ``kernels.linear.GEMV_MEASURED``) -- side by side in one process on an H100 (the H200 did not start), the step with
 #: the old 1 << 26 1.0077x slower at batch 1 (10/10 paired blocks), batch 4 within noise; ``--check-compiled`` PASS
-#: (``results/20261205T123640Z-sm90-run169``).
+#: (``results/20261205T123640Z-sm90-run169``).  On the H200 (``results/20261205T144329Z-sm90-run171``, side by side
+#: in one process with the null; that call's attention the unfused path in A and B alike): the old 1 << 26 1.0166x
+#: slower at batch 1 (0/10 paired blocks faster), batch 4 within noise; the replay of record since
+#: (``results/20261205T145626Z-sm90-run173``) has the down at 27.07 us per layer against run 168's 28.13.
 GATED_FUSED_MAX_ELEMENTS = 1 << 27
 #: Such a gated weight at one row: its packed [gate; up] product as one ungated ``flare::fused_linear`` launch with
 #: the norm prologue (no norm kernel, a PDL launch) instead of the norm kernel and cuBLAS; ``down`` takes the packed

@@ -270,51 +270,6 @@ class _Recording:
         return self.kernel[grid]
 
 
-class _Options:
-    """A kernel whose launches record their keyword arguments in ``seen`` and then run."""
-
-    def __init__(self, kernel, seen):
-        self.kernel, self.seen = kernel, seen
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.seen.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
-@interpreter
-@pytest.mark.parametrize("heads,kv_heads,seq_lens,num_splits,block_n", [
-    (8, 2, SEQ_LENS, None, None), (8, 2, (1, 17, 96, 40, 0), 3, None), (8, 2, (5, 80), 1, None),
-    (16, 4, (90,), None, 64), (8, 2, (33, 64), 2, 32), (4, 4, (64, 65), 2, 32)])
-def test_kv_early_loads_give_the_two_kernels_bits_even_on_a_poisoned_new_slot(monkeypatch, heads, kv_heads, seq_lens,
-                                                                              num_splits, block_n):
-    """``FLARE_DECODE_KV_EARLY_ROWS=8``: each program's first key block loaded before its wait (before the writer
-    stores the new key and value) -- output and pools bit for bit the two-kernel path's, also when the new slots
-    hold NaN before the step (the writer's early tiles hold that stale row until it patches in what it stored):
-    ragged rows, the new key in a share's first block and in a later one (one split; 3 splits over 6 blocks), blocks
-    of several pages, a row whose new key opens a block.  The switch reaches the kernel only up to its row count."""
-    from ignition.components.kernels import fused_decode
-
-    seen = []
-    monkeypatch.setattr(fused_decode, "_rope_decode_kernel", _Options(fused_decode._rope_decode_kernel, seen))
-    case = make_decode_case(heads, kv_heads, 32, seq_lens, seed=5 * heads + len(seq_lens) + (num_splits or 0))
-    monkeypatch.setenv("FLARE_DECODE_KV_EARLY_ROWS", str(len(seq_lens) - 1))  # fewer rows than the launch: off
-    fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
-    assert not seen[-1].get("KV_EARLY"), "the early loads launched above their row count"
-    monkeypatch.setenv("FLARE_DECODE_KV_EARLY_ROWS", "8")
-    (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
-    assert seen[-1].get("KV_EARLY") is True
-    assert_same_bits((got, kp, vp), two)
-    lens, slots = case[11], case[9]
-    for pool in (case[7], case[8]):  # NaN in every active row's new slot before the step
-        flat = pool.view(-1, *pool.shape[2:])
-        flat[slots[lens > 0]] = float("nan")
-    (got, kp, vp), two = fused_vs_two_kernels(case, 32 ** -0.5, num_splits, block_n)
-    assert_same_bits((got, kp, vp), two)
-    assert not got.isnan().any(), "a stale new slot reached the output"
-
-
 @interpreter
 def test_p_pieces_sum_to_the_fp32_probabilities_exactly():
     """``_decode_p_pieces`` (``FLARE_DECODE_PV_SPLIT``): three bf16 pieces whose sum is each fp32 probability exactly

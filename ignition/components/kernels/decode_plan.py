@@ -392,22 +392,13 @@ DECODE_KV_PREFETCH_MIN_BYTES = 0
 DECODE_KV_PREFETCH_LAST = True
 
 
-#: The most rows a fused decode launch loads its first key block's K and V tiles at before its wait -- into registers,
-#: through L2 -- instead of after its query rows (``FLARE_DECODE_KV_EARLY_ROWS=N``; read at each launch, for
-#: side-by-side runs; 0: never).  The old keys are legal to read there (:mod:`.launch`'s rules: the pools' slots before
-#: the step's new ones were written by kernels known complete); the writer's block holds its new slot's stale row,
-#: replaced after its write by the values it stored (the bits a load after the store returns; interpreter tests poison
-#: that slot).  Run 166's clock stamps (``results/20261205T015335Z-sm90-run166``, Qwen3-8B one row, 1024-token context:
-#: one 64-key block per program) put the last block's K/V at 3.62 us after the query rows (1.35 us) in the layer: with
-#: the tiles issued at the program's entry, both latencies overlap the qkv projection's tail and each other.  Offline
-#: sm90 (``scripts/sm90_kernel_check.py``) and the step side by side decide it; not measured yet.  0.
-DECODE_KV_EARLY_ROWS = 0
-
-
-def decode_kv_early(rows: int) -> bool:
-    """Whether a fused decode launch of ``rows`` rows loads its first key block before its wait: up to
-    :data:`DECODE_KV_EARLY_ROWS` rows (``FLARE_DECODE_KV_EARLY_ROWS``, read at each launch)."""
-    return rows <= switch_rows("FLARE_DECODE_KV_EARLY_ROWS", DECODE_KV_EARLY_ROWS)
+#: Tried and removed: each program's first key block loaded into registers before its PDL wait (through L2), the
+#: writer's stale new slot patched after its write with the values it stored (``FLARE_DECODE_KV_EARLY_ROWS``, b68dc17):
+#: run 166's stamps had the last block's K/V at 3.62 us after the query rows in the layer.  Offline sm90 116 registers
+#: as without; on the H200 its own bits (deterministic, within a few ulps of the launch without: the new key's norm
+#: summed in another layout changed the new slot's bits), and side by side in one process with the null
+#: (``results/20261205T145626Z-sm90-run173``) Qwen3-8B batch 1 **1.0290x slower** (paired blocks 0/10 faster against A
+#: and A2).  Removed.
 
 
 def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int:

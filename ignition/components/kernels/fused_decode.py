@@ -9,13 +9,12 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ignition.components.kernels.decode_plan import (_decode_geometry, _decode_workspace, decode_combine_in_kernel,
-                                                     decode_kv_early, decode_kv_prefetch_keys, DECODE_KV_PREFETCH_LAST,
+                                                     decode_kv_prefetch_keys, DECODE_KV_PREFETCH_LAST,
                                                      decode_new_key_apart, decode_pipelined, decode_pv_split,
                                                      fused_decode_launch_options)
 from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter, _probe_args, _probe_smid, _probe_stamp,
                                                 zeroed_counts)
-from ignition.components.kernels.paged_decode import (_decode_block, _decode_block_math, _decode_block_tiles,
-                                                      _decode_blocks, _decode_blocks_from, _decode_combine_last,
+from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
                                                       _decode_init, _decode_len, _decode_prefetch_kv, _decode_share,
                                                       _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
 from ignition.components.kernels.rope_write import _check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_write_kv
@@ -56,7 +55,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
                         SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
-                        COMBINE: tl.constexpr = False, KV_EARLY: tl.constexpr = False):
+                        COMBINE: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -70,14 +69,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     # the new key and value and forms that key's partial alone (:data:`DECODE_NEW_KEY_APART`)
     seq_len, n_blocks, per_split, start, end = _decode_share(SL, b, split, max_pages, PAGE, BLOCK_N, SPLITS,
                                                              NEW_APART)
-    if KV_EARLY:  # (:data:`decode_plan.DECODE_KV_EARLY_ROWS`) the first block of the share into registers, through
-        # L2; the writer's new slot in it is stale until its write below, which patches it
-        offs_d = tl.arange(0, D)
-        d_mask = offs_d < D
-        offs_n = tl.arange(0, BLOCK_N)
-        kt0, v0, n0 = _decode_block_tiles(start, KP, VP, BT, b64, kvh, tl.where(start < end, seq_len, 0), offs_n,
-                                          offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                          stride_vph, stride_bt, PAGE, BLOCK_N, CG=True)
     if USE_PDL and KV_PREFETCH > 0:
         _decode_prefetch_kv(start, end, KP, VP, BT, b64, kvh, seq_len, stride_kp, stride_kt, stride_kph, stride_vp,
                             stride_vt, stride_vph, stride_bt, D, PAGE, BLOCK_N, KV_LINES, KV_PREFETCH, KV_LAST)
@@ -116,16 +107,11 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     if split == writer:
         slot = tl.load(SLOTS + b).to(tl.int64)
         one = tl.arange(0, 1)[:, None]
-        k1, k2, v1, v2 = _rope_write_kv(
-            K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-            KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-            KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
-        if KV_EARLY:  # the new key's column of the early tiles (if in that block): the values just stored
-            new = (start * BLOCK_N + offs_n) == seq_len - 1
-            kt0 = tl.where(new[None, :], tl.reshape(tl.permute(tl.join(k1, k2), (0, 2, 1)), (D,))[:, None], kt0)
-            v0 = tl.where(new[:, None], tl.reshape(tl.permute(tl.join(v1, v2), (0, 2, 1)), (1, D)), v0)
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
     if NEW_APART and split == SPLITS:  # the new key alone, read back after this program's own write (the barrier)
@@ -136,15 +122,6 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                                           tl.arange(0, BLOCK_N), offs_d, d_mask, stride_kp, stride_kt, stride_kph,
                                           stride_vp, stride_vt, stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N,
                                           DOT_F32, LAST_ONLY=True, PV_SPLIT=PV_SPLIT)
-    elif KV_EARLY:  # the early block, then the share's others
-        m_i, l_i, acc = _decode_init(QR, D)
-        if start < end:
-            m_i, l_i, acc = _decode_block_math(kt0, v0, n0, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog,
-                                               HAS_PROBE, PV_SPLIT)
-        m_i, l_i, acc = _decode_blocks_from(q, m_i, l_i, acc, start + 1, end, KP, VP, BT, b64, kvh, seq_len, offs_n,
-                                            offs_d, d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt,
-                                            stride_vph, stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE,
-                                            PROBE, prog, HAS_PROBE, PV_SPLIT)
     else:
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
                                        d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
@@ -217,8 +194,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
         **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts),
-        **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}),
-        **({"KV_EARLY": True} if decode_kv_early(b) and not apart else {}))
+        **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
     if parts > 1 and not combine:
         _paged_decode_reduce_kernel[(b, h)](
             m_ws, l_ws, acc_ws, out, H=h, KVH=kvh, G=geo["G"], GP=geo["GP"], D=d, DP=d, SPLITS=parts,

@@ -35,43 +35,26 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False,
-                        LAST_ONLY: tl.constexpr = False, CG: tl.constexpr = False):
-    """Key block ``blk``'s tiles ``(K^T [DP, BLOCK_N], V [BLOCK_N, DP], key mask [BLOCK_N])`` (keys ``blk * BLOCK_N
-    ..`` below ``seq_len``; ``LAST_ONLY``: only the row's last, ``seq_len - 1``); ``CG``: every load through L2
-    (the fused kernel's loads before its wait, :data:`decode_plan.DECODE_KV_EARLY_ROWS`)."""
+def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
+                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
+                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
+    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
+    ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`);
+    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
     if LAST_ONLY:
         n_mask = n_mask & (tok >= seq_len - 1)
     _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
-    if CG:
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0, cache_modifier=".cg").to(tl.int64)
-    else:
-        page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
+    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
-    if CG:
-        kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-                     mask=n_mask[None, :] & d_mask[:, None], other=0.0, cache_modifier=".cg")
-        v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0, cache_modifier=".cg")
-    else:
-        kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
-                     mask=n_mask[None, :] & d_mask[:, None], other=0.0)
-        v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-    return kt, v, n_mask
-
-
-@triton.jit
-def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                       HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
-    """The online softmax step of the query rows ``q`` over one key block's tiles (:func:`_decode_block_tiles`):
-    ``(m, l, acc)``; ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
+    kt = tl.load(K + page[None, :] * stride_kp + in_page[None, :] * stride_kt + kvh * stride_kh + offs_d[:, None],
+                 mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+    v = tl.load(V + page[:, None] * stride_vp + in_page[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                mask=n_mask[:, None] & d_mask[None, :], other=0.0)
     _probe_stamp(PROBE, prog, 10, (tl.sum(tl.sum(kt.to(tl.float32), axis=1), axis=0)
                                    + tl.sum(tl.sum(v.to(tl.float32), axis=1), axis=0)).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -99,21 +82,6 @@ def _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32: 
     acc = acc * alpha[:, None] + pv
     _probe_stamp(PROBE, prog, 12, tl.sum(tl.sum(acc, axis=1), axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                  stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
-    """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
-    ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`);
-    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
-    kt, v, n_mask = _decode_block_tiles(blk, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask, stride_kp,
-                                        stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, PAGE,
-                                        BLOCK_N, PROBE, prog, HAS_PROBE, LAST_ONLY)
-    return _decode_block_math(kt, v, n_mask, q, m_i, l_i, acc, qk_scale_log2, DOT_F32, PROBE, prog, HAS_PROBE,
-                              PV_SPLIT)
 
 
 @triton.jit
@@ -163,18 +131,6 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
     """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
     m_i, l_i, acc = _decode_init(QR, DP)
-    return _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                               stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt,
-                               qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog, HAS_PROBE, PV_SPLIT)
-
-
-@triton.jit
-def _decode_blocks_from(q, m_i, l_i, acc, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
-                        stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
-                        PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PIPELINE: tl.constexpr,
-                        PROBE=None, prog=0, HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
-    """:func:`_decode_blocks` from the state ``(m_i, l_i, acc)`` on (the fused kernel's blocks after one it loaded
-    before its wait)."""
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
     if PIPELINE:

@@ -51,16 +51,12 @@ def _rope_cos_sin(COS, SIN, offs, HALF: tl.constexpr):
 def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
                    K_NORM: tl.constexpr):
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
-    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot); returns what it stored, ``(k1, k2, v1, v2)`` as
-    ``[R, HALF]`` halves."""
+    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
     k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
-    v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
-    tl.store(VP + offs[None, :], v1, mask=kmask)
-    v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
-    tl.store(VP + HALF + offs[None, :], v2, mask=kmask)
-    return k1, k2, v1, v2
+    tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+    tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
 
 
 @triton.jit
