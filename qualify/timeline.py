@@ -13,9 +13,10 @@ Two profiles of the same prepared step, each exported as a Chrome/Perfetto trace
    per operator (kernel name) -- the same kernels the graph replays.
 
 With ``width`` the step is the verification round ``(capacity, width)``; its head, acceptance and
-sampling-state advance run outside the compiled regions and get ranges of their own (``head``, ``acceptance``,
-``sampling-state advance``).  :func:`difference` compares two results (the width-one round against decode at
-the same batch): graph elapsed, per region and per kernel name.
+sampling-state advance get ranges of their own (``head``, ``acceptance``, ``sampling-state advance``) when they run
+eager (``FLARE_COMPILE_TAILS=0``); compiled (the default), they are one compiled region, the ``head`` range.
+:func:`difference` compares two results (the width-one round against decode at the same batch): graph elapsed, per
+region and per kernel name.
 """
 
 from __future__ import annotations
@@ -62,7 +63,19 @@ def _attributed_fn(step):
                                 sample_fn=_ranged(hk["sample_fn"], lambda *a: "sampler"),
                                 hook_fn=_ranged(hk["hook_fn"], lambda *a: "sampler")) if hk else head
     batch_fn = _ranged(kw["batch_fn"], lambda *a: "metadata") if kw.get("batch_fn") is not None else None
-    return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn)
+    # a step kind's compiled tail (a round's head, acceptance and sampling-state advance: ``catalog.compile``'s
+    # ``tail_fn``) stays the compiled one, as the graph replays it -- one region, named "head" (it holds the
+    # vocabulary projection, whose bytes the floor's "head" counts); without it the attributed run would take the eager
+    # tail, other kernels than the replay's (runs 172-173: "not in the attributed run")
+    tail = {"tail_fn": _ranged(kw["tail_fn"], lambda *a: "head")} if kw.get("tail_fn") is not None else {}
+    return functools.partial(fn.func, layer_fn=layer_fn, head_fn=head_fn, batch_fn=batch_fn, **tail)
+
+
+def _compiled_tail(step) -> bool:
+    """Whether ``step`` runs a compiled tail of its own (``catalog.compile``'s ``tail_fn``): then its head, acceptance
+    and sampling-state advance are inside one compiled region, which :func:`_round_ranges` must not patch (patching
+    the functions the compiled code traced would recompile it: other kernels than the graph's)."""
+    return (getattr(step.fn, "keywords", None) or {}).get("tail_fn") is not None
 
 
 @contextlib.contextmanager
@@ -182,6 +195,8 @@ def profile_step(step, tag: str, trace_dir: Path, round_model=None, samples: int
     prof.export_chrome_trace(str(replay_path))
     kernels = _kernels(_trace(replay_path))
 
+    if _compiled_tail(step):
+        round_model = None  # the compiled tail is one range ("head"), see _attributed_fn
     graph, fn = step.graph, step.fn
     step.graph, step.fn = None, _attributed_fn(step)
     try:

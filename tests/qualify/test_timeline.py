@@ -53,3 +53,36 @@ def test_round_ranges_name_the_round_tail_and_restore_everything():
     assert "head_all" not in vars(model) and int(model.head_all(torch.zeros(1))) == 1
     with tl._round_ranges(None):  # decode: nothing patched
         assert (rounds.head_logits, speculative.accept, speculative.advance_accepted) == before
+
+
+def test_attributed_run_keeps_a_compiled_tail_as_the_head_range():
+    """A step whose tail is its own compiled region (``catalog.compile``'s ``tail_fn``: a round's head, acceptance and
+    sampling-state advance) keeps that same callable in the attributed run -- one ``head`` range around it -- so the
+    attributed run launches the kernels the graph replays (runs 172-173 took the eager tail: "not in the attributed
+    run"); and the round ranges are not patched in around it.  A step without one passes no ``tail_fn``."""
+    import functools
+    from types import SimpleNamespace
+
+    from ignition.graphs.catalog import step_head
+
+    calls = []
+
+    def forward(*inputs, layer_fn=None, head_fn=None, batch_fn=None, tail_fn=None):
+        calls.append(("forward", tail_fn is not None))
+        return tail_fn(inputs[0]) if tail_fn is not None else inputs[0]
+
+    def compiled_tail(x):
+        calls.append("tail")
+        return x + 1
+
+    head = functools.partial(step_head, logits_fn=lambda *a: None, sample_fn=lambda *a: None, hook_fn=lambda *a: None)
+    with_tail = SimpleNamespace(fn=functools.partial(forward, layer_fn=lambda *a: None, head_fn=head, batch_fn=None,
+                                                     tail_fn=compiled_tail))
+    assert tl._compiled_tail(with_tail)
+    fn = tl._attributed_fn(with_tail)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        assert int(fn(torch.zeros(1))) == 1
+    assert calls == [("forward", True), "tail"], "the attributed run dropped the compiled tail"
+    assert any(e.name == "head" for e in prof.events())
+    without = SimpleNamespace(fn=functools.partial(forward, layer_fn=lambda *a: None, head_fn=head, batch_fn=None))
+    assert not tl._compiled_tail(without) and "tail_fn" not in tl._attributed_fn(without).keywords
