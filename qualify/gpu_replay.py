@@ -29,7 +29,8 @@ replay, the floor, and the ratio median / floor.  Raw samples of both are archiv
 same compiled step launched without the graph, with a profiler range per region (``embed``,
 ``layer.<i>``, ``head``, ``sampler``): kernel count and summed kernel time per layer and per operator
 (kernel name).  Tables printed and archived with gzip'd Chrome/Perfetto traces.  With ``--widths`` holding 1,
-the width-one round gets a timeline too (its head, acceptance and sampling-state advance ranged separately) and
+the width-one round gets a timeline too (its head, acceptance and sampling-state advance ranged separately when
+they run eager; compiled -- the default -- one ``head`` range, as the graph runs them: one compiled region) and
 a difference table against decode at the same B: where the round's extra time goes, by region and kernel;
 ``--timeline-widths 1,2`` names the round widths that get one (default 1; those not in ``--widths`` are left out);
 ``--timeline-variants decode_greedy,decode_topk`` the decode variants (timed with ``--greedy-variant`` /
