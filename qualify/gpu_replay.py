@@ -22,7 +22,9 @@ The floor is measured, not assumed (:func:`qualify.replay_floor.measured_floor`)
 that reads exactly the single-token weight-traffic bytes of the case (all weights except the gathered
 embedding rows, plus the KV at the context), timed the same way.  Printed per case: median/min/max of the
 replay, the floor, and the ratio median / floor.  Raw samples of both are archived
-(``results/<stamp>-<class>-<sha>-gpu-replay/samples.jsonl``, the ``qualify.report`` format).
+(``results/<stamp>-<class>-<sha>-gpu-replay/samples.jsonl``, the ``qualify.report`` format).  A run cut by
+SIGTERM (a stage's ``timeout``) prints and archives the cases it timed before, its summary naming what was cut, and
+exits 1.
 
 ``--timeline`` (CUDA): for B = 1 and 4 (of the given capacities) a kernel timeline of the graph replays
 (kernel names, counts, summed durations vs the graph's elapsed time) and an attributed profile of the
@@ -73,6 +75,7 @@ import gzip
 import json
 import math
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -443,7 +446,10 @@ def run(args) -> dict:
     elif args.ab_null:
         raise ValueError("--ab-null needs --ab")
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
-    samples, cases = [], []
+    # the records so far, where main() finds them when the run is cut by its time limit (:class:`Cut`)
+    progress = getattr(args, "progress", None)
+    progress = progress if progress is not None else {}
+    samples, cases = progress.setdefault("samples", []), progress.setdefault("cases", [])
     for cap in bench.capacities:
         traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
         floor = measured_floor(traffic["total_bytes"], samples=args.samples) if cuda else None
@@ -656,6 +662,27 @@ def _print(out: dict) -> None:
               f"{json.dumps(c['compiled_vs_uncompiled'])}")
 
 
+class Cut(BaseException):
+    """The run cut by its time limit: SIGTERM, what ``timeout`` sends (a BaseException, so that no ``except
+    Exception`` on the way -- a timeline's, a side's -- takes it for a failure of its own)."""
+
+
+def _cut(signum, frame):
+    raise Cut(f"signal {signum} ({signal.Signals(signum).name})")
+
+
+def _cut_out(args, cut: Cut) -> dict:
+    """What a cut run archives: the cases timed before the signal (``args.progress``, :func:`run`'s records), and what
+    was cut, named in its summary."""
+    progress = getattr(args, "progress", None) or {}
+    cases, samples = progress.get("cases", []), progress.get("samples", [])
+    return {"core": args.core, "device": args.device, "cases": cases, "samples": samples,
+            **({"ab": [x for x in dict.fromkeys(c["case"].get("ab") for c in cases)
+                       if x not in (None, "A", NULL_LABEL)]} if any("ab" in c["case"] for c in cases) else {}),
+            "incomplete": f"cut by {cut} after {len(cases)} timed cases: the cases after them, the timelines and "
+                          "--check-compiled did not run"}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qualify.gpu_replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--core", required=True)
@@ -731,11 +758,17 @@ def main(argv=None) -> int:
 
     run_dir = new_run_dir(args.out, "gpu-replay")
     args.timeline_dir = Path(tempfile.mkdtemp(prefix="flare-timeline-"))
+    args.progress = {}
+    previous = signal.signal(signal.SIGTERM, _cut)  # a time limit (timeout's SIGTERM) keeps what was measured
     try:
         out = run(args)
     except (ValueError, FileNotFoundError, KeyError, BackendUnavailable) as exc:
         print(f"gpu_replay: error: {exc}", file=sys.stderr)
         return 2
+    except Cut as cut:
+        out = _cut_out(args, cut)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     _print(out)
     summary = {k: v for k, v in out.items() if k != "samples"}
     if not args.no_archive:
@@ -747,6 +780,9 @@ def main(argv=None) -> int:
         print(f"gpu_replay: archived run -> {run_dir}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    if "incomplete" in out:
+        print(f"gpu_replay: incomplete: {out['incomplete']}", file=sys.stderr)
+        return 1
     failed = [c for c in out.get("check_compiled", []) if not c["passed"]]
     broken = timeline_failures(out.get("timeline", []))
     for line in broken:

@@ -273,3 +273,31 @@ def test_a_b_that_cannot_be_built_is_named_and_the_others_are_timed(core, tmp_pa
     assert [s["case"].get("ab") for s in timed] == ["A", "B2: FLARE_TRITON_TOPK=0"]
     env = json.loads((run / "environment.json").read_text())
     assert env["gpu_replay"]["ab_failed"][0]["ab"] == "B1: FLARE_PLANTED_BROKEN=1"
+
+
+def test_a_run_cut_by_its_time_limit_archives_what_it_timed(core, tmp_path, capsys, monkeypatch):
+    """SIGTERM (what ``timeout`` sends at a stage's limit) during the rounds: the decode cases timed before it are
+    printed and archived, the summary names what was cut, the run exits 1 -- run 171's replay stage, cut at its limit,
+    had archived nothing -- and the previous SIGTERM handler is back."""
+    import os
+    import signal
+
+    def cut(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not cut the run")
+
+    monkeypatch.setattr(gpu_replay.ReplayBench, "time_round", cut)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = gpu_replay.main(["--core", core, "--capacities", "1", "--context", "20", "--samples", "2", "--warmup", "0",
+                          "--seeds", "0,1", "--widths", "1", "--check-compiled", "--steps", "2", "--device", "cpu",
+                          "--out", str(tmp_path)])
+    assert rc == 1 and signal.getsignal(signal.SIGTERM) is before
+    captured = capsys.readouterr()
+    assert "incomplete: cut by signal" in captured.err and "SIGTERM" in captured.err
+    assert captured.out.count("decode") == 2  # both seeds' decode cases printed
+    (run,) = tmp_path.iterdir()
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [(s["case"]["tool"], s["seed"]) for s in samples] == [("gpu_replay", 0), ("gpu_replay", 1)]
+    assert all(len(s["replay_s"]) == 2 for s in samples)
+    summary = json.loads((run / "environment.json").read_text())["gpu_replay"]
+    assert "cut by signal" in summary["incomplete"] and "check-compiled" in summary["incomplete"]
