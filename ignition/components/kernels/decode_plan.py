@@ -66,7 +66,9 @@ def decode_new_key_apart() -> bool:
 #: programs per SM at 8 warps either way), the batch-4 launch 96 -> 106 (5 -> 4 per SM: its 544 programs would take
 #: two waves).  Measured off: the Qwen3-8B step side by side on an H100 1.9% slower at batch 1 with it (1 row; B
 #: ``FLARE_DECODE_COMBINE_ROWS=0`` 0.9807x, 10/10 paired blocks), batch 4 within noise
-#: (``results/20261205T133434Z-sm90-run170``; GPU tests pass).  0.
+#: (``results/20261205T133434Z-sm90-run170``; GPU tests pass); again on an H100 with the null
+#: (``results/20261205T153711Z-sm90-run174``): with it 1.0218x slower at batch 1 (0/10 paired blocks faster against A
+#: and A2), batch 4 1.0014x.  0.
 DECODE_COMBINE_ROWS = 0
 
 
