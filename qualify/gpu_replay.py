@@ -447,8 +447,7 @@ def run(args) -> dict:
         raise ValueError("--ab-null needs --ab")
     name = f"{bench.manifest.source.repo_id or Path(args.core).name}"
     # the records so far, where main() finds them when the run is cut by its time limit (:class:`Cut`)
-    progress = getattr(args, "progress", None)
-    progress = progress if progress is not None else {}
+    progress = getattr(args, "progress", {})
     samples, cases = progress.setdefault("samples", []), progress.setdefault("cases", [])
     for cap in bench.capacities:
         traffic = weight_traffic(bench.loaded.manifest, cap, args.context)
@@ -674,11 +673,11 @@ def _cut(signum, frame):
 def _cut_out(args, cut: Cut) -> dict:
     """What a cut run archives: the cases timed before the signal (``args.progress``, :func:`run`'s records), and what
     was cut, named in its summary."""
-    progress = getattr(args, "progress", None) or {}
+    progress = getattr(args, "progress", {})
     cases, samples = progress.get("cases", []), progress.get("samples", [])
+    labels = [x for x in dict.fromkeys(c["case"].get("ab") for c in cases) if x not in (None, "A", NULL_LABEL)]
     return {"core": args.core, "device": args.device, "cases": cases, "samples": samples,
-            **({"ab": [x for x in dict.fromkeys(c["case"].get("ab") for c in cases)
-                       if x not in (None, "A", NULL_LABEL)]} if any("ab" in c["case"] for c in cases) else {}),
+            **({"ab": labels} if labels else {}),
             "incomplete": f"cut by {cut} after {len(cases)} timed cases: the cases after them, the timelines and "
                           "--check-compiled did not run"}
 
