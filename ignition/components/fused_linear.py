@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from ignition.components.custom_ops import opaque_op
 from ignition.components.norms import rms_norm_reference
-from ignition.components.switches import number, switch
+from ignition.components.switches import number, switch, whole
 
 __all__ = ["carries_prenorm", "fused_linear", "fused_linear_publish", "fused_linear_reference", "gated_mlp_block",
            "head_block", "linear_block", "mlp_handoff", "mlp_publishes_prenorm", "mlp_takes_prenorm", "prefers_fused",
@@ -374,6 +374,24 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
     output = not gated or (switch("FLARE_GEMM_ROWS_GATED", GEMM_ROWS_GATED) and (
         elements is None or elements >= number("FLARE_GEMM_ROWS_GATED_MIN_ELEMENTS", GEMM_ROWS_GATED_MIN_ELEMENTS)))
     return rows in DOT_ROWS and output and plain and switch("FLARE_GEMV_DOT", True)
+
+
+#: The smallest K whose one-row plain-input, ungated projection takes the tensor-core variant (the row padded to 16;
+#: its weight tiles copied into shared memory by the software pipeliner, ``num_stages`` of them in flight per program
+#: without holding registers) instead of the one-row GEMV (``FLARE_GEMV_DOT_ONE_ROW_MIN_K=N``; read at each launch,
+#: for side-by-side runs; 0: never).  Why: the one-row GEMV streams a long K one tile per program at a time (its
+#: fp32 accumulator holds the registers a second tile would need), and Qwen3-8B's down (K 12288) took 27.07 us per
+#: layer in run 173's critical path at one row (3.72 TB/s, +3.44 us above its floor), while the tensor-core launch of
+#: the same weight took 25.31 us at batch 4 (3.98 TB/s).  Off until measured at one row.
+DOT_ONE_ROW_MIN_K = 0
+
+
+def uses_dot_one_row(rows: int, k: int, *, gated: bool = False, prologue: bool = False) -> bool:
+    """Whether a one-row ``flare::fused_linear`` launch through a weight of ``k`` columns runs the tensor-core
+    variant: a plain input and an ungated output, K at least :data:`DOT_ONE_ROW_MIN_K`
+    (``FLARE_GEMV_DOT_ONE_ROW_MIN_K``), unless ``FLARE_GEMV_DOT=0``."""
+    least = whole("FLARE_GEMV_DOT_ONE_ROW_MIN_K", DOT_ONE_ROW_MIN_K)
+    return (rows == 1 and 0 < least <= k and not gated and not prologue and switch("FLARE_GEMV_DOT", True))
 
 
 def prefers_fused(rows: int, weight: torch.Tensor, gated: bool, *, prologue: bool = False,

@@ -737,7 +737,8 @@ def test_sorted_cut_kernel_agrees_with_the_traced_cut_on_this_gpu(monkeypatch):
         assert torch.equal(sample(logits, params), tokens), bound
 
 
-@pytest.mark.parametrize("m,n,k,norm,gated,residual", [(4, 6144, 4096, True, False, False),
+@pytest.mark.parametrize("m,n,k,norm,gated,residual", [(1, 4096, 12288, False, False, True),  # one row: DOT_ONE_ROW
+                                                         (4, 6144, 4096, True, False, False),
                                                          (4, 4096, 4096, False, False, True),
                                                          (4, 4096, 12288, False, False, True),
                                                          (8, 4096, 12288, False, False, True),

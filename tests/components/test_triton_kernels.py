@@ -291,6 +291,7 @@ _DOT_CASES = [  # (M, N weight rows, K, norm, gated, residual, gated input)
     (8, 48, 128, False, False, True, True),
     (16, 64, 256, False, False, False, False),
     (3, 40, 64, True, False, True, False),  # N not a multiple of BN
+    (1, 48, 192, False, False, True, False),  # one row (``uses_dot_one_row``: a long K's plain, ungated launch)
 ]
 
 
@@ -504,8 +505,50 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
     x, w, _, _ = _gemv_inputs(4, 32, 64, norm=False, gated=False, residual=False, seed=1)
     with pytest.raises(ValueError, match="BN, BK >= 16"):
         fused_linear_triton(x, w, config={"BN": 8, "BK": 64})
-    with pytest.raises(ValueError, match="2..16 rows, got 1"):
-        fused_linear_triton(x[:1], w, dot=True)
+    with pytest.raises(ValueError, match="1..16 rows, got 17"):
+        fused_linear_triton(torch.zeros(17, 64, dtype=x.dtype), w, dot=True)
+
+
+def test_one_row_takes_the_tensor_core_variant_from_its_least_k(monkeypatch):
+    """``FLARE_GEMV_DOT_ONE_ROW_MIN_K`` (default :data:`fused_linear.DOT_ONE_ROW_MIN_K`): a one-row plain-input,
+    ungated launch whose K reaches it runs the tensor-core kernel -- its bits, not the GEMV's -- and every other
+    one-row launch (shorter K, a gated output or input, a norm prologue) stays on the GEMV; 0 turns it off."""
+    from ignition.components import fused_linear
+    from ignition.components.fused_linear import uses_dot_one_row
+    from ignition.components.kernels import linear
+
+    monkeypatch.setenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K", "128")
+    assert uses_dot_one_row(1, 128) and uses_dot_one_row(1, 12288) and not uses_dot_one_row(1, 64)
+    assert not uses_dot_one_row(2, 128) and not uses_dot_one_row(1, 128, gated=True)
+    assert not uses_dot_one_row(1, 128, prologue=True)
+    monkeypatch.setenv("FLARE_GEMV_DOT", "0")
+    assert not uses_dot_one_row(1, 128)
+    monkeypatch.delenv("FLARE_GEMV_DOT")
+    launched = []
+
+    class Recorded:  # the launcher's kernel, recording its name at each launch
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launched.append(self.kernel.fn.__name__)
+            return self.kernel[grid]
+
+    monkeypatch.setattr(linear, "_fused_gemm_rows_kernel", Recorded(linear._fused_gemm_rows_kernel))
+    monkeypatch.setattr(linear, "_fused_gemv_kernel", Recorded(linear._fused_gemv_kernel))
+    x, w, _, r = _gemv_inputs(1, 48, 192, norm=False, gated=False, residual=True, seed=7)
+    cfg = {"BN": 16, "BK": 64}
+    dot = linear.fused_linear_triton(x, w, residual=r, config=cfg, dot=True)
+    routed = linear.fused_linear_triton(x, w, residual=r, config=cfg)
+    assert launched == ["_fused_gemm_rows_kernel"] * 2 and torch.equal(routed.view(torch.int16), dot.view(torch.int16))
+    monkeypatch.setenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K", "256")  # K 192 below it: the GEMV
+    linear.fused_linear_triton(x, w, residual=r, config=cfg)
+    linear.fused_linear_triton(x.expand(2, -1).contiguous(), w, norm_weight=w[0], eps=1e-6, config=cfg)  # 2 rows
+    assert launched[2:] == ["_fused_gemv_kernel"] * 2
+    monkeypatch.setenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K", "0")  # off
+    assert not uses_dot_one_row(1, 1 << 20)
+    monkeypatch.delenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K")
+    assert uses_dot_one_row(1, 12288) == (0 < fused_linear.DOT_ONE_ROW_MIN_K <= 12288)  # the default
 
 
 def test_gemv_config_is_a_pure_function_of_the_shapes():

@@ -8,7 +8,8 @@ import os
 import torch
 import triton
 
-from ignition.components.fused_linear import DOT_ROWS, HANDOFF_CONSUMER, HANDOFF_PRODUCER, uses_dot_kernel
+from ignition.components.fused_linear import (DOT_ROWS, HANDOFF_CONSUMER, HANDOFF_PRODUCER, uses_dot_kernel,
+                                              uses_dot_one_row)
 from ignition.components.kernels.gemm_rows import _fused_gemm_rows_kernel, _published_norm_kernel
 from ignition.components.kernels.gemv import _fused_gemv_kernel
 from ignition.components.kernels.launch import (_interpreting, _pdl, _probe_args, device_key, pdl_early_enabled,
@@ -513,7 +514,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     ``gated_input``: x is ``[M, 2 * K]``, the packed ``[gate; up]`` output of the previous projection, and the
     kernel's input is ``silu(gate) * up`` (not with ``norm_weight``).
     ``config``: override of :func:`gemv_config` (keys BN, BK, num_warps, num_stages; for benchmarking).
-    ``dot``: the tensor-core variant (2..16 rows) or not; default the rule of :func:`fused_linear.uses_dot_kernel`
+    ``dot``: the tensor-core variant (1..16 rows) or not; default the rules of :func:`fused_linear.uses_dot_kernel`
+    (2..16 rows) and :func:`fused_linear.uses_dot_one_row` (one row, a long K)
     (tests and ``scripts/bench_gemv.py --dot`` force it, to cover every prologue and epilogue).
     ``early``: the caller's promise that the next kernel reads nothing but weights before its PDL wait (anything but
     the fused decode attention): the one-row kernel then lets it launch before its own wait
@@ -562,11 +564,12 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     if k == 0:
         raise ValueError("fused_linear_triton: K must be positive")
     if dot is None:
-        dot = uses_dot_kernel(m, gated=gated, prologue=norm_weight is not None or gated_input,
-                              norm=norm_weight is not None and not gated_input, elements=weight.numel())
-    if dot and m not in DOT_ROWS:
-        raise ValueError(f"fused_linear_triton: the tensor-core kernel takes {DOT_ROWS.start}..{DOT_ROWS.stop - 1} "
-                         f"rows, got {m}")
+        prologue = norm_weight is not None or gated_input
+        dot = (uses_dot_kernel(m, gated=gated, prologue=prologue, norm=norm_weight is not None and not gated_input,
+                               elements=weight.numel())
+               or (probe is None and not handoff and uses_dot_one_row(m, k, gated=gated, prologue=prologue)))
+    if dot and not 1 <= m < DOT_ROWS.stop:
+        raise ValueError(f"fused_linear_triton: the tensor-core kernel takes 1..{DOT_ROWS.stop - 1} rows, got {m}")
     if dot and (probe is not None or handoff):
         raise ValueError("fused_linear_triton: probe and handoff are for the one-row kernel (dot=False)")
     prenorm = _prenorm_args(x, m, n_out, gated, gated_input, norm_weight, norm_stats, publish_norm, dot)
