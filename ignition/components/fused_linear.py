@@ -382,7 +382,10 @@ def uses_dot_kernel(rows: int, *, gated: bool = False, prologue: bool = False, n
 #: for side-by-side runs; 0: never).  Why: the one-row GEMV streams a long K one tile per program at a time (its
 #: fp32 accumulator holds the registers a second tile would need), and Qwen3-8B's down (K 12288) took 27.07 us per
 #: layer in run 173's critical path at one row (3.72 TB/s, +3.44 us above its floor), while the tensor-core launch of
-#: the same weight took 25.31 us at batch 4 (3.98 TB/s).  Off until measured at one row.
+#: the same weight took 25.31 us at batch 4 (3.98 TB/s).  Measured slower, off: Qwen3-8B batch 1 side by side in one
+#: process on an H100 (``results/20261205T161652Z-sm90-run175``; no null, it did not fit): 32x512 w4 s4 1.0246x,
+#: 32x256 w4 s6 1.0302x, 32x512 w4 s3 1.0396x slower (paired blocks 0/10 faster); in the critical path down 37.71 ->
+#: 39.84 us per layer, o_proj 8.42 -> 13.18, qkv 15.07 -> 16.77, gate/up 65.57 -> 62.35.  Not measured on an H200.
 DOT_ONE_ROW_MIN_K = 0
 
 
