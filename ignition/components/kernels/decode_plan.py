@@ -68,7 +68,8 @@ def decode_new_key_apart() -> bool:
 #: ``FLARE_DECODE_COMBINE_ROWS=0`` 0.9807x, 10/10 paired blocks), batch 4 within noise
 #: (``results/20261205T133434Z-sm90-run170``; GPU tests pass); again on an H100 with the null
 #: (``results/20261205T153711Z-sm90-run174``): with it 1.0218x slower at batch 1 (0/10 paired blocks faster against A
-#: and A2), batch 4 1.0014x.  0.
+#: and A2), batch 4 1.0014x; a third time on an H100 (``results/20261205T162102Z-sm90-run176``): 1.0194x slower at batch
+#: 1 (0/10), the attention 8.93 -> 14.50 us per layer in the critical path where the reduce it saves took 2.66.  0.
 DECODE_COMBINE_ROWS = 0
 
 
@@ -425,6 +426,10 @@ def decode_kv_prefetch_keys(batch: int, overlap_bytes: int | None = None) -> int
 #: (``results/20261201T104724Z-sm90-run26``, 64 splits with the whole-K prologue preload against 32 without, order
 #: swapped) 1.0270 against 1.0264 -- within noise.  In the step's critical path the attention takes 7.34 us per layer
 #: at 64 (run 25) against 8.42 at 32 (run 22), another machine.  64 stays; the difference is not shown.
+#: At Qwen3-8B's one row (17 splits, one 64-key block each) a cap of 9 (two blocks each, 72 programs) was 1.0113x
+#: slower on an H100 side by side in one process (``results/20261205T162102Z-sm90-run176``; the attention 8.93 -> 11.49
+#: us per layer, the reduce 2.66 -> 1.73), batch 4 1.0208x; and one attention program per SM
+#: (``FLARE_DECODE_SMEM_KB=120``: 136 programs on 132 SMs, a second wave) 1.082x.
 FUSED_DECODE_MAX_SPLITS = 64
 
 

@@ -56,7 +56,10 @@ GEMV_FLAT = True
 #: without the pipeliner lost: Qwen3-8B's down took 43.2 us per layer in the step's critical path against 29.7
 #: (``results/20261202T074600Z-sm90-run117``; the preloaded projections gained there).  With it, 3 stages, the step
 #: 0.9953x against A but slower than :data:`GEMV_FLAT` alone (0.9846x in the same call; down 29.47 -> 28.51 us), and
-#: 3 stages at 8x512 1.0034x (``results/20261202T075700Z-sm90-run118``).
+#: 3 stages at 8x512 1.0034x (``results/20261202T075700Z-sm90-run118``).  Again on an H100 side by side in one process
+#: (``results/20261205T163658Z-sm90-run178``, batch 1): 8x1024 with 3 stages (96 registers, 5 programs per SM) 1.0104x,
+#: 4x1024 with 3 (8 per SM, one wave of 1024) 1.0131x, 8x512 with 4 1.0244x slower (paired blocks 0/10): down itself
+#: -0.64 to +3.04 us per layer, but o_proj +1.4 to +1.7 and the next qkv +0.5 to +1.4.
 GEMV_STREAM_STAGES = 0
 
 
