@@ -8,6 +8,8 @@
 # them out of the working tree for the call (`git sparse-checkout set --no-cone '/*' '!/results/'`, then
 # `git sparse-checkout disable` to restore them; commit first, the sparse tree hides results/ from git add).
 #
+# NEED_GPU=H200 (any text of the card's name) stops the call before its first stage on another card (exit 3).
+#
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
 #   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS;
@@ -60,7 +62,9 @@
 #                   kernel only); when the fused decode kernel's fails, ATTN=triton-unfused
 set -uo pipefail
 export HF_HUB_OFFLINE=1 HF_HUB_CACHE=$PWD/.hub FLARE_TEST_HUB_CACHE=$PWD/.hub PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=/tmp/flare-results; mkdir -p $R; W=/tmp/flare-work; mkdir -p $W
+# R: the tools' archived runs, W: cores and staging (FLARE_RUN_RESULTS, FLARE_RUN_WORK move them: the CPU tests)
+DEST=${OUT:-/tmp/out}; mkdir -p "$DEST"; R=${FLARE_RUN_RESULTS:-/tmp/flare-results}; mkdir -p $R
+W=${FLARE_RUN_WORK:-/tmp/flare-work}; mkdir -p $W
 OUT=$W/out; rm -rf $OUT; mkdir -p $OUT  # staged here (emptied: a warm machine keeps /tmp); only the archive goes back
 CAPS=${CAPS-1,4,8}; CHUNKS=${CHUNKS-256,1024,4096}; ATTN=${ATTN:-triton}; AB=${AB:-torch:separate triton:separate triton}
 log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduction\|important use case\|softmax\.$" ; }
@@ -69,6 +73,12 @@ stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
 slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)  # the card's memory
+# NEED_GPU=TEXT (e.g. H200): stop before any stage unless the card's name holds TEXT -- a call asking for one kind may
+# be given another (runs 174-178 asked for an H200 and ran on H100s); a record or a target measured on the wrong card
+# is device time spent for nothing.  Exit 3, gpu.txt and stages.log still come back.
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+if [ -n "${NEED_GPU:-}" ] && [[ "$GPU_NAME" != *"$NEED_GPU"* ]]; then
+  echo "NEED_GPU=$NEED_GPU: this card is $GPU_NAME -- no stage run" | tee -a "$OUT/stages.log"; pack; exit 3; fi
 # the device copy's .git may name an older commit than the tree it runs: the caller writes the tree's commit to
 # .tree-commit (git-ignored; `git rev-parse --short HEAD > .tree-commit`, carried) -- archives and commit.txt take it
 if [ -s .tree-commit ]; then

@@ -1,0 +1,53 @@
+"""``scripts/h200_run.sh`` (the device call's stages) on this machine, with a stand-in ``nvidia-smi``: ``NEED_GPU``
+stops the call before any stage when the card given is not the one asked for, and still packs what it wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _call(tmp_path: Path, card: str, **env: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """Runs the script (the repository as its working directory, its work folders under ``tmp_path``) with an
+    ``nvidia-smi`` on PATH that reports ``card``; returns the process and the archive's text files by name."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n"
+                   "case \"$*\" in\n"
+                   f"  *name,driver_version*) echo 'name, driver_version, memory.total [MiB]'; "
+                   f"echo '{card}, 580.0, 81559 MiB' ;;\n"
+                   "  *nounits*) echo 81559 ;;\n"
+                   f"  *) echo '{card}' ;;\n"
+                   "esac\n")
+    smi.chmod(0o755)
+    out = tmp_path / "out"
+    full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(out),
+                "FLARE_RUN_WORK": str(tmp_path / "work"), "FLARE_RUN_RESULTS": str(tmp_path / "results"), **env}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "h200_run.sh")], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=60)
+    files = {}
+    archive = out / "h200-run.tgz"
+    if archive.is_file():
+        with tarfile.open(archive) as tar:
+            for m in tar.getmembers():
+                if m.isfile():
+                    files[Path(m.name).name] = tar.extractfile(m).read().decode()
+    return proc, files
+
+
+def test_need_gpu_stops_on_another_card_before_any_stage(tmp_path):
+    proc, files = _call(tmp_path, "NVIDIA H100 80GB HBM3", NEED_GPU="H200", STAGES="no-such-stage")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "NEED_GPU=H200: this card is NVIDIA H100 80GB HBM3" in files["stages.log"]
+    assert "no-such-stage" not in files["stages.log"] and "H100" in files["gpu.txt"]
+
+
+def test_need_gpu_lets_the_named_card_run_its_stages(tmp_path):
+    proc, files = _call(tmp_path, "NVIDIA H200", NEED_GPU="H200", STAGES="no-such-stage")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "== no-such-stage" in files["stages.log"] and "unknown stage no-such-stage" in proc.stdout
