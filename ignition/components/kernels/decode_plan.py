@@ -69,7 +69,12 @@ def decode_new_key_apart() -> bool:
 #: (``results/20261205T133434Z-sm90-run170``; GPU tests pass); again on an H100 with the null
 #: (``results/20261205T153711Z-sm90-run174``): with it 1.0218x slower at batch 1 (0/10 paired blocks faster against A
 #: and A2), batch 4 1.0014x; a third time on an H100 (``results/20261205T162102Z-sm90-run176``): 1.0194x slower at batch
-#: 1 (0/10), the attention 8.93 -> 14.50 us per layer in the critical path where the reduce it saves took 2.66.  0.
+#: 1 (0/10), the attention 8.93 -> 14.50 us per layer in the critical path where the reduce it saves took 2.66.  Why
+#: (offline sm90 SASS of the one-row launch, ``cuobjdump -sass``): after its partial's stores each program's thread 0
+#: runs ``MEMBAR.ALL.GPU`` (the release: it waits for those stores to reach L2), then ``ATOMG`` (a round trip), then
+#: ``CCTL.IVALL`` and a CTA barrier; the last program then loads the 17 maxima together and the 51 sums, accumulators
+#: and maxima together (two more round trips: the loads are batched as intended) -- four dependent round trips after
+#: the stores, where the reduce kernel, resident and waiting, needs the grid dependency and one.  0.
 DECODE_COMBINE_ROWS = 0
 
 
