@@ -121,6 +121,9 @@ def cases():
                 flags.update(FENCE=True, EARLY=True)
             out.append((f"gemv {name} preload {c['PRELOAD']} handoff", "_fused_gemv_kernel",
                         {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags}, options))
+        if name in ("8B down", "8B o_proj"):  # the streamed loop's input one tile ahead (linear.GEMV_X_AHEAD)
+            out.append((f"gemv {name} preload {c['PRELOAD']} x ahead", "_fused_gemv_kernel", GEMV_SIG,
+                        {**c, "X_AHEAD": c["PRELOAD"] * c["BK"] < c["K"]}, options))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, options))

@@ -469,6 +469,30 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
+
+def test_streamed_gemv_input_ahead_on_this_gpu_changes_no_bit(monkeypatch):
+    """Qwen3-8B's one-row down as the step launches it (the plain input behind the gated gate/up: 8x1024, every tile
+    streamed) compiled for this GPU: within the reference's bound, and ``FLARE_GEMV_X_AHEAD=1`` (each input tile
+    loaded one iteration ahead, :data:`linear.GEMV_X_AHEAD`) gives the same bits, launch after launch."""
+    from gemv_cases import _gemv_inputs, _gemv_tolerance
+
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_config, gemv_preload_tiles
+
+    x, w, _, r = _gemv_inputs(1, 4096, 12288, norm=False, gated=False, residual=True, seed=12288)
+    cuda = [t.cuda() for t in (x, w, r)]
+    cfg = gemv_config(1, 4096, 12288)
+    assert gemv_preload_tiles(1, 12288, cfg["BK"], True, cfg.get("preload")) == 0  # every tile streamed
+    outs = {}
+    for ahead in ("0", "1", "1"):
+        monkeypatch.setenv("FLARE_GEMV_X_AHEAD", ahead)
+        outs.setdefault(ahead, []).append(fused_linear_triton(cuda[0], cuda[1], residual=cuda[2]).cpu())
+    got = outs["0"][0]
+    ref = fused_linear_reference(x, w, None, 0.0, r, False)
+    tol = _gemv_tolerance(x, w, None, False, fused_linear_reference(x, w)) + 2 * 2.0 ** -7 * ref.float().abs()
+    assert ((got.float() - ref.float()).abs() <= tol).all()
+    assert _same_bits(outs["1"], got)
+
 def _mlp_chain(hidden: int, inter: int):
     """Qwen3's one-row o_proj + residual then MLP (the packed or gated gate/up with the norm prologue, down with the
     residual) at ``hidden, inter`` on the GPU: ``chain(early, handoff=False, gated=False)`` launches the three GEMVs

@@ -183,6 +183,37 @@ def test_one_row_gemv_accumulator_shape_follows_the_preload_and_the_switches(mon
         assert ((got.float() - ref.float()).abs() <= tol).all(), (flat, stages)
 
 
+@pytest.mark.parametrize("m,n,k,preload,stages", [(1, 64, 512, "0", "0"),  # Qwen3-8B's one-row down: every tile streamed
+                                                   (1, 64, 512, "2", "0"),  # two tiles preloaded, two streamed
+                                                   (1, 48, 500, "0", "0"),  # a ragged K: the last tile masked
+                                                   (3, 64, 384, "0", "0"),  # three rows: the 3-D accumulator
+                                                   (1, 64, 512, "0", "2")])  # the pipelined stream (2-D)
+def test_gemv_input_one_tile_ahead_changes_no_bit(monkeypatch, m, n, k, preload, stages):
+    """``FLARE_GEMV_X_AHEAD=1`` (:data:`linear.GEMV_X_AHEAD`): the streamed loop takes each input tile the previous
+    iteration loaded -- the same tiles, values and order, so the same bits as without, within the reference's bound;
+    a launch with a prologue (norm, gated input) keeps its own loop, bit for bit, with the switch on."""
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.kernels.linear import fused_linear_triton
+
+    x, w, nw, r = _gemv_inputs(m, n, k, norm=True, gated=False, residual=True, seed=m + k)
+    cfg = {"BN": 16, "BK": 128}
+    monkeypatch.setenv("FLARE_GEMV_PRELOAD", preload)
+    monkeypatch.setenv("FLARE_GEMV_STREAM_STAGES", stages)
+    launches, outs = _record_launches(monkeypatch), {}
+    for ahead in ("0", "1"):
+        monkeypatch.setenv("FLARE_GEMV_X_AHEAD", ahead)
+        outs[ahead] = (fused_linear_triton(x, w, residual=r, config=cfg, dot=False),  # (3 rows: not tensor cores)
+                       fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, residual=r, config=cfg, dot=False),
+                       fused_linear_triton(torch.cat([x, x.flip(-1)], dim=-1), w, residual=r, gated_input=True,
+                                           config=cfg, dot=False))
+    assert [kw["X_AHEAD"] for _, kw in launches] == [False] * 3 + [True, False, False]  # the plain input's only
+    for a, b in zip(outs["0"], outs["1"]):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    ref = fused_linear_reference(x, w, None, 0.0, r, False)
+    tol = _gemv_tolerance(x, w, None, False, fused_linear_reference(x, w)) + 2 * 2.0 ** -7 * ref.float().abs()
+    assert ((outs["1"][0].float() - ref.float()).abs() <= tol).all()
+
+
 @pytest.mark.parametrize("norm,gated,gated_input", [(True, False, False), (True, True, False), (False, False, True)])
 def test_fused_linear_triton_preload_with_a_prologue_changes_no_bit(monkeypatch, norm, gated, gated_input):
     """The GEMVs with the norm prologue, a gated output or the gated input preload too where the tiles are their whole
@@ -509,6 +540,28 @@ def test_tensor_core_variant_takes_plain_input_only_and_is_bounded(monkeypatch):
         fused_linear_triton(torch.zeros(17, 64, dtype=x.dtype), w, dot=True)
 
 
+def _record_launches(monkeypatch) -> list[tuple[str, dict]]:
+    """The launcher's two projection kernels, wrapped: each launch appends ``(kernel name, keyword arguments)`` to
+    the returned list, then runs."""
+    from ignition.components.kernels import linear
+
+    launches = []
+
+    class Recorded:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((self.kernel.fn.__name__, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(linear, "_fused_gemm_rows_kernel", Recorded(linear._fused_gemm_rows_kernel))
+    monkeypatch.setattr(linear, "_fused_gemv_kernel", Recorded(linear._fused_gemv_kernel))
+    return launches
+
+
 def test_one_row_takes_the_tensor_core_variant_from_its_least_k(monkeypatch):
     """``FLARE_GEMV_DOT_ONE_ROW_MIN_K`` (default :data:`fused_linear.DOT_ONE_ROW_MIN_K`): a one-row plain-input,
     ungated launch whose K reaches it runs the tensor-core kernel -- its bits, not the GEMV's -- and every other
@@ -524,27 +577,16 @@ def test_one_row_takes_the_tensor_core_variant_from_its_least_k(monkeypatch):
     monkeypatch.setenv("FLARE_GEMV_DOT", "0")
     assert not uses_dot_one_row(1, 128)
     monkeypatch.delenv("FLARE_GEMV_DOT")
-    launched = []
-
-    class Recorded:  # the launcher's kernel, recording its name at each launch
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            launched.append(self.kernel.fn.__name__)
-            return self.kernel[grid]
-
-    monkeypatch.setattr(linear, "_fused_gemm_rows_kernel", Recorded(linear._fused_gemm_rows_kernel))
-    monkeypatch.setattr(linear, "_fused_gemv_kernel", Recorded(linear._fused_gemv_kernel))
+    launches = _record_launches(monkeypatch)
     x, w, _, r = _gemv_inputs(1, 48, 192, norm=False, gated=False, residual=True, seed=7)
     cfg = {"BN": 16, "BK": 64}
     dot = linear.fused_linear_triton(x, w, residual=r, config=cfg, dot=True)
     routed = linear.fused_linear_triton(x, w, residual=r, config=cfg)
-    assert launched == ["_fused_gemm_rows_kernel"] * 2 and torch.equal(routed.view(torch.int16), dot.view(torch.int16))
+    assert [name for name, _ in launches] == ["_fused_gemm_rows_kernel"] * 2 and torch.equal(routed.view(torch.int16), dot.view(torch.int16))
     monkeypatch.setenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K", "256")  # K 192 below it: the GEMV
     linear.fused_linear_triton(x, w, residual=r, config=cfg)
     linear.fused_linear_triton(x.expand(2, -1).contiguous(), w, norm_weight=w[0], eps=1e-6, config=cfg)  # 2 rows
-    assert launched[2:] == ["_fused_gemv_kernel"] * 2
+    assert [name for name, _ in launches[2:]] == ["_fused_gemv_kernel"] * 2
     monkeypatch.setenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K", "0")  # off
     assert not uses_dot_one_row(1, 1 << 20)
     monkeypatch.delenv("FLARE_GEMV_DOT_ONE_ROW_MIN_K")

@@ -347,12 +347,14 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        PROBE=None, HAS_PROBE: tl.constexpr = False, FLAT: tl.constexpr = False,
                        STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
                        FLAGS=None, HANDOFF: tl.constexpr = 0, FLAG_COLS: tl.constexpr = 1, FLAG_TILES: tl.constexpr = 1,
-                       FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False):
+                       FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False,
+                       X_AHEAD: tl.constexpr = False):
     # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed or gated gate/up, signalling its tile's
     # count after its store; 2, the consumer -- down, polling the counts (FLAG_TARGET programs per tile of FLAG_COLS =
     # BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait only before its
     # epilogue (it preloads no tiles: their inputs would be read before any poll).
     tl.static_assert(HANDOFF != 2 or PRELOAD == 0, "the handoff's consumer preloads no tiles")
+    tl.static_assert(not X_AHEAD or (not HAS_NORM and not GATED_IN and HANDOFF == 0), "X_AHEAD: a plain input only")
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -422,12 +424,27 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # accumulator, offline 56-108 registers, but the in-register regrouping made qkv 16 -> 32 us and down 29 -> 49 us:
     # the layer graph 1.43x (Qwen3-8B) and 1.70x (Qwen3-0.6B) slower, 1.35x with the pipelined stream,
     # ``results/20261201T202700Z-sm90-run79``).
+    # X_AHEAD (a plain input, no handoff; :data:`linear.GEMV_X_AHEAD`): each iteration loads the NEXT tile's input
+    # (masked past K) and takes the one the previous iteration loaded -- the input tile's layout change (a CTA
+    # barrier, before the weight loads) then waits on a load issued a whole tile earlier, not on an L2 round trip of
+    # its own, so the weight loads of consecutive tiles follow each other without it.  The same tiles, values and
+    # order: the same bits.
+    if X_AHEAD:
+        x_next = _gemv_x_tile(x_rows, NW, PRELOAD * BK + offs_k, m_mask[:, None] & (PRELOAD * BK + offs_k < K)[None, :],
+                              rstd, K, False, False, False)
     for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
         if HANDOFF == 2:  # the tile's input once gate/up finished it
             ready = _handoff_await(FLAGS, k0 // BK, ready, FLAG_TILES, FLAG_TARGET, FLAG_P2, FENCE)
-        xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K, HANDOFF == 2), FLAT)
+        if X_AHEAD:
+            xv = x_next
+            x_next = _gemv_x_tile(x_rows, NW, kk + BK, m_mask[:, None] & (kk + BK < K)[None, :], rstd, K, False, False,
+                                  False)
+            xf = _gemv_x_f32(xv, FLAT)
+        else:
+            xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K, HANDOFF == 2),
+                             FLAT)
         w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0, eviction_policy="evict_first")  # [BN, BK]
         u = w
         if GATED:

@@ -62,6 +62,17 @@ GEMV_FLAT = True
 #: -0.64 to +3.04 us per layer, but o_proj +1.4 to +1.7 and the next qkv +0.5 to +1.4.
 GEMV_STREAM_STAGES = 0
 
+#: Whether the GEMV's streamed loop (the tiles after the preloaded ones: Qwen3-8B's one-row down) loads each input
+#: tile one iteration ahead (``FLARE_GEMV_X_AHEAD=1`` / ``0``; read at each launch, for side-by-side runs; a plain
+#: input only -- no norm prologue, no gated input, no handoff).  Offline sm90 SASS of the one-row down (8x1024 w4, 127
+#: registers, 4 programs per SM): each iteration loads its input tile (``LDG.E.128``), and the tile's layout change
+#: (``STSM``, then ``BAR.SYNC``) waits for it before the tile's eight weight loads (``LDG.E.EF.128``) are issued -- an
+#: L2 round trip in series with every weight tile's HBM round trip, the program with no weight bytes in flight
+#: meanwhile.  Down reaches 87% of the floor's bandwidth on both cards (run 173, H200: 27.07 us per layer against
+#: 23.63; run 176, H100: 37.67 against 32.83) where the whole-K gate/up reaches 100%.  The same tiles, values and order:
+#: the same bits.  Off until measured in a step.
+GEMV_X_AHEAD = False
+
 
 #: Whether the one-row GEMV's preloaded weight tiles take the evict-first L2 priority, as its streamed tiles do
 #: (``FLARE_GEMV_PRELOAD_EVICT_FIRST=1`` / ``0``; read at each launch).  A weight is read once per step; with the
@@ -614,6 +625,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
+        X_AHEAD=(preload * bk < k and norm_weight is None and not gated_input and not handoff
+                 and switch("FLARE_GEMV_X_AHEAD", GEMV_X_AHEAD)),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **handoff_args,
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
