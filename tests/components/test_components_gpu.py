@@ -182,7 +182,8 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
 def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens):
     """``flare::rope_decode_attention_``'s kernel, compiled:
     - several rows with the pre-wait K/V prefetch on (``FLARE_DECODE_KV_PREFETCH_ROWS``), a register cap, the
-      key loop forced plain and forced pipelined (``FLARE_DECODE_PIPELINE``), the timing probe: the bits of without;
+      key loop forced plain and forced pipelined (``FLARE_DECODE_PIPELINE``), the writer's loads first
+      (``FLARE_DECODE_V_FIRST``), the timing probe: the bits of without;
     - one row of a 2-head group (Qwen3-0.6B's): the wide blocks (the default, ``FLARE_DECODE_WIDE=1``) are the bits
       of the explicit 32-key blocks with the plain loop and the same split count;
     - no program reads the new slot before its write: a second launch on pools that already hold the new K/V (the
@@ -241,6 +242,10 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         kp4, vp4 = kp.clone(), vp.clone()
         assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"trigger {trigger} changed a bit"
     monkeypatch.delenv("FLARE_DECODE_TRIGGER")
+    monkeypatch.setenv("FLARE_DECODE_V_FIRST", "1")  # the writer's value and norm weights loaded first: order only
+    kp4, vp4 = kp.clone(), vp.clone()
+    assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), "the writer's load order changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_V_FIRST")
     # the reduce's L2 prefetch of another weight (an o_proj's; all of it, and its last 3 MiB + 5 bytes): no value read
     weight = torch.randn(heads * 128, heads * 128, device="cuda").to(torch.bfloat16)
     for nbytes in (1 << 30, (3 << 20) + 5):

@@ -364,6 +364,20 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: 136 programs on 74 SMs (3 fit on one by registers) -- the open lead.
 
 
+#: Whether the fused decode kernel's writer (the program that writes the row's new key and value) loads the new
+#: value before the key's norm, rotation and stores (``FLARE_DECODE_V_FIRST=1`` / ``0``; read at each launch, for
+#: side-by-side runs).  Offline sm90 SASS of Qwen3-8B's one-row launch: without, the value's two loads
+#: (``LDG.E.U16``) come after the key's stores (``STG``) -- the compiler cannot reorder a load above a store that may
+#: alias it --, so the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer), holds one
+#: more L2 round trip before its barrier and its key blocks.  The same values: the same bits.  Off until measured.
+DECODE_V_FIRST = False
+
+
+def decode_v_first() -> bool:
+    """:data:`DECODE_V_FIRST` (``FLARE_DECODE_V_FIRST``, read at each launch)."""
+    return switch("FLARE_DECODE_V_FIRST", DECODE_V_FIRST)
+
+
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
 #: 13, when batch 4's qkv ran on cuBLAS (no early launch).  Since the tensor-core GEMV became the default (run 28) the
 #: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- but the prefetch still

@@ -11,7 +11,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ignition.components.kernels.decode_plan import (_decode_geometry, _decode_workspace, decode_combine_in_kernel,
                                                      decode_kv_prefetch_keys, DECODE_KV_PREFETCH_LAST,
                                                      decode_new_key_apart, decode_pipelined, decode_pv_split,
-                                                     fused_decode_launch_options)
+                                                     decode_v_first, fused_decode_launch_options)
 from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter, _probe_args, _probe_smid, _probe_stamp,
                                                 zeroed_counts)
 from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
@@ -55,7 +55,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
                         SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
-                        COMBINE: tl.constexpr = False):
+                        COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -110,7 +110,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
                        KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
                        VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, V_FIRST)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
@@ -193,7 +193,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
-        **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts),
+        V_FIRST=decode_v_first(), **fused_decode_launch_options(b, geo["WIDE"]),
+        **_probe_args(probe, 0, b * kvh * parts),
         **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
     if parts > 1 and not combine:
         _paged_decode_reduce_kernel[(b, h)](

@@ -20,20 +20,27 @@ from ignition.components.kernels.launch import _pdl, _pdl_enter
 
 @triton.jit
 def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                      NORM: tl.constexpr):
+                      NORM: tl.constexpr, NW_FIRST: tl.constexpr = False):
     """One token's heads (``src``: ``[R, 1]`` pointers to each head's first element) as halves ``(out1, out2)``,
     ``[R, HALF]`` each (rotate_half pairs element i with i + HALF; ``offs`` = 0 .. HALF - 1), RMSNorm'ed when
     ``NORM`` and rotated (``cos*, sin* [1, HALF]`` fp32); see the module comment for the rounding points.  Two
     contiguous loads per row (a gather of each element's partner, ``i ^ HALF``, loses vectorized loads: 112 us per
-    layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run11``)."""
+    layer for a 4096-token Qwen3-8B chunk on the H200, ``results/20261201T033941Z-sm90-run11``).  ``NW_FIRST``: the
+    norm weights loaded with the rows, before the statistics -- after them, where the sums cross warps (one row over
+    a program's threads: the decode writer's new key), a CTA barrier keeps their loads back, one more round trip; the
+    same values, the same bits."""
     x1 = tl.load(src + offs[None, :], mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs[None, :], mask=mask, other=0.0)
     dt = x1.dtype
     if NORM:
+        if NW_FIRST:
+            nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D + eps)[:, None]
-        x1 = (tl.load(NW + offs).to(tl.float32)[None, :] * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
-        x2 = (tl.load(NW + HALF + offs).to(tl.float32)[None, :] * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
+        if not NW_FIRST:
+            nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
+        x1 = (nw1.to(tl.float32)[None, :] * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
+        x2 = (nw2.to(tl.float32)[None, :] * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
     h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
     out1 = ((h1 * cos1).to(dt).to(tl.float32) + (-h2 * sin1).to(dt).to(tl.float32)).to(dt)  # rotate_half: -x2
     out2 = ((h2 * cos2).to(dt).to(tl.float32) + (h1 * sin2).to(dt).to(tl.float32)).to(dt)  # then x1
@@ -49,14 +56,23 @@ def _rope_cos_sin(COS, SIN, offs, HALF: tl.constexpr):
 
 @triton.jit
 def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
-                   K_NORM: tl.constexpr):
+                   K_NORM: tl.constexpr, V_FIRST: tl.constexpr = False):
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
-    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot)."""
-    k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+    rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot).  ``V_FIRST``: the values and the key norm's weights
+    loaded with the keys, before the keys' statistics and stores (:data:`decode_plan.DECODE_V_FIRST`) -- after them,
+    the values' loads stay behind the key stores (they might alias) and the weights' behind the statistics' CTA
+    barrier: two more round trips in the writer's chain; the same values, the same bits."""
+    if V_FIRST:
+        v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
+        v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
+    k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, V_FIRST)
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
-    tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
-    tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+    if not V_FIRST:
+        v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
+        v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
+    tl.store(VP + offs[None, :], v1, mask=kmask)
+    tl.store(VP + HALF + offs[None, :], v2, mask=kmask)
 
 
 @triton.jit
