@@ -166,9 +166,10 @@ def cases():
             other = "tf32x3" if decode_plan.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, warps))
-        if heads == 32 and rows == 1:  # the writer's new value loaded first (decode_plan.DECODE_V_FIRST)
-            out.append((f"fused decode {heads}x8 splits {splits}{wide} v first", "_rope_decode_kernel", DECODE_SIG,
-                        {**c, "PROBE": None, "V_FIRST": True}, warps))
+        if heads == 32 and rows == 1:  # the writer's loads earlier (decode_plan.DECODE_V_FIRST 1, 2)
+            for level in (1, 2):
+                out.append((f"fused decode {heads}x8 splits {splits}{wide} writer loads {level}", "_rope_decode_kernel",
+                            DECODE_SIG, {**c, "PROBE": None, "V_FIRST": level}, warps))
         if not is_wide:  # the launch combining its splits itself (decode_plan.DECODE_COMBINE_ROWS)
             out.append((f"fused decode {heads}x8 splits {splits}{wide} combining", "_rope_decode_kernel",
                         {**DECODE_SIG, "CNT": "*i32"}, {**c, "PROBE": None, "COMBINE": True}, warps))

@@ -177,17 +177,22 @@ def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d
 
 
 @interpreter
+@pytest.mark.parametrize("level", ["1", "2"])
 @pytest.mark.parametrize("heads,kv_heads,d,norms,num_splits", [(8, 2, 32, True, None), (4, 4, 16, False, 3),
                                                                (16, 2, 64, True, 1)])
-def test_writer_loads_first_equal_the_two_kernels_bitwise(monkeypatch, heads, kv_heads, d, norms, num_splits):
-    """``FLARE_DECODE_V_FIRST=1`` (:data:`decode_plan.DECODE_V_FIRST`): the writer loads the new value and the key
-    norm's weights before the key's statistics and stores -- the two-kernel path's bits, output and pools alike."""
+def test_writer_loads_first_equal_the_two_kernels_bitwise(monkeypatch, level, heads, kv_heads, d, norms, num_splits):
+    """``FLARE_DECODE_V_FIRST=1`` / ``2`` (:data:`decode_plan.DECODE_V_FIRST`): the writer loads the new value and the
+    key norm's weights with the key, or all three with the query rows -- the two-kernel path's bits, output and pools
+    alike; a bad level names the switch."""
     from ignition.components.kernels import decode_plan
 
-    monkeypatch.setenv("FLARE_DECODE_V_FIRST", "1")
-    assert decode_plan.decode_v_first()
+    monkeypatch.setenv("FLARE_DECODE_V_FIRST", level)
+    assert decode_plan.decode_v_first() == int(level)
     case = make_decode_case(heads, kv_heads, d, norms=norms, seed=3 * heads + d)
     assert_same_bits(*fused_vs_two_kernels(case, d ** -0.5, num_splits))
+    monkeypatch.setenv("FLARE_DECODE_V_FIRST", "3")
+    with pytest.raises(ValueError, match="FLARE_DECODE_V_FIRST=3"):
+        decode_plan.decode_v_first()
 
 
 @interpreter

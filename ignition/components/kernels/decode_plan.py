@@ -364,18 +364,26 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: 136 programs on 74 SMs (3 fit on one by registers) -- the open lead.
 
 
-#: Whether the fused decode kernel's writer (the program that writes the row's new key and value) loads the new
-#: value before the key's norm, rotation and stores (``FLARE_DECODE_V_FIRST=1`` / ``0``; read at each launch, for
-#: side-by-side runs).  Offline sm90 SASS of Qwen3-8B's one-row launch: without, the value's two loads
-#: (``LDG.E.U16``) come after the key's stores (``STG``) -- the compiler cannot reorder a load above a store that may
-#: alias it --, so the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer), holds one
-#: more L2 round trip before its barrier and its key blocks.  The same values: the same bits.  Off until measured.
-DECODE_V_FIRST = False
+#: Where the fused decode kernel's writer (the program that writes the row's new key and value) loads the new value
+#: and the key norm's weights (``FLARE_DECODE_V_FIRST=N``; read at each launch, for side-by-side runs): 0 as
+#: ``rope_write`` does -- the value after the key's stores, the weights after the key's statistics; 1 both with the
+#: key, before its statistics; 2 the key, the value and the weights with the query rows, right after the PDL wait
+#: (every program issues them, masked off but in the writer).  Offline sm90 SASS of Qwen3-8B's one-row launch: at 0
+#: the value's loads (``LDG.E.U16``) come after the key's stores (``STG``; the compiler does not move a load above a
+#: store that may alias it) and the weights' after the statistics' CTA barriers -- three L2 round trips in series in
+#: the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer against 0.16 elsewhere),
+#: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0 and 1.  The
+#: same values: the same bits.  Off until measured.
+DECODE_V_FIRST = 0
 
 
-def decode_v_first() -> bool:
-    """:data:`DECODE_V_FIRST` (``FLARE_DECODE_V_FIRST``, read at each launch)."""
-    return switch("FLARE_DECODE_V_FIRST", DECODE_V_FIRST)
+def decode_v_first() -> int:
+    """:data:`DECODE_V_FIRST` (``FLARE_DECODE_V_FIRST``, read at each launch; 0, 1 or 2)."""
+    level = whole("FLARE_DECODE_V_FIRST", DECODE_V_FIRST, low=0)
+    if level > 2:
+        raise ValueError(f"FLARE_DECODE_V_FIRST={level}: expected 0 (rope_write's order), 1 (the value and weights "
+                         "with the key) or 2 (with the query rows)")
+    return level
 
 
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run

@@ -17,7 +17,8 @@ from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter,
 from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
                                                       _decode_init, _decode_len, _decode_prefetch_kv, _decode_share,
                                                       _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
-from ignition.components.kernels.rope_write import _check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_write_kv
+from ignition.components.kernels.rope_write import (_check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_kv_rows,
+                                                    _rope_store_kv, _rope_write_kv)
 from ignition.components.switches import switch
 
 
@@ -43,6 +44,17 @@ _COMBINE_COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 
 
 @triton.jit
+def _decode_writer(n_blocks, per_split, SPLITS: tl.constexpr, NEW_APART: tl.constexpr):
+    """The split that writes the row's new key and value: the one holding the row's last key block (split 0 when
+    the row has no key), or with ``NEW_APART`` the program of its own (split ``SPLITS``)."""
+    if NEW_APART:
+        writer = SPLITS
+    else:
+        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
+    return writer
+
+
+@triton.jit
 def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, L_ws, ACC_ws, Out,
                         stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_cb, stride_sb,
                         stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
@@ -55,7 +67,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
                         SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
-                        COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = False):
+                        COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = 0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -91,6 +103,11 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
     offs_h = tl.arange(0, HALF)
+    if V_FIRST == 2:  # the writer's new key, value and key-norm weights in flight with the query rows below
+        one = tl.arange(0, 1)[:, None]
+        kv = _rope_kv_rows(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                           KW, offs_h, (one < 1) & (split == _decode_writer(n_blocks, per_split, SPLITS, NEW_APART)),
+                           HALF, K_NORM)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
                                QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
@@ -100,17 +117,18 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     if USE_PDL and TRIGGER == 1:
         gdc_launch_dependents()
 
-    if NEW_APART:
-        writer = SPLITS
-    else:
-        writer = tl.where(n_blocks > 0, (n_blocks - 1) // tl.maximum(per_split, 1), 0)
-    if split == writer:
+    if split == _decode_writer(n_blocks, per_split, SPLITS, NEW_APART):
         slot = tl.load(SLOTS + b).to(tl.int64)
         one = tl.arange(0, 1)[:, None]
-        _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
-                       KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
-                       VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                       KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, V_FIRST)
+        if V_FIRST == 2:
+            _rope_store_kv(kv, KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+        else:
+            _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
+                           KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
+                           VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, V_FIRST == 1)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 

@@ -31,15 +31,26 @@ def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.co
     same values, the same bits."""
     x1 = tl.load(src + offs[None, :], mask=mask, other=0.0)
     x2 = tl.load(src + HALF + offs[None, :], mask=mask, other=0.0)
+    nw1, nw2 = x1, x2  # the norm weights when loaded here (else unused)
+    if NORM and NW_FIRST:
+        nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
+    return _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM, NW_FIRST)
+
+
+@triton.jit
+def _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
+                    NORM: tl.constexpr, NW_LOADED: tl.constexpr):
+    """:func:`_norm_rope_halves`'s arithmetic on the loaded halves ``x1, x2``: the norm weights ``nw1, nw2`` when
+    ``NW_LOADED``, else loaded from ``NW`` after the statistics."""
     dt = x1.dtype
     if NORM:
-        if NW_FIRST:
-            nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         rstd = tl.math.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / D + eps)[:, None]
-        if not NW_FIRST:
-            nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
+        if not NW_LOADED:  # each weight half loaded where it is used (rope_write's PTX as before these switches)
+            nw1 = tl.load(NW + offs)
         x1 = (nw1.to(tl.float32)[None, :] * (f1 * rstd).to(dt).to(tl.float32)).to(dt)
+        if not NW_LOADED:
+            nw2 = tl.load(NW + HALF + offs)
         x2 = (nw2.to(tl.float32)[None, :] * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
     h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
     out1 = ((h1 * cos1).to(dt).to(tl.float32) + (-h2 * sin1).to(dt).to(tl.float32)).to(dt)  # rotate_half: -x2
@@ -59,18 +70,46 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
                    K_NORM: tl.constexpr, V_FIRST: tl.constexpr = False):
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot).  ``V_FIRST``: the values and the key norm's weights
-    loaded with the keys, before the keys' statistics and stores (:data:`decode_plan.DECODE_V_FIRST`) -- after them,
-    the values' loads stay behind the key stores (they might alias) and the weights' behind the statistics' CTA
-    barrier: two more round trips in the writer's chain; the same values, the same bits."""
+    loaded with the keys, before the keys' statistics and stores (:data:`decode_plan.DECODE_V_FIRST`, and
+    :func:`_rope_kv_rows` for loading them earlier still) -- after them, the values' loads stay behind the key stores
+    (they might alias) and the weights' behind the statistics' CTA barrier: two more round trips in the writer's
+    chain; the same values, the same bits."""
     if V_FIRST:
-        v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
-        v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
-    k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, V_FIRST)
+        _rope_store_kv(_rope_kv_rows(K, V, KW, offs, kmask, HALF, K_NORM), KP, VP, KW, offs, cos1, cos2, sin1, sin2,
+                       eps, kmask, D, HALF, K_NORM)
+    else:
+        k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+        tl.store(KP + offs[None, :], k1, mask=kmask)
+        tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
+        tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+        tl.store(VP + HALF + offs[None, :], tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0), mask=kmask)
+
+
+@triton.jit
+def _rope_kv_rows(K, V, KW, offs, kmask, HALF: tl.constexpr, K_NORM: tl.constexpr):
+    """The loads of :func:`_rope_write_kv`, together: ``(k1, k2, v1, v2, nw1, nw2)`` -- the new key's and value's
+    halves (``kmask``: which rows; masked off, nothing is read) and the key norm's weights (read where a row is;
+    without ``K_NORM`` the key halves again, unused)."""
+    k1 = tl.load(K + offs[None, :], mask=kmask, other=0.0)
+    k2 = tl.load(K + HALF + offs[None, :], mask=kmask, other=0.0)
+    v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
+    v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
+    nw1, nw2 = k1, k2
+    if K_NORM:
+        any_row = tl.max(kmask.to(tl.int32), axis=0) > 0  # [HALF]: a row of this launch reads them
+        nw1 = tl.load(KW + offs, mask=any_row, other=0.0)
+        nw2 = tl.load(KW + HALF + offs, mask=any_row, other=0.0)
+    return k1, k2, v1, v2, nw1, nw2
+
+
+@triton.jit
+def _rope_store_kv(rows, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
+                   K_NORM: tl.constexpr):
+    """The arithmetic and stores of :func:`_rope_write_kv` on its loads ``rows`` (:func:`_rope_kv_rows`)."""
+    k1, k2, v1, v2, nw1, nw2 = rows
+    k1, k2 = _norm_rope_rows(k1, k2, KW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, True)
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
-    if not V_FIRST:
-        v1 = tl.load(V + offs[None, :], mask=kmask, other=0.0)
-        v2 = tl.load(V + HALF + offs[None, :], mask=kmask, other=0.0)
     tl.store(VP + offs[None, :], v1, mask=kmask)
     tl.store(VP + HALF + offs[None, :], v2, mask=kmask)
 
