@@ -475,7 +475,6 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         assert torch.equal(plain.view(torch.int16), three_d.view(torch.int16))
 
 
-
 def test_streamed_gemv_input_ahead_on_this_gpu_changes_no_bit(monkeypatch):
     """Qwen3-8B's one-row down as the step launches it (the plain input behind the gated gate/up: 8x1024, every tile
     streamed) compiled for this GPU: within the reference's bound, and ``FLARE_GEMV_X_AHEAD=1`` (each input tile
@@ -498,6 +497,7 @@ def test_streamed_gemv_input_ahead_on_this_gpu_changes_no_bit(monkeypatch):
     tol = _gemv_tolerance(x, w, None, False, fused_linear_reference(x, w)) + 2 * 2.0 ** -7 * ref.float().abs()
     assert ((got.float() - ref.float()).abs() <= tol).all()
     assert _same_bits(outs["1"], got)
+
 
 def _mlp_chain(hidden: int, inter: int):
     """Qwen3's one-row o_proj + residual then MLP (the packed or gated gate/up with the norm prologue, down with the
