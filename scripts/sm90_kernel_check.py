@@ -121,6 +121,9 @@ def cases():
                 flags.update(FENCE=True, EARLY=True)
             out.append((f"gemv {name} preload {c['PRELOAD']} handoff", "_fused_gemv_kernel",
                         {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags}, options))
+        if name in ("8B qkv", "8B gate_up gated"):  # the norm weights prefetched into L1 (linear.GEMV_NORM_L1)
+            out.append((f"gemv {name} preload {c['PRELOAD']} norm l1", "_fused_gemv_kernel", GEMV_SIG,
+                        {**c, "NORM_L1": True}, options))
         if name in ("8B down", "8B o_proj"):  # the streamed loop's input one tile ahead (linear.GEMV_X_AHEAD)
             out.append((f"gemv {name} preload {c['PRELOAD']} x ahead", "_fused_gemv_kernel", GEMV_SIG,
                         {**c, "X_AHEAD": c["PRELOAD"] * c["BK"] < c["K"]}, options))

@@ -454,6 +454,9 @@ def test_decode_gemv_on_this_gpu(monkeypatch, n, k, norm, residual, gated):
         with monkeypatch.context() as env:
             env.setenv("FLARE_GEMV_X_FIRST", "0")  # x loaded twice (the row statistics, then each tile): same bits
             assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
+        with monkeypatch.context() as env:
+            env.setenv("FLARE_GEMV_NORM_L1", "1")  # the norm weights' lines into L1 before the wait: same bits
+            assert torch.equal(launch().view(torch.int16), got.view(torch.int16))
     if not norm:
         bk = gemv_config(1, n, k)["BK"]
         assert gemv_preload_tiles(1, k, bk, True) * bk == k  # the default preloads these whole: the 2-D accumulator

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ignition.components.kernels.launch import _pdl_enter, _prefetch_l2, _probe_smid, _probe_stamp
+from ignition.components.kernels.launch import _pdl_enter, _prefetch_l1, _prefetch_l2, _probe_smid, _probe_stamp
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -348,13 +348,14 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
                        FLAGS=None, HANDOFF: tl.constexpr = 0, FLAG_COLS: tl.constexpr = 1, FLAG_TILES: tl.constexpr = 1,
                        FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False,
-                       X_AHEAD: tl.constexpr = False):
+                       X_AHEAD: tl.constexpr = False, NORM_L1: tl.constexpr = False):
     # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed or gated gate/up, signalling its tile's
     # count after its store; 2, the consumer -- down, polling the counts (FLAG_TARGET programs per tile of FLAG_COLS =
     # BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait only before its
     # epilogue (it preloads no tiles: their inputs would be read before any poll).
     tl.static_assert(HANDOFF != 2 or PRELOAD == 0, "the handoff's consumer preloads no tiles")
     tl.static_assert(not X_AHEAD or (not HAS_NORM and not GATED_IN and HANDOFF == 0), "X_AHEAD: a plain input only")
+    tl.static_assert(not NORM_L1 or HAS_NORM, "NORM_L1: a norm prologue")  # K: a power of two of 64-element lines
     prog = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)  # the timing probe's row (diagnostics only)
     _probe_stamp(PROBE, prog, 0, prog, HAS_PROBE)
     _probe_smid(PROBE, prog, HAS_PROBE)
@@ -376,6 +377,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         wp, up = wp + (w_i,), up + (u_i,)
     if USE_PDL:  # before the wait: L2 prefetch of this program's next weight tiles
         _gemv_prefetch(W, offs_n, N_OUT, stride_w, K, BK, PF_LINES, PRELOAD, PREFETCH, GATED)
+        if NORM_L1:  # the norm weights' lines into L1 (:data:`linear.GEMV_NORM_L1`): read after the wait
+            _prefetch_l1(NW + tl.arange(0, K // 64) * 64)
     if HAS_PROBE and PRELOAD >= 1:  # stamp 1: the preloaded tiles arrived (the first and the last of them)
         arrived = tl.sum(tl.sum(wp[0].to(tl.float32) + wp[PRELOAD - 1].to(tl.float32), axis=1), axis=0)
         _probe_stamp(PROBE, prog, 1, arrived.to(tl.int32, bitcast=True), HAS_PROBE)

@@ -158,6 +158,13 @@ def _pdl_enter(USE_PDL: tl.constexpr, EARLY: tl.constexpr = False):
 
 
 @triton.jit
+def _prefetch_l1(ptrs):
+    """L1 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program)."""
+    tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefetch_l2(ptrs, LAST: tl.constexpr = False):
     """L2 prefetch of the lines at ``ptrs`` (no registers written, nothing returned to the program); ``LAST``: with
     the evict-last L2 priority."""

@@ -73,6 +73,15 @@ GEMV_STREAM_STAGES = 0
 #: the same bits.  Off until measured in a step.
 GEMV_X_AHEAD = False
 
+#: Whether a one-row GEMV with the norm prologue prefetches its norm weights' lines into L1 before its PDL wait
+#: (``FLARE_GEMV_NORM_L1=1`` / ``0``; read at each launch, for side-by-side runs; the interpreter ignores it).
+#: Offline sm90 SASS of Qwen3-8B's qkv, gate/up and head (whole K preloaded, 127 registers): after the wait the input
+#: row's four tiles load together, but the norm weights' loads reuse their registers, so they are issued only once
+#: the row has arrived and its squares are summed -- a second L2 round trip in series; from L1 it would be tens of
+#: cycles (the streamed weights take the evict-first priority, so the prefetched lines should stay).  No registers:
+#: ``prefetch.global.L1`` writes none.  The same values: the same bits.  Off until measured.
+GEMV_NORM_L1 = False
+
 
 #: Whether the one-row GEMV's preloaded weight tiles take the evict-first L2 priority, as its streamed tiles do
 #: (``FLARE_GEMV_PRELOAD_EVICT_FIRST=1`` / ``0``; read at each launch).  A weight is read once per step; with the
@@ -627,6 +636,9 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         FLAT=flat, STREAM_STAGES=stream_stages,
         X_AHEAD=(preload * bk < k and norm_weight is None and not gated_input and not handoff
                  and switch("FLARE_GEMV_X_AHEAD", GEMV_X_AHEAD)),
+        NORM_L1=(norm_weight is not None and k % 64 == 0 and triton.next_power_of_2(k // 64) == k // 64
+                 and not _interpreting()
+                 and switch("FLARE_GEMV_NORM_L1", GEMV_NORM_L1)),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **handoff_args,
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
