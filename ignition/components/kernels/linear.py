@@ -70,7 +70,10 @@ GEMV_STREAM_STAGES = 0
 #: L2 round trip in series with every weight tile's HBM round trip, the program with no weight bytes in flight
 #: meanwhile.  Down reaches 87% of the floor's bandwidth on both cards (run 173, H200: 27.07 us per layer against
 #: 23.63; run 176, H100: 37.67 against 32.83) where the whole-K gate/up reaches 100%.  The same tiles, values and order:
-#: the same bits.  Off until measured in a step.
+#: the same bits.  Off until measured in a step.  Also looked at offline and left: the weight tile loaded as the 3-D
+#: accumulator's own ``[1, BN, BK]`` (no layout change through shared memory, 100 registers) -- ptxas then issues
+#: three of the eight weight loads, waits on the first for the products, and issues the rest one by one between them,
+#: as it does with the 2-D accumulator (run 117's 43 us down).
 GEMV_X_AHEAD = False
 
 #: Whether a one-row GEMV with the norm prologue prefetches its norm weights' lines into L1 before its PDL wait
