@@ -242,10 +242,13 @@ def test_fused_decode_kernel_on_this_gpu(monkeypatch, heads, kv_heads, seq_lens)
         kp4, vp4 = kp.clone(), vp.clone()
         assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"trigger {trigger} changed a bit"
     monkeypatch.delenv("FLARE_DECODE_TRIGGER")
-    for level in ("1", "2"):  # the writer's value and norm weights loaded with its key / with the query rows
+    for level, pages in (("1", "0"), ("2", "0"), ("0", "1"), ("1", "1")):  # the writer's value and norm weights
+        # loaded with its key / with the query rows; the first block's page ids with the query rows (plain loop only)
         monkeypatch.setenv("FLARE_DECODE_V_FIRST", level)
+        monkeypatch.setenv("FLARE_DECODE_PAGES_FIRST", pages)
         kp4, vp4 = kp.clone(), vp.clone()
-        assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"writer loads {level} changed a bit"
+        assert bits(run(kp4, vp4), out) and bits(kp4, kp1) and bits(vp4, vp1), f"loads {level}/{pages} changed a bit"
+    monkeypatch.delenv("FLARE_DECODE_PAGES_FIRST")
     monkeypatch.delenv("FLARE_DECODE_V_FIRST")
     # the reduce's L2 prefetch of another weight (an o_proj's; all of it, and its last 3 MiB + 5 bytes): no value read
     weight = torch.randn(heads * 128, heads * 128, device="cuda").to(torch.bfloat16)

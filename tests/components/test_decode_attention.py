@@ -177,17 +177,22 @@ def test_fused_kernel_equals_the_two_kernels_bitwise_and_fp64(heads, kv_heads, d
 
 
 @interpreter
-@pytest.mark.parametrize("level", ["1", "2"])
+@pytest.mark.parametrize("level,pages", [("1", "0"), ("2", "0"), ("0", "1"), ("1", "1")])
 @pytest.mark.parametrize("heads,kv_heads,d,norms,num_splits", [(8, 2, 32, True, None), (4, 4, 16, False, 3),
                                                                (16, 2, 64, True, 1)])
-def test_writer_loads_first_equal_the_two_kernels_bitwise(monkeypatch, level, heads, kv_heads, d, norms, num_splits):
-    """``FLARE_DECODE_V_FIRST=1`` / ``2`` (:data:`decode_plan.DECODE_V_FIRST`): the writer loads the new value and the
-    key norm's weights with the key, or all three with the query rows -- the two-kernel path's bits, output and pools
-    alike; a bad level names the switch."""
+def test_earlier_loads_equal_the_two_kernels_bitwise(monkeypatch, level, pages, heads, kv_heads, d, norms, num_splits):
+    """``FLARE_DECODE_V_FIRST=1`` / ``2`` (:data:`decode_plan.DECODE_V_FIRST`: the writer loads the new value and the
+    key norm's weights with the key, or all three with the query rows) and ``FLARE_DECODE_PAGES_FIRST=1``
+    (:data:`decode_plan.DECODE_PAGES_FIRST`: the first key block's page ids with the query rows; the plain key loop,
+    the interpreter's) -- the two-kernel path's bits, output and pools alike; a bad level names the switch; the page
+    ids stay where they were for the pipelined loop and the new key apart."""
     from ignition.components.kernels import decode_plan
 
     monkeypatch.setenv("FLARE_DECODE_V_FIRST", level)
+    monkeypatch.setenv("FLARE_DECODE_PAGES_FIRST", pages)
     assert decode_plan.decode_v_first() == int(level)
+    assert decode_plan.decode_pages_first(False, False) == (pages == "1")
+    assert not decode_plan.decode_pages_first(True, False) and not decode_plan.decode_pages_first(False, True)
     case = make_decode_case(heads, kv_heads, d, norms=norms, seed=3 * heads + d)
     assert_same_bits(*fused_vs_two_kernels(case, d ** -0.5, num_splits))
     monkeypatch.setenv("FLARE_DECODE_V_FIRST", "3")

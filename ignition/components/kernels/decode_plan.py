@@ -386,6 +386,22 @@ def decode_v_first() -> int:
     return level
 
 
+#: Whether the fused decode kernel loads its first key block's page ids right after its PDL wait, with the query rows
+#: (``FLARE_DECODE_PAGES_FIRST=1`` / ``0``; read at each launch, for side-by-side runs; the plain key loop only -- one
+#: row -- and not with :data:`DECODE_NEW_KEY_APART`).  Offline sm90 SASS of Qwen3-8B's one-row launch: the block's
+#: page-id loads (``LDG.E``) come after the query rows' norm, rotation and layout change (and the writer's store), so
+#: every program's chain holds three L2 round trips in series -- query rows, page ids, K and V -- where the page ids
+#: need only the block table.  Tried and removed before: keeping the ids the pre-wait prefetch reads
+#: (``FLARE_DECODE_PRE_PAGES``, 162 registers then).  The same values: the same bits.  Off until measured.
+DECODE_PAGES_FIRST = False
+
+
+def decode_pages_first(pipelined: bool, apart: bool) -> bool:
+    """:data:`DECODE_PAGES_FIRST` (``FLARE_DECODE_PAGES_FIRST``, read at each launch) for a launch whose key loop is
+    ``pipelined`` or not and whose new key is ``apart`` or not: never for the pipelined loop or the key apart."""
+    return not pipelined and not apart and switch("FLARE_DECODE_PAGES_FIRST", DECODE_PAGES_FIRST)
+
+
 #: The largest batch whose fused decode kernel prefetches (``FLARE_DECODE_KV_PREFETCH_ROWS=N`` sets it).  1 since run
 #: 13, when batch 4's qkv ran on cuBLAS (no early launch).  Since the tensor-core GEMV became the default (run 28) the
 #: batch-4 qkv is a PDL kernel too, so the attention after it launches early there as well -- but the prefetch still

@@ -11,11 +11,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ignition.components.kernels.decode_plan import (_decode_geometry, _decode_workspace, decode_combine_in_kernel,
                                                      decode_kv_prefetch_keys, DECODE_KV_PREFETCH_LAST,
                                                      decode_new_key_apart, decode_pipelined, decode_pv_split,
-                                                     decode_v_first, fused_decode_launch_options)
+                                                     decode_pages_first, decode_v_first,
+                                                     fused_decode_launch_options)
 from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter, _probe_args, _probe_smid, _probe_stamp,
                                                 zeroed_counts)
 from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
-                                                      _decode_init, _decode_len, _decode_prefetch_kv, _decode_share,
+                                                      _decode_init, _decode_len, _decode_pages, _decode_prefetch_kv,
+                                                      _decode_share,
                                                       _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
 from ignition.components.kernels.rope_write import (_check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_kv_rows,
                                                     _rope_store_kv, _rope_write_kv)
@@ -67,7 +69,8 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         HAS_PROBE: tl.constexpr = False, KV_LAST: tl.constexpr = False,
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
                         SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
-                        COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = 0):
+                        COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = 0,
+                        PAGES_FIRST: tl.constexpr = False):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -103,6 +106,10 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
     offs_d = tl.arange(0, D)
     d_mask = offs_d < D
     offs_h = tl.arange(0, HALF)
+    pages0 = start  # PAGES_FIRST: the first key block's page ids, in flight with the query rows below
+    if PAGES_FIRST:  # (:data:`decode_plan.DECODE_PAGES_FIRST`)
+        tok0 = start * BLOCK_N + tl.arange(0, BLOCK_N)
+        pages0 = _decode_pages(BT, b64, tok0, tok0 < seq_len, stride_bt, PAGE)
     if V_FIRST == 2:  # the writer's new key, value and key-norm weights in flight with the query rows below
         one = tl.arange(0, 1)[:, None]
         kv = _rope_kv_rows(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
@@ -144,7 +151,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         m_i, l_i, acc = _decode_blocks(q, start, end, KP, VP, BT, b64, kvh, seq_len, tl.arange(0, BLOCK_N), offs_d,
                                        d_mask, stride_kp, stride_kt, stride_kph, stride_vp, stride_vt, stride_vph,
                                        stride_bt, qk_scale_log2, QR, D, PAGE, BLOCK_N, DOT_F32, PIPELINE, PROBE, prog,
-                                       HAS_PROBE, PV_SPLIT=PV_SPLIT)
+                                       HAS_PROBE, PV_SPLIT=PV_SPLIT, PAGES0=pages0, HAS_PAGES0=PAGES_FIRST)
     _probe_stamp(PROBE, prog, 5, tl.sum(l_i, axis=0).to(tl.int32, bitcast=True), HAS_PROBE)
     if USE_PDL and TRIGGER == 2:
         gdc_launch_dependents()
@@ -211,7 +218,8 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LAST=switch("FLARE_DECODE_KV_PREFETCH_LAST", DECODE_KV_PREFETCH_LAST),
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
-        V_FIRST=decode_v_first(), **fused_decode_launch_options(b, geo["WIDE"]),
+        V_FIRST=decode_v_first(), PAGES_FIRST=decode_pages_first(decode_pipelined(b, geo["WIDE"]), apart),
+        **fused_decode_launch_options(b, geo["WIDE"]),
         **_probe_args(probe, 0, b * kvh * parts),
         **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
     if parts > 1 and not combine:

@@ -35,19 +35,30 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _decode_pages(BT, b64, tok, n_mask, stride_bt, PAGE: tl.constexpr):
+    """The page ids of keys ``tok``, one per key (0 where ``n_mask`` is off), int64."""
+    return tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)
+
+
+@triton.jit
 def _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                   stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, PROBE=None, prog=0,
-                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
+                  HAS_PROBE: tl.constexpr = False, LAST_ONLY: tl.constexpr = False, PV_SPLIT: tl.constexpr = False,
+                  PAGES=None, HAS_PAGES: tl.constexpr = False):
     """One key block (keys blk * BLOCK_N ..) of the online softmax for the program's query rows: ``(m, l, acc)``;
     ``LAST_ONLY``: of the block's keys only the row's last, ``seq_len - 1`` (:data:`DECODE_NEW_KEY_APART`);
-    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`)."""
+    ``PV_SPLIT``: P V as three bf16 products of P's bf16 pieces (:data:`DECODE_PV_SPLIT`); ``HAS_PAGES``: the block's
+    page ids already loaded, ``PAGES`` (:func:`_decode_pages`)."""
     tok = blk * BLOCK_N + offs_n
     n_mask = tok < seq_len
     if LAST_ONLY:
         n_mask = n_mask & (tok >= seq_len - 1)
     _probe_stamp(PROBE, prog, 8, blk, HAS_PROBE)  # the probe's block stamps: the program's last block
-    page = tl.load(BT + b64 * stride_bt + tok // PAGE, mask=n_mask, other=0).to(tl.int64)  # one id per key
+    if HAS_PAGES:
+        page = PAGES
+    else:
+        page = _decode_pages(BT, b64, tok, n_mask, stride_bt, PAGE)  # one id per key
     _probe_stamp(PROBE, prog, 9, tl.sum(page, axis=0).to(tl.int32), HAS_PROBE)
     in_page = (tok % PAGE).to(tl.int64)
     # K (transposed, [DP, BLOCK_N]) and V ([BLOCK_N, DP]) both issued before any use: one latency per block
@@ -128,8 +139,11 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                    stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh, stride_bt, qk_scale_log2,
                    QR: tl.constexpr, DP: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_F32: tl.constexpr, PIPELINE: tl.constexpr, PROBE=None, prog=0,
-                   HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False):
-    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``."""
+                   HAS_PROBE: tl.constexpr = False, PV_SPLIT: tl.constexpr = False, PAGES0=None,
+                   HAS_PAGES0: tl.constexpr = False):
+    """The online softmax of the query tile ``q [QR, DP]`` over key blocks ``start .. end - 1``: ``(m, l, acc)``;
+    ``HAS_PAGES0`` (the plain loop only): block ``start``'s page ids already loaded, ``PAGES0``."""
+    tl.static_assert(not (HAS_PAGES0 and PIPELINE), "the first block's page ids: the plain loop only")
     m_i, l_i, acc = _decode_init(QR, DP)
     # Compiled: a range() loop (software-pipelined).  The interpreter (Triton 3.6 under NumPy 2.4) cannot take a
     # tensor bound in range(): a while loop over the same block body there -- same blocks, same order.
@@ -141,6 +155,13 @@ def _decode_blocks(q, start, end, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d
                                           PV_SPLIT=PV_SPLIT)
     else:
         blk = start
+        if HAS_PAGES0:
+            if blk < end:
+                m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d,
+                                              d_mask, stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
+                                              stride_bt, qk_scale_log2, PAGE, BLOCK_N, DOT_F32, PROBE, prog, HAS_PROBE,
+                                              PV_SPLIT=PV_SPLIT, PAGES=PAGES0, HAS_PAGES=True)
+            blk += 1
         while blk < end:
             m_i, l_i, acc = _decode_block(blk, q, m_i, l_i, acc, K, V, BT, b64, kvh, seq_len, offs_n, offs_d, d_mask,
                                           stride_kp, stride_kt, stride_kh, stride_vp, stride_vt, stride_vh,
