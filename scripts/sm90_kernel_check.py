@@ -175,8 +175,9 @@ def cases():
                             DECODE_SIG, {**c, "PROBE": None, "V_FIRST": level}, warps))
             out.append((f"fused decode {heads}x8 splits {splits}{wide} pages first", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PAGES_FIRST": True}, warps))  # decode_plan.DECODE_PAGES_FIRST
-            out.append((f"fused decode {heads}x8 splits {splits}{wide} pages first writer loads 1", "_rope_decode_kernel",
-                        DECODE_SIG, {**c, "PROBE": None, "PAGES_FIRST": True, "V_FIRST": 1}, warps))
+            out.append((f"fused decode {heads}x8 splits {splits}{wide} pages first writer loads 1",
+                        "_rope_decode_kernel", DECODE_SIG, {**c, "PROBE": None, "PAGES_FIRST": True, "V_FIRST": 1},
+                        warps))
         if not is_wide:  # the launch combining its splits itself (decode_plan.DECODE_COMBINE_ROWS)
             out.append((f"fused decode {heads}x8 splits {splits}{wide} combining", "_rope_decode_kernel",
                         {**DECODE_SIG, "CNT": "*i32"}, {**c, "PROBE": None, "COMBINE": True}, warps))
