@@ -17,8 +17,7 @@ from ignition.components.kernels.launch import (_interpreting, _pdl, _pdl_enter,
                                                 zeroed_counts)
 from ignition.components.kernels.paged_decode import (_decode_block, _decode_blocks, _decode_combine_last,
                                                       _decode_init, _decode_len, _decode_pages, _decode_prefetch_kv,
-                                                      _decode_share,
-                                                      _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
+                                                      _decode_share, _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
 from ignition.components.kernels.rope_write import (_check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_kv_rows,
                                                     _rope_store_kv, _rope_write_kv)
 from ignition.components.switches import switch
@@ -131,7 +130,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
             _rope_store_kv(kv, KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
                            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
                            KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
-        else:
+        else:  # the slot's rows spelled out in each call: named once before, the default launch's PTX moved
             _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
                            KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
                            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
@@ -219,8 +218,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
         V_FIRST=decode_v_first(), PAGES_FIRST=decode_pages_first(decode_pipelined(b, geo["WIDE"]), apart),
-        **fused_decode_launch_options(b, geo["WIDE"]),
-        **_probe_args(probe, 0, b * kvh * parts),
+        **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts),
         **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
     if parts > 1 and not combine:
         _paged_decode_reduce_kernel[(b, h)](

@@ -50,6 +50,13 @@ def _gemv_x_tile(x_rows, NW, kk, xm, rstd, K: tl.constexpr, HAS_NORM: tl.constex
 
 
 @triton.jit
+def _gemv_x_plain(x_rows, kk, m_mask, K: tl.constexpr):
+    """A plain input tile at columns ``kk`` (masked past K), ``[MP, BK]`` -- the streamed loop's next one
+    (``X_AHEAD``)."""
+    return tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_normed(xv, nw, rstd):
     """Qwen3RMSNorm of an input tile ``xv [MP, BK]`` with its weights ``nw [BK]`` (:func:`_gemv_normed_tile`)."""
     return _gemv_normed_tile(xv, nw[None, :], rstd)
@@ -433,8 +440,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
     # its own, so the weight loads of consecutive tiles follow each other without it.  The same tiles, values and
     # order: the same bits.
     if X_AHEAD:
-        x_next = _gemv_x_tile(x_rows, NW, PRELOAD * BK + offs_k, m_mask[:, None] & (PRELOAD * BK + offs_k < K)[None, :],
-                              rstd, K, False, False, False)
+        x_next = _gemv_x_plain(x_rows, PRELOAD * BK + offs_k, m_mask, K)
     for k0 in tl.range(PRELOAD * BK, K, BK, num_stages=STREAM_STAGES):
         kk = k0 + offs_k
         xm, wm = _gemv_masks(kk, m_mask, n_mask, K, EVEN_K)
@@ -442,8 +448,7 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
             ready = _handoff_await(FLAGS, k0 // BK, ready, FLAG_TILES, FLAG_TARGET, FLAG_P2, FENCE)
         if X_AHEAD:
             xv = x_next
-            x_next = _gemv_x_tile(x_rows, NW, kk + BK, m_mask[:, None] & (kk + BK < K)[None, :], rstd, K, False, False,
-                                  False)
+            x_next = _gemv_x_plain(x_rows, kk + BK, m_mask, K)
             xf = _gemv_x_f32(xv, FLAT)
         else:
             xf = _gemv_x_f32(_gemv_x_tile(x_rows, NW, kk, xm, rstd, K, HAS_NORM, GATED_IN, EVEN_K, HANDOFF == 2),

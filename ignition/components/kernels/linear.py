@@ -645,8 +645,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         X_AHEAD=(preload * bk < k and norm_weight is None and not gated_input and not handoff
                  and switch("FLARE_GEMV_X_AHEAD", GEMV_X_AHEAD)),
         NORM_L1=(norm_weight is not None and k % 64 == 0 and triton.next_power_of_2(k // 64) == k // 64
-                 and not _interpreting()
-                 and switch("FLARE_GEMV_NORM_L1", GEMV_NORM_L1)),
+                 and not _interpreting() and switch("FLARE_GEMV_NORM_L1", GEMV_NORM_L1)),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **handoff_args,
         **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
