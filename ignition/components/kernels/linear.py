@@ -161,14 +161,18 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   (``results/20261202T033000Z-sm90-run104``), 0.9865x with the null A2/A 1.0023 (run 105, B's median below both
     #   A's minima); 8x1024 w4 (208 registers, 2 per SM) 1.0002x, 2x1024 w4 0.9948x, 4x1024 w8 0.9949x
     (4, 6144, 4096, False): (16, 512, 8, 2),  # Qwen3-8B qkv: 36.31 us (heuristic 42.47)
-    (1, 4096, 4096, False): (8, 1024, 4, 2),  # Qwen3-8B o_proj: 8.44 us (run 1's entry 8x256 w8 not in the top 3) [6]
-    #                                           in the layer graph 8x512, 4x1024 (preload 4 or 2), 16x256 1.007-1.051x
-    #                                           slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``).
-    #   Offline sm90 SASS (this session's ``cuobjdump``): after its wait the 4 input tiles and the residual load one
+    (1, 4096, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B o_proj: 4 rows per program (1024 programs, 96 registers,
+    #   5 per SM offline), its whole K preloaded (``GEMV_PRELOAD_TILES``).  In the step side by side in one process
+    #   against 8x1024 w4 (``results/20261205T181344Z-sm90-run179``, an H100): batch 1 0.9940x (paired blocks 10/10
+    #   faster against A and the null A2; the critical path per layer 138.71 -> 137.75 us: o_proj 8.74 -> 11.25, but
+    #   the gate/up behind it launches 7.04 us ahead instead of 2.56 and takes 62.91 instead of 65.38); 8x1024 w8
+    #   1.0025x slower.  Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2),
+    #   16x256 1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated MLP).
+    #   Offline sm90 SASS of 8x1024 w4 (``cuobjdump``): after its wait the 4 input tiles and the residual load one
     #   after another, each once the one before has arrived -- five L2 round trips in series (168 registers, 128 of
     #   them the preloaded weight tiles); 4x1024 w4 (96 registers, 5 per SM, 1024 programs) and 8x1024 w8 (106, 2
     #   per SM) issue the four together.  Tried offline and dropped: an L1 prefetch of the row right after the wait
-    #   (174 registers: 2 programs per SM).  To measure: those two configs through ``FLARE_GEMV_CONFIG``.
+    #   (174 registers: 2 programs per SM).
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
     (1, 24576, 4096, True): (2, 1024, 4, 2),  # Qwen3-8B gate_up gated (SiLU epilogue; ``GATED_FUSED_MAX_ELEMENTS``):
     #   2 gate + 2 up rows per program, whole K preloaded (127 registers offline); candidate since run 169.  Before:
