@@ -373,8 +373,12 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: store that may alias it) and the weights' after the statistics' CTA barriers -- three L2 round trips in series in
 #: the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer against 0.16 elsewhere),
 #: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0 and 1.  The
-#: same values: the same bits.  Off until measured.
-DECODE_V_FIRST = 0
+#: same values: the same bits.  2 since run 183: Qwen3-8B side by side in one process on an H100, batch 1, against the
+#: same A (``results/20261205T182926Z-sm90-run183``), beside the new GEMV configs and :data:`linear.GEMV_X_AHEAD`: 2
+#: 0.9877x (B faster by the min-max rule too), 1 with :data:`DECODE_PAGES_FIRST` 0.9893x, neither 0.9898x (run
+#: 182); with both 0.9892x (run 184); batch 4 1.0002-1.0004x (its launches take other loops).  Beside the earlier
+#: configs 1 with the page ids first 0.9999x (run 179).
+DECODE_V_FIRST = 2
 
 
 def decode_v_first() -> int:
@@ -392,7 +396,9 @@ def decode_v_first() -> int:
 #: page-id loads (``LDG.E``) come after the query rows' norm, rotation and layout change (and the writer's store), so
 #: every program's chain holds three L2 round trips in series -- query rows, page ids, K and V -- where the page ids
 #: need only the block table.  Tried and removed before: keeping the ids the pre-wait prefetch reads
-#: (``FLARE_DECODE_PRE_PAGES``, 162 registers then).  The same values: the same bits.  Off until measured.
+#: (``FLARE_DECODE_PRE_PAGES``, 162 registers then).  The same values: the same bits.  Measured off: Qwen3-8B batch 1
+#: side by side on an H100, with :data:`DECODE_V_FIRST` 2 0.9892x against 0.9877x without
+#: (``results/20261205T183053Z-sm90-run184`` and run 183, the same A); beside the earlier configs 0.9999x (run 179).
 DECODE_PAGES_FIRST = False
 
 

@@ -70,11 +70,14 @@ GEMV_STREAM_STAGES = 0
 #: L2 round trip in series with every weight tile's HBM round trip, the program with no weight bytes in flight
 #: meanwhile.  Down reaches 87% of the floor's bandwidth on both cards (run 173, H200: 27.07 us per layer against
 #: 23.63; run 176, H100: 37.67 against 32.83) where the whole-K gate/up reaches 100%.  The same tiles, values and order:
-#: the same bits.  Off until measured in a step.  Also looked at offline and left: the weight tile loaded as the 3-D
+#: the same bits.  Also looked at offline and left: the weight tile loaded as the 3-D
 #: accumulator's own ``[1, BN, BK]`` (no layout change through shared memory, 100 registers) -- ptxas then issues
 #: three of the eight weight loads, waits on the first for the products, and issues the rest one by one between them,
-#: as it does with the 2-D accumulator (run 117's 43 us down).
-GEMV_X_AHEAD = False
+#: as it does with the 2-D accumulator (run 117's 43 us down).  On since run 182: Qwen3-8B side by side in one process
+#: on an H100, batch 1, against the same A (``results/20261205T182809Z-sm90-run182``): with the one-row gate/up at 1x1024
+#: and the qkv at 2x1024 (:data:`GEMV_MEASURED`) 0.9898x, the two configs without it 0.9929x (10/10 paired blocks
+#: each); batch 4 1.0002x (no one-row launch there).  Alone beside the earlier configs within noise (1.0001x, run 179).
+GEMV_X_AHEAD = True
 
 #: Whether a one-row GEMV with the norm prologue prefetches its norm weights' lines into L1 before its PDL wait
 #: (``FLARE_GEMV_NORM_L1=1`` / ``0``; read at each launch, for side-by-side runs; the interpreter ignores it).
@@ -82,7 +85,9 @@ GEMV_X_AHEAD = False
 #: row's four tiles load together, but the norm weights' loads reuse their registers, so they are issued only once
 #: the row has arrived and its squares are summed -- a second L2 round trip in series; from L1 it would be tens of
 #: cycles (the streamed weights take the evict-first priority, so the prefetched lines should stay).  No registers:
-#: ``prefetch.global.L1`` writes none.  The same values: the same bits.  Off until measured.
+#: ``prefetch.global.L1`` writes none.  The same values: the same bits.  Off: beside run 182's configs and
+#: :data:`GEMV_X_AHEAD` it made Qwen3-8B's batch 1 **1.2562x** slower side by side on an H100
+#: (``results/20261205T182926Z-sm90-run183``, 0/10 paired blocks faster).
 GEMV_NORM_L1 = False
 
 
@@ -155,7 +160,10 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
 #: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
 #: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
-    (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: its whole K preloaded before the wait (4 tiles, 127
+    (1, 6144, 4096, False): (2, 1024, 4, 2),  # Qwen3-8B qkv: 2 rows per program (3072 programs) since run 180: side
+    #   by side in one process on an H100 against 4x1024 (``results/20261205T182137Z-sm90-run180``) batch 1 0.9962x
+    #   (10/10 paired blocks), with the gate/up's 1x1024 0.9929x where that alone gave 0.9954x (run 181).  Before: 4x1024 w4,
+    #   its whole K preloaded before the wait (4 tiles, 127
     #   registers, 4 programs per SM; ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
     #   side in one process against run 6's 8x512 w4 (13.78 us alone, no preload): batch 1 0.9848x
     #   (``results/20261202T033000Z-sm90-run104``), 0.9865x with the null A2/A 1.0023 (run 105, B's median below both
@@ -174,8 +182,11 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   per SM) issue the four together.  Tried offline and dropped: an L1 prefetch of the row right after the wait
     #   (174 registers: 2 programs per SM).
     (8, 4096, 4096, False): (4, 256, 4, 2),  # Qwen3-8B o_proj: 26.27 us (heuristic 31.23)
-    (1, 24576, 4096, True): (2, 1024, 4, 2),  # Qwen3-8B gate_up gated (SiLU epilogue; ``GATED_FUSED_MAX_ELEMENTS``):
-    #   2 gate + 2 up rows per program, whole K preloaded (127 registers offline); candidate since run 169.  Before:
+    (1, 24576, 4096, True): (1, 1024, 4, 2),  # Qwen3-8B gate_up gated (SiLU epilogue; ``GATED_FUSED_MAX_ELEMENTS``):
+    #   1 gate + 1 up row per program (12288 programs), whole K preloaded, since run 180: side by side in one process
+    #   on an H100 against 2 + 2 rows (run 180) batch 1 0.9954x (10/10 paired blocks); 1x1024 w8 0.9940x with the
+    #   qkv's 2x1024 where w4 gave 0.9928x (run 181).  Before: 2 gate + 2 up rows (127 registers offline), candidate
+    #   since run 169.  Before that:
     #   16x256 w8, 66.31 us alone (heuristic 94.30)
     (1, 24576, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B gate_up packed, norm prologue (``PACKED_GATE_UP_FUSED``):
     #   its whole K preloaded like the qkv's; in the step side by side against cuBLAS + the norm kernel 0.9798x, B
