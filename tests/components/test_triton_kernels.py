@@ -87,6 +87,31 @@ def test_fused_linear_triton_matches_the_reference(m, n, k, norm, gated, residua
     assert (err <= tol).all(), f"max excess {(err - tol).max().item()}"
 
 
+def _narrow_measured_configs():
+    """The measured one-row configs whose programs hold fewer than 4 output rows (the heuristic never picks those)."""
+    from ignition.components.kernels.linear import GEMV_MEASURED
+
+    return [key for key, entry in GEMV_MEASURED.items() if key[0] == 1 and entry[0] < 4]
+
+
+@pytest.mark.parametrize("m,n,k,gated", _narrow_measured_configs())
+def test_narrow_measured_gemv_configs_match_the_reference(m, n, k, gated):
+    """A measured one-row launch of 1- or 2-row programs (``GEMV_MEASURED``: Qwen3-8B's qkv, its gated gate/up), its
+    exact config -- the whole K preloaded, the norm prologue as the step launches them -- on the first 64 output rows
+    of the shape (the interpreter's cost is per program): within the reference's bound."""
+    from ignition.components.fused_linear import fused_linear_reference
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_config
+
+    cfg = gemv_config(m, n, k, gated)
+    x, w, nw, _ = _gemv_inputs(m, 64, k, norm=True, gated=gated, residual=False, seed=n + k)
+    got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, gated=gated, config=cfg)
+    ref = fused_linear_reference(x, w, nw, 1e-6, None, gated)
+    assert got.shape == ref.shape == (1, 32 if gated else 64)
+    err = (got.float() - ref.float()).abs()
+    tol = _gemv_tolerance(x, w, nw, gated, ref)
+    assert (err <= tol).all(), f"{cfg}: max excess {(err - tol).max().item()}"
+
+
 @pytest.mark.parametrize("m,n,k,residual", [(1, 1024, 2048, True), (4, 1000, 64, False), (3, 256, 192, True)])
 def test_fused_linear_triton_gated_input_matches_the_reference(m, n, k, residual):
     """x = gate/up's packed output [M, 2K]; the kernel's prologue forms bf16(bf16(silu(gate)) * up).  Its bf16
@@ -643,7 +668,8 @@ def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypat
     monkeypatch.setenv("FLARE_GEMV_CONFIG", "1x4096x12288=8/1024/4/2/0")  # the fifth field: that launch's preload
     assert gemv_config(1, 4096, 12288) == {"BN": 8, "BK": 1024, "num_warps": 4, "num_stages": 2, "preload": 0}
     for bad in ("1x4096=16/512/8/2", "1x4096x4096=16/512/8", "1x4096x4096=16,512,8,2", "1x4096x4096=0/512/8/2",
-                "1x4096x4096=16/512/8/2/5", "1x4096x4096=16/512/8/2/-1", "1x4096x4096=16/512/8/2/1/1"):
+                "1x4096x4096=16/512/8/2/5", "1x4096x4096=16/512/8/2/-1", "1x4096x4096=16/512/8/2/1/1",
+                "1x6144x4096=2/1024/4/2;1x4096x4096=4/1024/4/2;1x6144x4096=1/1024/4/2"):  # a shape named twice
         monkeypatch.setenv("FLARE_GEMV_CONFIG", bad)
         with pytest.raises(ValueError, match="FLARE_GEMV_CONFIG item"):
             gemv_config(1, 4096, 4096)

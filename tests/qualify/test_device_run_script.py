@@ -1,5 +1,7 @@
 """``scripts/h200_run.sh`` (the device call's stages) on this machine, with a stand-in ``nvidia-smi``: ``NEED_GPU``
-stops the call before any stage when the card given is not the one asked for, and still packs what it wrote."""
+stops the call before any stage when the card given is not the one asked for, and still packs what it wrote; the
+tests stage cut by its time limit keeps pytest's report and switches off only the kernels whose selected tests did
+not pass."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def _call(tmp_path: Path, card: str, **env: str) -> tuple[subprocess.CompletedPr
     if archive.is_file():
         with tarfile.open(archive) as tar:
             for m in tar.getmembers():
-                if m.isfile():
+                if m.isfile() and not m.name.endswith(".tgz"):  # the text files (a stage's inner archives aside)
                     files[Path(m.name).name] = tar.extractfile(m).read().decode()
     return proc, files
 
@@ -51,3 +53,27 @@ def test_need_gpu_lets_the_named_card_run_its_stages(tmp_path):
     proc, files = _call(tmp_path, "NVIDIA H200", NEED_GPU="H200", STAGES="no-such-stage")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "== no-such-stage" in files["stages.log"] and "unknown stage no-such-stage" in proc.stdout
+
+
+def test_tests_stage_cut_by_its_limit_switches_off_only_the_selected_kernels_that_did_not_pass(tmp_path):
+    """The tests stage cut by ``TESTS_S``: pytest (here a stand-in ``python3``) is interrupted, so its report of what
+    passed survives; a kernel whose test was selected and not reported passed is switched off for the later stages,
+    one whose test passed or was not selected stays on (run 185's narrowed selection had switched off all five)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\n"
+                    "case \"$*\" in\n"
+                    "  *--collect-only*) echo 'tests/t.py::test_gumbel_argmax_on_this_gpu'; "
+                    "echo 'tests/t.py::test_sampler_front_on_this_gpu[True]' ;;\n"
+                    "  *) trap 'echo \"PASSED tests/t.py::test_gumbel_argmax_on_this_gpu\"; exit 2' INT\n"
+                    "     echo '.'; sleep 5 & wait ;;\n"
+                    "esac\n")
+    fake.chmod(0o755)
+    proc, files = _call(tmp_path, "NVIDIA H200", STAGES="tests", TESTS_S="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASSED tests/t.py::test_gumbel_argmax_on_this_gpu" in files["gpu_tests.log"]  # the interrupted report
+    stages = files["stages.log"]
+    assert "sampler_front failed or the tests timed out (rc 124): FLARE_SAMPLER_FRONT_KERNEL=0" in stages
+    for kept in ("gumbel", "mlp_handoff_chain", "decode_combine_in_kernel", "width_one"):
+        assert f"{kept} failed" not in stages, stages

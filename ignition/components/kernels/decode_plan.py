@@ -373,12 +373,16 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: store that may alias it) and the weights' after the statistics' CTA barriers -- three L2 round trips in series in
 #: the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer against 0.16 elsewhere),
 #: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0 and 1.  The
-#: same values: the same bits.  2 since run 183: Qwen3-8B side by side in one process on an H100, batch 1, against the
-#: same A (``results/20261205T182926Z-sm90-run183``), beside the new GEMV configs and :data:`linear.GEMV_X_AHEAD`: 2
-#: 0.9877x (B faster by the min-max rule too), 1 with :data:`DECODE_PAGES_FIRST` 0.9893x, neither 0.9898x (run
-#: 182); with both 0.9892x (run 184); batch 4 1.0002-1.0004x (its launches take other loops).  Beside the earlier
-#: configs 1 with the page ids first 0.9999x (run 179).
-DECODE_V_FIRST = 2
+#: same values: the same bits (the interpreter's tests; offline sm90 SASS: the same float instructions at 0, 1 and 2,
+#: scheduled apart).  Measured: Qwen3-8B side by side in one process on an H100, batch 1, against the same A
+#: (``results/20261205T182926Z-sm90-run183``), beside the new GEMV configs and :data:`linear.GEMV_X_AHEAD`: 2 0.9877x
+#: (B faster by the min-max rule too), 1 with :data:`DECODE_PAGES_FIRST` 0.9893x, neither 0.9898x (run 182); with
+#: both 0.9892x (run 184); batch 4 1.0002-1.0004x.  Beside the earlier configs 1 with the page ids first 0.9999x (run
+#: 179).  Still 0: the first GPU run of ``test_fused_decode_kernel_on_this_gpu`` with 2 as the default (run 185,
+#: ``results/20261205T184037Z-sm90-run185``) failed all four cases -- which assertion is not known (the stage was cut
+#: by its time limit before pytest's report; the script now interrupts pytest so the report survives).  Until that
+#: test passes on a GPU, the default is the attention kernel the GPU matrix passed with (run 177).
+DECODE_V_FIRST = 0
 
 
 def decode_v_first() -> int:

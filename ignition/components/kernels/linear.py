@@ -73,10 +73,13 @@ GEMV_STREAM_STAGES = 0
 #: the same bits.  Also looked at offline and left: the weight tile loaded as the 3-D
 #: accumulator's own ``[1, BN, BK]`` (no layout change through shared memory, 100 registers) -- ptxas then issues
 #: three of the eight weight loads, waits on the first for the products, and issues the rest one by one between them,
-#: as it does with the 2-D accumulator (run 117's 43 us down).  On since run 182: Qwen3-8B side by side in one process
-#: on an H100, batch 1, against the same A (``results/20261205T182809Z-sm90-run182``): with the one-row gate/up at 1x1024
-#: and the qkv at 2x1024 (:data:`GEMV_MEASURED`) 0.9898x, the two configs without it 0.9929x (10/10 paired blocks
-#: each); batch 4 1.0002x (no one-row launch there).  Alone beside the earlier configs within noise (1.0001x, run 179).
+#: as it does with the 2-D accumulator (run 117's 43 us down).  On since run 182: Qwen3-8B side by side in one
+#: process on an H100, batch 1, against the same A (``results/20261205T182809Z-sm90-run182``): with the one-row
+#: gate/up at 1x1024 and the qkv at 2x1024 (:data:`GEMV_MEASURED`) 0.9898x, the two configs without it 0.9929x (10/10
+#: paired blocks each); batch 4 1.0002x (no one-row launch there).  Alone beside the earlier configs within noise
+#: (1.0001x, run 179).  Offline sm90 SASS of the down: the same float instructions with and without, scheduled apart;
+#: its GPU bit test (``test_streamed_gemv_input_ahead_on_this_gpu_changes_no_bit``) has not run yet (run 185 was cut
+#: before it).
 GEMV_X_AHEAD = True
 
 #: Whether a one-row GEMV with the norm prologue prefetches its norm weights' lines into L1 before its PDL wait
@@ -162,9 +165,9 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (1, 6144, 4096, False): (2, 1024, 4, 2),  # Qwen3-8B qkv: 2 rows per program (3072 programs) since run 180: side
     #   by side in one process on an H100 against 4x1024 (``results/20261205T182137Z-sm90-run180``) batch 1 0.9962x
-    #   (10/10 paired blocks), with the gate/up's 1x1024 0.9929x where that alone gave 0.9954x (run 181).  Before: 4x1024 w4,
-    #   its whole K preloaded before the wait (4 tiles, 127
-    #   registers, 4 programs per SM; ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
+    #   (10/10 paired blocks), with the gate/up's 1x1024 0.9929x where that alone gave 0.9954x (run 181).  Before:
+    #   4x1024 w4, its whole K preloaded before the wait (4 tiles, 127 registers, 4 programs per SM;
+    #   ``gemv_preload_tiles``), the row statistics from those tiles.  In the step side by
     #   side in one process against run 6's 8x512 w4 (13.78 us alone, no preload): batch 1 0.9848x
     #   (``results/20261202T033000Z-sm90-run104``), 0.9865x with the null A2/A 1.0023 (run 105, B's median below both
     #   A's minima); 8x1024 w4 (208 registers, 2 per SM) 1.0002x, 2x1024 w4 0.9948x, 4x1024 w8 0.9949x
@@ -175,7 +178,8 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   faster against A and the null A2; the critical path per layer 138.71 -> 137.75 us: o_proj 8.74 -> 11.25, but
     #   the gate/up behind it launches 7.04 us ahead instead of 2.56 and takes 62.91 instead of 65.38); 8x1024 w8
     #   1.0025x slower.  Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2),
-    #   16x256 1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated MLP).
+    #   16x256 1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated
+    #   MLP).
     #   Offline sm90 SASS of 8x1024 w4 (``cuobjdump``): after its wait the 4 input tiles and the residual load one
     #   after another, each once the one before has arrived -- five L2 round trips in series (168 registers, 128 of
     #   them the preloaded weight tiles); 4x1024 w4 (96 registers, 5 per SM, 1024 programs) and 8x1024 w8 (106, 2
@@ -477,6 +481,7 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, ...]
     them (:func:`gemv_config`, :func:`gemm_rows_config`); the optional fifth field, the one-row GEMV's preloaded weight
     tiles for that shape alone (:func:`gemv_preload_tiles`; 0 to 4).  Raises naming a malformed item."""
     spec = os.environ.get("FLARE_GEMV_CONFIG", "").strip()
+    found, seen = None, set()
     for item in filter(None, (i.strip() for i in spec.split(";"))):
         key, _, value = item.partition("=")
         try:
@@ -488,9 +493,12 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, ...]
         if len(shape) != 3 or len(cfg) not in (4, 5) or min(cfg[:4]) < 1 or bad_preload:
             raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: expected MxNxK[g]=BN/BK/warps/stages[/preload] "
                              f"(positive BN, BK, warps, stages; preload 0..4)")
+        if key in seen:  # run 182 named the qkv twice: the first one ran, silently
+            raise ValueError(f"FLARE_GEMV_CONFIG item {item!r}: shape {key} named twice")
+        seen.add(key)
         if key == f"{M}x{N}x{K}{'g' if gated else ''}":
-            return cfg
-    return None
+            found = cfg
+    return found
 
 
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
