@@ -101,8 +101,15 @@ def _one_row_case(label: str, n: int, k: int, norm: bool, gated: bool, res: bool
              GATED_IN=gi, USE_PDL=True, PREFETCH=2, PF_LINES=max(1, bk // 64),
              PRELOAD=linear.gemv_preload_tiles(1, k, bk, not (norm or gated or gi), cfg.get("preload")))
     c["FLAT"], c["STREAM_STAGES"] = linear.gemv_flat(1, k, bk, c["PRELOAD"])
-    c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and linear.GEMV_PRELOAD_EVICT_FIRST)  # the launch's default
+    c.update(PRELOAD_EVICT=c["PRELOAD"] > 0 and linear.GEMV_PRELOAD_EVICT_FIRST,  # the launch's defaults
+             X_AHEAD=linear.gemv_x_ahead(k, bk, c["PRELOAD"], not (norm or gi)))
     return f"gemv {label} preload {c['PRELOAD']}", c, dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def _with_handoff(c: dict, flags: dict) -> dict:
+    """A one-row case's constexprs with the MLP handoff's ``flags``: its input then comes through the handoff, so no
+    input tile one iteration ahead (``linear.gemv_x_ahead``: not with a handoff)."""
+    return {**c, **flags, "X_AHEAD": False}
 
 
 def cases():
@@ -120,13 +127,15 @@ def cases():
             if gi:  # the consumer as the recipe launches it: compiled, early
                 flags.update(FENCE=True, EARLY=True)
             out.append((f"gemv {name} preload {c['PRELOAD']} handoff", "_fused_gemv_kernel",
-                        {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags}, options))
+                        {**GEMV_SIG, "FLAGS": "*i32"}, _with_handoff(c, flags), options))
         if name in ("8B qkv", "8B gate_up gated"):  # the norm weights prefetched into L1 (linear.GEMV_NORM_L1)
             out.append((f"gemv {name} preload {c['PRELOAD']} norm l1", "_fused_gemv_kernel", GEMV_SIG,
                         {**c, "NORM_L1": True}, options))
-        if name in ("8B down", "8B o_proj"):  # the streamed loop's input one tile ahead (linear.GEMV_X_AHEAD)
-            out.append((f"gemv {name} preload {c['PRELOAD']} x ahead", "_fused_gemv_kernel", GEMV_SIG,
-                        {**c, "X_AHEAD": c["PRELOAD"] * c["BK"] < c["K"]}, options))
+        if c["PRELOAD"] * c["BK"] < c["K"] and not (norm or gi):  # streamed tiles of a plain input: the other
+            # side of linear.GEMV_X_AHEAD (each input tile one iteration ahead, or in its own iteration)
+            other = "x in its own iteration" if c["X_AHEAD"] else "x ahead"
+            out.append((f"gemv {name} preload {c['PRELOAD']} {other}", "_fused_gemv_kernel", GEMV_SIG,
+                        {**c, "X_AHEAD": not c["X_AHEAD"]}, options))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, options))
@@ -142,8 +151,8 @@ def cases():
         if gated_mlp:
             if not c["GATED"]:  # the consumer as the recipe launches it: compiled, early
                 flags.update(FENCE=True, EARLY=True)
-            out.append((f"{name} handoff", "_fused_gemv_kernel", {**GEMV_SIG, "FLAGS": "*i32"}, {**c, **flags},
-                        options))
+            out.append((f"{name} handoff", "_fused_gemv_kernel", {**GEMV_SIG, "FLAGS": "*i32"},
+                        _with_handoff(c, flags), options))
     # Qwen3-8B's and Qwen3-0.6B's one-row launches: 0.6B's wide one (decode_plan.fused_decode_wide, 33 splits on 132
     # SMs) and its FLARE_DECODE_WIDE=0 one (8B: 64-key blocks, decode_plan.fused_decode_one_row_blocks -- 17 splits at
     # 1025 keys; every one prefetches its K/V), and Qwen3-8B's batch-4 launch (32-key blocks,

@@ -156,6 +156,13 @@ def gemv_flat(mp: int, k: int, bk: int, preload: int) -> tuple[bool, int]:
     return stages > 0, stages
 
 
+def gemv_x_ahead(k: int, bk: int, preload: int, plain_input: bool) -> bool:
+    """Whether a GEMV launch's streamed loop takes each input tile one iteration ahead (:data:`GEMV_X_AHEAD`,
+    ``FLARE_GEMV_X_AHEAD``): only where tiles are streamed (``preload`` of K's ``bk``-column tiles fall short of K)
+    and the input is ``plain_input`` (no norm prologue, no gated input, no handoff)."""
+    return preload * bk < k and plain_input and switch("FLARE_GEMV_X_AHEAD", GEMV_X_AHEAD)
+
+
 #: Measured launch configs, ``(M, N, K, gated) -> (BN, BK, num_warps, num_stages[, preload])`` (the optional fifth:
 #: the launch's preloaded tiles, as ``FLARE_GEMV_CONFIG``'s; none yet): the fastest of the H200 sweep
 #: ``results/20261130T203339Z-sm90-run1/gemv.json`` (``scripts/bench_gemv.py``) where it beat the heuristic by
@@ -665,8 +672,7 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
         PREFETCH=gemv_prefetch_tiles(weight, bk), PF_LINES=max(1, bk // 64), PRELOAD=preload,
         X_FIRST=switch("FLARE_GEMV_X_FIRST", True), EARLY=early and gemv_early_enabled(x.device, m),
         FLAT=flat, STREAM_STAGES=stream_stages,
-        X_AHEAD=(preload * bk < k and norm_weight is None and not gated_input and not handoff
-                 and switch("FLARE_GEMV_X_AHEAD", GEMV_X_AHEAD)),
+        X_AHEAD=gemv_x_ahead(k, bk, preload, norm_weight is None and not gated_input and not handoff),
         NORM_L1=(norm_weight is not None and k % 64 == 0 and triton.next_power_of_2(k // 64) == k // 64
                  and not _interpreting() and switch("FLARE_GEMV_NORM_L1", GEMV_NORM_L1)),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
