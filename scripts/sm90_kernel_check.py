@@ -7,6 +7,7 @@ appearance), so a refactor can be shown to change no generated code.
 
     python scripts/sm90_kernel_check.py [--against REV] [--only TEXT] [--json OUT] [--ptx-dir DIR]
 
+Fails (exit 1) where a case's PTX holds a bf16 fma (:data:`BF16_FMA`: a rounding point contracted away).
 Needs Triton (its bundled ``ptxas``), no CUDA device.  The configurations are the measured ones: every
 ``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the one-row launches of planned
 side-by-side runs under their ``FLARE_GEMV_CONFIG`` items (``NAMED``), the fused decode kernel and the reduce kernel at
@@ -227,6 +228,20 @@ def cases():
         if name in ("8B qkv (norm apart)", "8B gate_up (norm apart)"):  # ... and the launches taking it
             out.append((f"tensor-core {name} taking the published norm", "_fused_gemm_rows_kernel",
                         {**GEMV_SIG, "S_IN": "*fp32"}, {**c, "IN_PARTS": 128, "IN_PP": 128}, opts))
+    # the rope write outside the fused decode (prefill chunks; the unfused decode path) at Qwen3-8B's and -0.6B's heads,
+    # and the standalone RMSNorm at their hidden sizes
+    rope_sig = {**{n: P for n in "Q K V QW KW COS SIN KP VP".split()}, "SLOTS": "*i64", "QO": P, "T": "i32",
+                **{n: "i32" for n in ("stride_qb stride_qt stride_qh stride_kb stride_kt stride_kh stride_vb stride_vt "
+                                      "stride_vh stride_cb stride_ct stride_sb stride_st stride_kpp stride_kps "
+                                      "stride_kph stride_vpp stride_vps stride_vph").split()}, "eps": "fp32"}
+    for heads in (32, 16):
+        out.append((f"rope write {heads}x8", "_rope_write_kernel", rope_sig,
+                    dict(H=heads, KVH=8, HP=heads, KVP=8, D=128, HALF=64, PAGE=16, Q_NORM=True, K_NORM=True,
+                         USE_PDL=True, ADD_RN=True), dict(num_warps=4 if heads * 128 <= 4096 else 8)))
+    for hidden in (4096, 1024):
+        out.append((f"rms norm {hidden}", "_rms_norm_kernel", {"X": P, "W": P, "Y": P, "rows": "i32",
+                                                               "stride_x": "i32", "N": "i32", "eps": "fp32"},
+                    dict(BLOCK=hidden, USE_PDL=True), dict(num_warps=4 if hidden <= 1024 else 8)))
     cfg = prefill_attention.paged_prefill_config(4096, 4, 128, 16)  # Qwen3-8B's 4096-token chunk
     out.append((f"prefill attention {cfg['BLOCK_M']}x{cfg['BLOCK_N']}", "_paged_prefill_kernel", PREFILL_SIG,
                 dict(KVH=8, G=4, D=128, DP=128, PAGE=16, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], DOT_F32=False,
@@ -347,6 +362,12 @@ def legacy_code_of(ptx: str) -> str:
     return re.sub(r"\n\s*\n", "\n", re.sub(r"\$L__\w+:?", "", _no_debug(ptx)))
 
 
+#: A bf16 (or bf16x2) fused multiply-add in the PTX.  No kernel asks for one: the kernels compute in fp32 and round to
+#: bf16 where the canonical modules do, and LLVM forms one only by narrowing ``bf16(bf16(a * b) + c)`` to bf16
+#: operations and contracting them -- one rounding instead of two (``rope_write._sum_rounded``).
+BF16_FMA = re.compile(r"\bfma\.rn(?:\.\w+)*\.bf16")
+
+
 def _ptx_file(folder: Path, case: str) -> Path:
     return folder / (re.sub(r"[^\w.-]+", "_", case) + ".ptx")
 
@@ -416,6 +437,7 @@ def main(argv=None) -> int:
             row["per_sm"] = decode_plan.programs_per_sm(int(used.group(1)), opts.get("num_warps", 4),
                                                         k.metadata.shared)
         row["ptx_md5"] = hashlib.md5(code_of(k.asm["ptx"]).encode()).hexdigest()
+        row["bf16_fma"] = len(BF16_FMA.findall(k.asm["ptx"]))
         if args.ptx_dir:
             _ptx_file(args.ptx_dir, name).write_text(k.asm["ptx"])
         if old is not None:
@@ -423,9 +445,15 @@ def main(argv=None) -> int:
             row["same_ptx_as_" + args.against] = old[name] == mine if name in old else "new case"
         rows.append(row)
         extra = f"  same PTX as {args.against}: {row['same_ptx_as_' + args.against]}" if old is not None else ""
-        print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}  {row.get('per_sm', '?')} per SM{extra}")
+        fused = f"  {row['bf16_fma']} bf16 fma: a rounding point contracted away" if row["bf16_fma"] else ""
+        print(f"{name:<44} {row['ptxas']}  shared {row['shared_bytes']}  {row.get('per_sm', '?')} per SM{extra}{fused}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    contracted = [r["case"] for r in rows if r["bf16_fma"]]
+    if contracted:
+        print(f"FAIL: bf16 fma in {len(contracted)} case(s) ({', '.join(contracted)}): no kernel asks for one, so LLVM "
+              "fused a product rounded to bf16 into the sum after it (rope_write._sum_rounded)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -18,7 +18,10 @@ harmless) and ``q_out`` is returned.
   expression of transformers' ``apply_rotary_pos_emb``, ``kv_write_``), so CPU numerics are the canonical
   modules' bit for bit (tests compare against transformers' ``apply_rotary_pos_emb`` itself).
 - CUDA: one Triton program per token (``rope_write_triton``): the norms' fp32 sums in Triton's order (as
-  ``flare::rms_norm``'s kernel), every other step exactly the rounding above.  Deterministic (no atomics).
+  ``flare::rms_norm``'s kernel), every other step exactly the rounding above -- the rotation's sums are ``add.rn`` of
+  their own (``kernels.rope_write._sum_rounded``): a plain add let LLVM fuse one product into the sum as a bf16 fma,
+  one rounding instead of two (``scripts/sm90_kernel_check.py`` fails on a bf16 fma; without the norms the GPU tests
+  compare with transformers bit for bit).  Deterministic (no atomics).
 
 At a decode step the attention backend may run this together with decode attention as one launch
 (``flare::rope_decode_attention_``, ``decode_attention.py``).

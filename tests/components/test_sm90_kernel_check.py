@@ -80,3 +80,31 @@ def test_code_of_keeps_control_flow_and_drops_label_numbering_and_debug_info():
     assert code_of(other_target) != code_of(same)
     assert legacy(other_target) == legacy(same)  # what --against compared before
     assert "$L__tmp" not in code_of(same) and ".loc" not in code_of(same) and "comment" not in code_of(same)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU half; a GPU machine tests the bits themselves")
+@pytest.mark.parametrize("only,cases", [("fused decode 32x8 splits 17 writer loads", 2), ("rope write", 2)])
+def test_rope_rotation_compiles_for_sm90_with_each_rounding_kept(tmp_path, only, cases):
+    """The rotation's ``bf16(bf16(h * cos) + bf16(rotate_half(h) * sin))`` keeps its three roundings in the sm90 PTX:
+    no bf16 fma in the rope write nor in the fused decode kernel with the writer's loads moved (``FLARE_DECODE_V_FIRST``
+    1, 2) -- the script fails on one (:data:`BF16_FMA`).  And the check can fail: the same kernels summed by a plain
+    add (``ADD_RN`` off, the interpreter's form) compile to bf16 fmas (LLVM's contraction, run 185's failure)."""
+    pytest.importorskip("triton", reason="Triton is not installed here")
+    out = tmp_path / "check.json"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "sm90_kernel_check.py"), "--only", only, "--json",
+                          str(out)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert len(rows) == cases and all(r["bf16_fma"] == 0 for r in rows)
+    plain = subprocess.run([sys.executable, "-c", f"""
+import sys
+sys.path.insert(0, "scripts")
+import sm90_kernel_check as c
+for name, kernel, sig, consts, opts in c.cases():
+    if {only!r} in name:
+        ptx = c.compile_sm90(c.kernel_of(kernel), sig, {{**consts, "ADD_RN": False}}, opts).asm["ptx"]
+        print(name, len(c.BF16_FMA.findall(ptx)))
+"""], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    counts = [int(line.rsplit(" ", 1)[1]) for line in plain.stdout.splitlines()]
+    assert len(counts) == cases and all(n > 0 for n in counts), plain.stdout

@@ -372,18 +372,20 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: the value's loads (``LDG.E.U16``) come after the key's stores (``STG``; the compiler does not move a load above a
 #: store that may alias it) and the weights' after the statistics' CTA barriers -- three L2 round trips in series in
 #: the writer's chain, already the launch's longest (run 123's probe: 3.2 us at the writer against 0.16 elsewhere),
-#: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0 and 1.  The
-#: same values: the same bits (the interpreter's tests; offline sm90 SASS: the same float instructions at 0, 1 and 2,
-#: scheduled apart).  Measured: Qwen3-8B side by side in one process on an H100, batch 1, against the same A
+#: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0, 1 and 2.
+#: The same values: the same bits -- since the rotation's sums are ``add.rn`` of their own
+#: (``rope_write._sum_rounded``); before, LLVM contracted one rotary product into each sum as a bf16 fma, at 0
+#: ``h1 * sin2``, at 1 and 2 ``h2 * cos2``
+#: (offline sm90 PTX; about 11% of a key's elements differ between those two forms).  Measured: Qwen3-8B side by side
+#: in one process on an H100, batch 1, against the same A
 #: (``results/20261205T182926Z-sm90-run183``), beside the new GEMV configs and :data:`linear.GEMV_X_AHEAD`: 2 0.9877x
 #: (B faster by the min-max rule too), 1 with :data:`DECODE_PAGES_FIRST` 0.9893x, neither 0.9898x (run 182); with
 #: both 0.9892x (run 184); batch 4 1.0002-1.0004x.  Beside the earlier configs 1 with the page ids first 0.9999x (run
 #: 179).  Still 0: the first GPU run of ``test_fused_decode_kernel_on_this_gpu`` with 2 as the default (run 185,
-#: ``results/20261205T184037Z-sm90-run185``) failed all four cases -- which assertion is not known (the stage was cut
-#: by its time limit before pytest's report; the script now interrupts pytest so the report survives).  The test's
-#: body run under the interpreter on the CPU ("cuda" tensors kept on the CPU, the probe's stamps stubbed) passes every
-#: comparison before its CUDA graph section in all four cases, with 0 and with 2 as the default: the failure is the
-#: GPU's.  Until that test passes on a GPU, the default is the attention kernel the GPU matrix passed with (run 177).
+#: ``results/20261205T184037Z-sm90-run185``) failed all four cases (the stage was cut before pytest's report; the
+#: script now interrupts pytest so the report survives) -- the contraction above explains it: the test's loop compares
+#: the pools of 0, 1 and 2 bit for bit, which differed at any default.  Not yet run on a GPU with the sums apart; until
+#: it passes there, the default is the attention kernel the GPU matrix passed with (run 177).
 DECODE_V_FIRST = 0
 
 

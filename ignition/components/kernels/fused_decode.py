@@ -19,7 +19,7 @@ from ignition.components.kernels.paged_decode import (_decode_block, _decode_blo
                                                       _decode_init, _decode_len, _decode_pages, _decode_prefetch_kv,
                                                       _decode_share, _decode_store_partial, _LOG2E, _paged_decode_reduce_kernel)
 from ignition.components.kernels.rope_write import (_check_rope_inputs, _norm_rope_halves, _rope_cos_sin, _rope_kv_rows,
-                                                    _rope_store_kv, _rope_write_kv)
+                                                    _rope_store_kv, _rope_write_kv, rope_add_rn)
 from ignition.components.switches import switch
 
 
@@ -69,7 +69,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                         NEW_APART: tl.constexpr = False, WS: tl.constexpr = 0, PV_SPLIT: tl.constexpr = False,
                         SMEM_PAD: tl.constexpr = 0, TRIGGER: tl.constexpr = 0, CNT=None,
                         COMBINE: tl.constexpr = False, V_FIRST: tl.constexpr = 0,
-                        PAGES_FIRST: tl.constexpr = False):
+                        PAGES_FIRST: tl.constexpr = False, ADD_RN: tl.constexpr = True):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -116,7 +116,7 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
                            HALF, K_NORM)
     cos1, cos2, sin1, sin2 = _rope_cos_sin(COS + b64 * stride_cb, SIN + b64 * stride_sb, offs_h, HALF)
     q1, q2 = _norm_rope_halves(Q + b64 * stride_qb + (kvh * G + offs_g)[:, None] * stride_qh, (offs_g < G)[:, None],
-                               QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
+                               QW, offs_h, cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM, ADD_RN)
     q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (QR, D))  # [QR, D]: the halves side by side; 0 past G
     _probe_stamp(PROBE, prog, 3, tl.sum(tl.sum(q.to(tl.float32), axis=1), axis=0).to(tl.int32, bitcast=True),
                  HAS_PROBE)
@@ -129,12 +129,12 @@ def _rope_decode_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, BT, SL, M_ws, 
         if V_FIRST == 2:
             _rope_store_kv(kv, KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
                            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM)
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, ADD_RN)
         else:  # the slot's rows spelled out in each call: named once before, the default launch's PTX moved
             _rope_write_kv(K + b64 * stride_kb + kvh * stride_kh + one, V + b64 * stride_vb + kvh * stride_vh + one,
                            KP + (slot // PAGE) * stride_kp + (slot % PAGE) * stride_kt + kvh * stride_kph + one,
                            VP + (slot // PAGE) * stride_vp + (slot % PAGE) * stride_vt + kvh * stride_vph + one,
-                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, V_FIRST == 1)
+                           KW, offs_h, cos1, cos2, sin1, sin2, eps, one < 1, D, HALF, K_NORM, ADD_RN, V_FIRST == 1)
         tl.debug_barrier()  # this CTA's reads of the new slot below come after its writes
     _probe_stamp(PROBE, prog, 4, split, HAS_PROBE)
 
@@ -218,6 +218,7 @@ def rope_decode_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         KV_LINES=max(1, d * k_pool.element_size() // 128), **_pdl(q.device),
         **({"NEW_APART": True, "WS": parts} if apart else {}), PV_SPLIT=decode_pv_split(geo["WIDE"]),
         V_FIRST=decode_v_first(), PAGES_FIRST=decode_pages_first(decode_pipelined(b, geo["WIDE"]), apart),
+        ADD_RN=rope_add_rn(),
         **fused_decode_launch_options(b, geo["WIDE"]), **_probe_args(probe, 0, b * kvh * parts),
         **({"CNT": zeroed_counts(_COMBINE_COUNTS, q.device, b * kvh), "COMBINE": True} if combine else {}))
     if parts > 1 and not combine:

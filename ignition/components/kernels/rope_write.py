@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignition.components.kernels.launch import _pdl, _pdl_enter
+from ignition.components.kernels.launch import _interpreting, _pdl, _pdl_enter
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -20,7 +20,7 @@ from ignition.components.kernels.launch import _pdl, _pdl_enter
 
 @triton.jit
 def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                      NORM: tl.constexpr, NW_FIRST: tl.constexpr = False):
+                      NORM: tl.constexpr, ADD_RN: tl.constexpr, NW_FIRST: tl.constexpr = False):
     """One token's heads (``src``: ``[R, 1]`` pointers to each head's first element) as halves ``(out1, out2)``,
     ``[R, HALF]`` each (rotate_half pairs element i with i + HALF; ``offs`` = 0 .. HALF - 1), RMSNorm'ed when
     ``NORM`` and rotated (``cos*, sin* [1, HALF]`` fp32); see the module comment for the rounding points.  Two
@@ -34,14 +34,33 @@ def _norm_rope_halves(src, mask, NW, offs, cos1, cos2, sin1, sin2, eps, D: tl.co
     nw1, nw2 = x1, x2  # the norm weights when loaded here (else unused)
     if NORM and NW_FIRST:
         nw1, nw2 = tl.load(NW + offs), tl.load(NW + HALF + offs)
-    return _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM, NW_FIRST)
+    return _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, NORM, NW_FIRST, ADD_RN)
+
+
+@triton.jit
+def _sum_rounded(a, b, dt: tl.constexpr, ADD_RN: tl.constexpr):
+    """``dt(dt(a) + dt(b))`` for fp32 ``a, b``: all three roundings kept.  ``ADD_RN`` (every compiled launch,
+    :func:`rope_add_rn`): the sum by an ``add.rn.f32`` of its own (inline PTX, opaque to LLVM; ``.rn`` keeps ptxas from
+    fusing it) -- with a plain add, LLVM narrows a product's rounding and the sum to bf16 operations and contracts them
+    into one ``fma.rn.bf16`` (one rounding instead of two), and which of the two products it fuses follows the
+    instruction order: the decode writer's keys differed in bits between ``FLARE_DECODE_V_FIRST`` 0 and 1 or 2 on the
+    GPU (run 185; their sm90 PTX fused ``h1 * sin2`` or ``h2 * cos2``).  Not libdevice's ``add_rn``: Triton links its
+    flush-to-zero form.  Off in the interpreter, which fuses nothing."""
+    ra = a.to(dt).to(tl.float32)
+    rb = b.to(dt).to(tl.float32)
+    if ADD_RN:
+        s = tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [ra, rb], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    else:
+        s = ra + rb
+    return s.to(dt)
 
 
 @triton.jit
 def _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D: tl.constexpr, HALF: tl.constexpr,
-                    NORM: tl.constexpr, NW_LOADED: tl.constexpr):
+                    NORM: tl.constexpr, NW_LOADED: tl.constexpr, ADD_RN: tl.constexpr):
     """:func:`_norm_rope_halves`'s arithmetic on the loaded halves ``x1, x2``: the norm weights ``nw1, nw2`` when
-    ``NW_LOADED``, else loaded from ``NW`` after the statistics."""
+    ``NW_LOADED``, else loaded from ``NW`` after the statistics; the rotation's sums by :func:`_sum_rounded`."""
     dt = x1.dtype
     if NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
@@ -53,8 +72,8 @@ def _norm_rope_rows(x1, x2, NW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D: 
             nw2 = tl.load(NW + HALF + offs)
         x2 = (nw2.to(tl.float32)[None, :] * (f2 * rstd).to(dt).to(tl.float32)).to(dt)
     h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
-    out1 = ((h1 * cos1).to(dt).to(tl.float32) + (-h2 * sin1).to(dt).to(tl.float32)).to(dt)  # rotate_half: -x2
-    out2 = ((h2 * cos2).to(dt).to(tl.float32) + (h1 * sin2).to(dt).to(tl.float32)).to(dt)  # then x1
+    out1 = _sum_rounded(h1 * cos1, -h2 * sin1, dt, ADD_RN)  # rotate_half: -x2
+    out2 = _sum_rounded(h2 * cos2, h1 * sin2, dt, ADD_RN)  # then x1
     return out1, out2
 
 
@@ -67,7 +86,7 @@ def _rope_cos_sin(COS, SIN, offs, HALF: tl.constexpr):
 
 @triton.jit
 def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
-                   K_NORM: tl.constexpr, V_FIRST: tl.constexpr = False):
+                   K_NORM: tl.constexpr, ADD_RN: tl.constexpr, V_FIRST: tl.constexpr = False):
     """The new keys (normed, rotated) and values of one token from ``K, V`` (``[R, 1]`` row pointers) to the pool
     rows ``KP, VP`` (``[R, 1]`` pointers at the token's slot).  ``V_FIRST``: the values and the key norm's weights
     loaded with the keys, before the keys' statistics and stores (:data:`decode_plan.DECODE_V_FIRST`, and
@@ -76,9 +95,9 @@ def _rope_write_kv(K, V, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D
     chain; the same values, the same bits."""
     if V_FIRST:
         _rope_store_kv(_rope_kv_rows(K, V, KW, offs, kmask, HALF, K_NORM), KP, VP, KW, offs, cos1, cos2, sin1, sin2,
-                       eps, kmask, D, HALF, K_NORM)
+                       eps, kmask, D, HALF, K_NORM, ADD_RN)
     else:
-        k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM)
+        k1, k2 = _norm_rope_halves(K, kmask, KW, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, ADD_RN)
         tl.store(KP + offs[None, :], k1, mask=kmask)
         tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
         tl.store(VP + offs[None, :], tl.load(V + offs[None, :], mask=kmask, other=0.0), mask=kmask)
@@ -104,10 +123,10 @@ def _rope_kv_rows(K, V, KW, offs, kmask, HALF: tl.constexpr, K_NORM: tl.constexp
 
 @triton.jit
 def _rope_store_kv(rows, KP, VP, KW, offs, cos1, cos2, sin1, sin2, eps, kmask, D: tl.constexpr, HALF: tl.constexpr,
-                   K_NORM: tl.constexpr):
+                   K_NORM: tl.constexpr, ADD_RN: tl.constexpr):
     """The arithmetic and stores of :func:`_rope_write_kv` on its loads ``rows`` (:func:`_rope_kv_rows`)."""
     k1, k2, v1, v2, nw1, nw2 = rows
-    k1, k2 = _norm_rope_rows(k1, k2, KW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, True)
+    k1, k2 = _norm_rope_rows(k1, k2, KW, nw1, nw2, offs, cos1, cos2, sin1, sin2, eps, D, HALF, K_NORM, True, ADD_RN)
     tl.store(KP + offs[None, :], k1, mask=kmask)
     tl.store(KP + HALF + offs[None, :], k2, mask=kmask)
     tl.store(VP + offs[None, :], v1, mask=kmask)
@@ -121,7 +140,7 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
                        stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps, stride_vph, eps,
                        H: tl.constexpr, KVH: tl.constexpr, HP: tl.constexpr, KVP: tl.constexpr,
                        D: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
-                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, USE_PDL: tl.constexpr):
+                       Q_NORM: tl.constexpr, K_NORM: tl.constexpr, USE_PDL: tl.constexpr, ADD_RN: tl.constexpr):
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     b = (n // T).to(tl.int64)
@@ -133,7 +152,7 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
     hq = tl.arange(0, HP)
     qm = (hq < H)[:, None]
     q1, q2 = _norm_rope_halves(Q + b * stride_qb + t * stride_qt + hq[:, None] * stride_qh, qm, QW, offs,
-                               cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM)
+                               cos1, cos2, sin1, sin2, eps, D, HALF, Q_NORM, ADD_RN)
     q_out = QO + n.to(tl.int64) * (H * D) + hq[:, None] * D + offs[None, :]
     tl.store(q_out, q1, mask=qm)
     tl.store(q_out + HALF, q2, mask=qm)
@@ -145,7 +164,12 @@ def _rope_write_kernel(Q, K, V, QW, KW, COS, SIN, KP, VP, SLOTS, QO, T,
     _rope_write_kv(K + b * stride_kb + t * stride_kt + hk * stride_kh, V + b * stride_vb + t * stride_vt + hk * stride_vh,
                    KP + page * stride_kpp + within * stride_kps + hk * stride_kph,
                    VP + page * stride_vpp + within * stride_vps + hk * stride_vph,
-                   KW, offs, cos1, cos2, sin1, sin2, eps, hk < KVH, D, HALF, K_NORM)
+                   KW, offs, cos1, cos2, sin1, sin2, eps, hk < KVH, D, HALF, K_NORM, ADD_RN)
+
+
+def rope_add_rn() -> bool:
+    """The rope kernels' ``ADD_RN`` (:func:`_sum_rounded`): on for every compiled launch, off in the interpreter."""
+    return not _interpreting()
 
 
 def _check_rope_inputs(what: str, d: int, tensors, norms) -> None:
@@ -178,5 +202,5 @@ def rope_write_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_norm:
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), v_pool.stride(0), v_pool.stride(1), v_pool.stride(2),
         float(eps), H=h, KVH=kvh, HP=triton.next_power_of_2(h), KVP=triton.next_power_of_2(kvh), D=d, HALF=d // 2,
         PAGE=k_pool.shape[1], Q_NORM=q_norm is not None, K_NORM=k_norm is not None,
-        num_warps=4 if h * d <= 4096 else 8, **_pdl(q.device))
+        num_warps=4 if h * d <= 4096 else 8, **_pdl(q.device), ADD_RN=rope_add_rn())
     return out
