@@ -168,7 +168,8 @@ def cases():
         warps = dict(num_warps=decode_plan.fused_decode_launch_options(rows, is_wide)["num_warps"])
         c = dict(H=heads, KVH=8, G=g, GP=g, QR=16, D=128, HALF=64, PAGE=16, BLOCK_N=bn, SPLITS=splits, Q_NORM=True,
                  K_NORM=True, DOT_F32=False, PIPELINE=pipe, USE_PDL=True, KV_PREFETCH=prefetch, KV_LINES=2,
-                 KV_LAST=decode_plan.DECODE_KV_PREFETCH_LAST, PV_SPLIT=decode_plan.decode_pv_split(wide=is_wide))
+                 KV_LAST=decode_plan.DECODE_KV_PREFETCH_LAST, PV_SPLIT=decode_plan.decode_pv_split(wide=is_wide),
+                 V_FIRST=decode_plan.DECODE_V_FIRST)
         r = dict(H=heads, KVH=8, G=g, GP=g, D=128, DP=128, SPLITS=splits, SP=1 << (splits - 1).bit_length(),
                  USE_PDL=True, EARLY=True)
         rsig = {"M_ws": "*fp32", "L_ws": "*fp32", "ACC_ws": "*fp32", "Out": P}
@@ -179,8 +180,8 @@ def cases():
             other = "tf32x3" if decode_plan.DECODE_PV_SPLIT else "pv-split"
             out.append((f"fused decode {heads}x8 splits {splits}{wide} {other}", "_rope_decode_kernel", DECODE_SIG,
                         {**c, "PROBE": None, "PV_SPLIT": not decode_plan.DECODE_PV_SPLIT}, warps))
-        if heads == 32 and rows == 1:  # the writer's loads earlier (decode_plan.DECODE_V_FIRST 1, 2)
-            for level in (1, 2):
+        if heads == 32 and rows == 1:  # the writer's loads elsewhere (decode_plan.DECODE_V_FIRST's other levels)
+            for level in sorted({0, 1, 2} - {decode_plan.DECODE_V_FIRST}):
                 out.append((f"fused decode {heads}x8 splits {splits}{wide} writer loads {level}", "_rope_decode_kernel",
                             DECODE_SIG, {**c, "PROBE": None, "V_FIRST": level}, warps))
             out.append((f"fused decode {heads}x8 splits {splits}{wide} pages first", "_rope_decode_kernel", DECODE_SIG,
