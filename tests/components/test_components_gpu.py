@@ -177,40 +177,15 @@ def test_rope_write_kernel_on_this_gpu_matches_the_reference(b, t, heads, kv_hea
     check_triton(got, kp, vp, case)
 
 
-@pytest.mark.parametrize("b,t,heads,kv_heads", [(1, 1, 32, 8), (2, 7, 32, 8), (4, 1, 16, 8)])
-def test_rope_kernels_on_this_gpu_without_norms_rotate_as_transformers_bitwise(monkeypatch, b, t, heads, kv_heads):
-    """Without the per-head norms every rounding of the rotation is transformers' (``apply_rotary_pos_emb``: each
-    product rounded, then the sum): the compiled rope write's queries and pools, and the fused decode writer's pools at
-    every ``FLARE_DECODE_V_FIRST``, equal the canonical modules bit for bit.  A compiler fusing a product into the sum
-    (one rounding: ``rope_write._sum_rounded``) differs here; the norms' statistics (fp32 order, ``rsqrt``) are
-    bounded, not bitwise, in the tests above."""
-    from test_decode_attention import EPS, make_decode_case
-    from test_rope_write import canonical, make_case
+@pytest.mark.parametrize("t,heads,seq_lens", [(1, 32, (1000,)), (7, 32, (1000, 1)), (1, 16, (1000, 1, 517, 0))])
+def test_rope_kernels_on_this_gpu_without_norms_rotate_as_transformers_bitwise(monkeypatch, t, heads, seq_lens):
+    """:func:`test_rope_write.check_rope_without_norms_bitwise` compiled (Qwen3's head sizes): the rope write and the
+    fused decode writer at every ``FLARE_DECODE_V_FIRST`` are transformers' rotation bit for bit -- a compiler fusing
+    a rounded product into the sum (one rounding: ``rope_write._sum_rounded``) differs here.  The norms' statistics
+    (fp32 order, ``rsqrt``) are bounded, not bitwise, in the tests above."""
+    from test_rope_write import check_rope_without_norms_bitwise
 
-    from ignition.components.kernels import fused_decode
-    from ignition.components.kernels.rope_write import rope_write_triton
-
-    def bits(x, y):
-        return x.shape == y.shape and torch.equal(x.view(torch.int16), y.view(torch.int16))
-
-    case = make_case(b, t, heads, kv_heads, 128, pages=40, page=16, norms=False, seed=heads + t)
-    want_q, want_kp, want_vp = canonical(*case)
-    q, k, v, _, _, cos, sin, kp, vp, slots = [x.cuda() if isinstance(x, torch.Tensor) else x for x in case]
-    got = rope_write_triton(q, k, v, None, None, EPS, cos, sin, kp, vp, slots)
-    assert bits(got.cpu(), want_q), "rope write: the queries"
-    assert bits(kp.cpu(), want_kp) and bits(vp.cpu(), want_vp), "rope write: the pools"
-    if t != 1:
-        return
-    cpu_case = make_decode_case(heads, kv_heads, 128, (1000, 1, 517, 0)[:b], norms=False, width=80, seed=heads + b)
-    _, want_kp, want_vp = canonical(*cpu_case[:10])
-    q, k, v, _, _, cos, sin, kp, vp, slots, bt, lens = [x.cuda() if isinstance(x, torch.Tensor) else x
-                                                        for x in cpu_case]
-    for level in ("0", "1", "2"):
-        monkeypatch.setenv("FLARE_DECODE_V_FIRST", level)
-        kp1, vp1 = kp.clone(), vp.clone()
-        fused_decode.rope_decode_attention_triton(q, k, v, None, None, EPS, cos, sin, kp1, vp1, slots, bt, lens,
-                                                  128 ** -0.5)
-        assert bits(kp1.cpu(), want_kp) and bits(vp1.cpu(), want_vp), f"fused decode, V_FIRST={level}: the pools"
+    check_rope_without_norms_bitwise(monkeypatch, "cuda", heads, 8, 128, t, seq_lens, 80)
 
 
 @pytest.mark.parametrize("heads,kv_heads,seq_lens", [(32, 8, (1000,)), (32, 8, (1000, 1, 517, 0)), (16, 8, (700, 33)),

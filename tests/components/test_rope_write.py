@@ -94,6 +94,35 @@ def test_compiled_equals_eager_bitwise():
 
 # ---------------------------------------------------------------------------------------- the Triton kernel
 
+def check_rope_without_norms_bitwise(monkeypatch, device, heads, kv_heads, d, t, seq_lens, width):
+    """Without the per-head norms every rounding of the rotation is transformers' (``apply_rotary_pos_emb``: each
+    product rounded, then the sum): ``rope_write_triton`` on ``len(seq_lens)`` rows of ``t`` tokens -- its queries and
+    pools -- and the fused decode kernel's pools at every ``FLARE_DECODE_V_FIRST`` (rows of ``seq_lens`` keys in a
+    ``width``-page block table) equal the canonical modules bit for bit, run on ``device``."""
+    from test_decode_attention import make_decode_case
+
+    from ignition.components.kernels import fused_decode
+    from ignition.components.kernels.rope_write import rope_write_triton
+
+    b = len(seq_lens)
+    case = make_case(b, t, heads, kv_heads, d, pages=40, page=16, norms=False, seed=heads + t)
+    want_q, want_kp, want_vp = canonical(*case)
+    q, k, v, _, _, cos, sin, kp, vp, slots = [x.to(device) if isinstance(x, torch.Tensor) else x for x in case]
+    got = rope_write_triton(q, k, v, None, None, EPS, cos, sin, kp, vp, slots)
+    assert _bits(got.cpu(), want_q), "rope write: the queries"
+    assert _bits(kp.cpu(), want_kp) and _bits(vp.cpu(), want_vp), "rope write: the pools"
+    cpu_case = make_decode_case(heads, kv_heads, d, seq_lens, norms=False, width=width, seed=heads + b)
+    _, want_kp, want_vp = canonical(*cpu_case[:10])
+    q, k, v, _, _, cos, sin, kp, vp, slots, bt, lens = [x.to(device) if isinstance(x, torch.Tensor) else x
+                                                        for x in cpu_case]
+    for level in ("0", "1", "2"):
+        monkeypatch.setenv("FLARE_DECODE_V_FIRST", level)
+        kp1, vp1 = kp.clone(), vp.clone()
+        fused_decode.rope_decode_attention_triton(q, k, v, None, None, EPS, cos, sin, kp1, vp1, slots, bt, lens,
+                                                  d ** -0.5)
+        assert _bits(kp1.cpu(), want_kp) and _bits(vp1.cpu(), want_vp), f"fused decode, V_FIRST={level}: the pools"
+
+
 def check_triton(got_q, kp, vp, case, rel=2.0 ** -6):
     """Bound against the CPU reference: each output element within ``rel`` of its head's largest magnitude
     (compiled, round to nearest: the statistics' fp32 order may move the normed value by an ulp, and with it the

@@ -651,6 +651,36 @@ def test_rope_write_triton_matches_the_reference(b, t, heads, kv_heads, d, norms
     check_triton(got, kp, vp, case, rel=2.0 ** -4)  # the interpreter truncates (see check_triton)
 
 
+@pytest.mark.parametrize("t,seq_lens", [(1, (40,)), (3, (40, 1, 17, 0))])
+def test_rope_kernels_without_norms_round_as_transformers_under_round_to_nearest(monkeypatch, t, seq_lens):
+    """The rotation's rounding points in the kernels' source are transformers': with the interpreter's fp32 -> bf16
+    cast made round-to-nearest-even (the GPU's; Triton 3.6's interpreter truncates), the rope write and the fused
+    decode writer at every ``FLARE_DECODE_V_FIRST`` equal the canonical modules bit for bit
+    (:func:`test_rope_write.check_rope_without_norms_bitwise`; compiled: the GPU test of that name, where a compiler
+    contraction would show)."""
+    import numpy as np
+    from test_rope_write import check_rope_without_norms_bitwise
+    from triton.runtime import interpreter
+
+    import triton.language as tl
+
+    if not hasattr(interpreter, "_convert_float"):
+        pytest.skip("this Triton's interpreter converts floats elsewhere")
+    truncating = interpreter._convert_float
+
+    def nearest(data, src, dst, rounding_mode):
+        if src == tl.float32 and dst == tl.bfloat16:
+            rounded = torch.from_numpy(np.ascontiguousarray(data).view(np.float32).copy()).to(torch.bfloat16)
+            return rounded.view(torch.int16).numpy().view(np.uint16)
+        return truncating(data, src, dst, rounding_mode)
+
+    monkeypatch.setattr(interpreter, "_convert_float", nearest)
+    check_rope_without_norms_bitwise(monkeypatch, "cpu", 8, 2, 32, t, seq_lens, 4)
+    monkeypatch.setattr(interpreter, "_convert_float", truncating)  # the control: truncation differs somewhere
+    with pytest.raises(AssertionError, match="the (queries|pools)"):
+        check_rope_without_norms_bitwise(monkeypatch, "cpu", 8, 2, 32, t, seq_lens, 4)
+
+
 def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypatch):
     """``FLARE_GEMV_CONFIG``: per-shape launch configs for side-by-side runs (``g``: the gated launch of the same
     shape is another key); a malformed item raises naming it; unset, the measured table."""
