@@ -11,7 +11,8 @@ Fails (exit 1) where a case's PTX holds a bf16 fma (:data:`BF16_FMA`: a rounding
 Needs Triton (its bundled ``ptxas``), no CUDA device.  The configurations are the measured ones: every
 ``GEMV_MEASURED`` entry with one row (with the default preload where it applies), the one-row launches of planned
 side-by-side runs under their ``FLARE_GEMV_CONFIG`` items (``NAMED``), the fused decode kernel and the reduce kernel at
-the Qwen3 shapes, the tensor-core GEMV's default configs, the top-k and sampler kernels.
+the Qwen3 shapes, the rope write and the RMSNorm kernel at Qwen3's heads and widths, the tensor-core GEMV's default
+configs, the prefill attention, the rotary table, the top-k and sampler kernels.
 """
 
 from __future__ import annotations
