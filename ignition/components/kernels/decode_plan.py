@@ -375,9 +375,8 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: before its barrier and its key block; at 1 one; at 2 none after the query rows'.  116 registers at 0, 1 and 2.
 #: The same values: the same bits -- since the rotation's sums are ``add.rn`` of their own
 #: (``rope_write._sum_rounded``); before, LLVM contracted one rotary product into each sum as a bf16 fma, at 0
-#: ``h1 * sin2``, at 1 and 2 ``h2 * cos2``
-#: (offline sm90 PTX; about 11% of a key's elements differ between those two forms).  Measured: Qwen3-8B side by side
-#: in one process on an H100, batch 1, against the same A
+#: ``h1 * sin2``, at 1 and 2 ``h2 * cos2`` (offline sm90 PTX; about 11% of a key's elements differ between those two
+#: forms).  Measured: Qwen3-8B side by side in one process on an H100, batch 1, against the same A
 #: (``results/20261205T182926Z-sm90-run183``), beside the new GEMV configs and :data:`linear.GEMV_X_AHEAD`: 2 0.9877x
 #: (B faster by the min-max rule too), 1 with :data:`DECODE_PAGES_FIRST` 0.9893x, neither 0.9898x (run 182); with
 #: both 0.9892x (run 184); batch 4 1.0002-1.0004x.  Beside the earlier configs 1 with the page ids first 0.9999x (run
