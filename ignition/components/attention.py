@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 
 from ignition.components.custom_ops import opaque_op
+from ignition.components.switches import switch
 
 
 @dataclass
@@ -137,6 +138,17 @@ class AttentionBatch:
         if self.seq_lens is not None:
             return self.seq_lens
         return self.visible[:, 0, 0, -1, :].sum(dim=-1)
+
+    def last_valid(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, D]``: each row's last valid token of ``hidden [B, T, D]`` (position 0 for a row with none).  At one
+        token per row (decode) that is ``hidden[:, 0]`` whatever ``valid`` holds -- a view, no gather launch: in a
+        captured Qwen3-8B decode step the gather was a kernel of its own between the last down projection and the
+        head (1.1 us, run 186's batch-1 trace), which also kept the head from launching early behind the down.
+        ``FLARE_HEAD_VIEW=0`` gathers at one token too (read at each trace, for side-by-side runs; the same values)."""
+        if hidden.shape[1] == 1 and switch("FLARE_HEAD_VIEW", True):
+            return hidden[:, 0]
+        last = (self.valid.sum(dim=1) - 1).clamp(min=0)
+        return hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
 
     def query_positions(self) -> torch.Tensor:
         """``[B, T]`` int64: each query's absolute position (the prefill kernels' causal bound).  For a batch built

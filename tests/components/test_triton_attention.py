@@ -203,6 +203,23 @@ def test_attention_batch_seq_lens_is_the_decode_visibility():
     assert torch.equal(legacy.query_positions()[real], batch.positions[real])  # recovered from visible
 
 
+@pytest.mark.parametrize("view", ["1", "0"])
+@pytest.mark.parametrize("t", [1, 3])
+def test_last_valid_is_each_rows_last_real_token(monkeypatch, t, view):
+    """The head's rows: each row's last real token (position 0 for a row with none, the inactive last row), by
+    indexing each row apart -- at one token per row a view of ``hidden`` (``FLARE_HEAD_VIEW`` on), else a gather."""
+    monkeypatch.setenv("FLARE_HEAD_VIEW", view)
+    _, batch, _ = _backend_step(PyTorchPagedAttention(8, 2, 64, 0.125), t, (1, 40, 2, 9))
+    hidden = torch.randn(4, t, 16)
+    want = []
+    for r in range(4):
+        real = [i for i in range(t) if batch.valid[r, i]]
+        want.append(hidden[r, real[-1] if real else 0])
+    got = batch.last_valid(hidden)
+    assert torch.equal(got, torch.stack(want))
+    assert (got.untyped_storage().data_ptr() == hidden.untyped_storage().data_ptr()) == (t == 1 and view == "1")
+
+
 def test_triton_backend_decode_and_declared_prefill_path():
     """CPU: decode goes through flare::paged_decode_attention (its CPU implementation), T > 1 through
     flare::paged_prefill_attention (its CPU implementation, close to the "pytorch" backend)."""

@@ -415,7 +415,6 @@ class PreparedQwen3(nn.Module):
         """Each row's last valid token -> final norm -> vocabulary projection: fp32 logits ``[B, V]``,
         zero for inactive rows."""
         m = self.hf.model
-        last = (batch.valid.sum(dim=1) - 1).clamp(min=0)
-        hidden = hidden.gather(1, last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])).squeeze(1)
+        hidden = batch.last_valid(hidden)
         # per-token norm: on the kept positions only, like logits_to_keep
         return head_block(hidden, self.hf.lm_head, m.norm).float().masked_fill(~batch.active[:, None], 0.0)
