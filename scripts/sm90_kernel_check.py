@@ -301,11 +301,13 @@ def cases():
                 {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32"},
                 dict(CHUNK=sampler_front.FRONT_CHUNK), dict(num_warps=sampler_front.FRONT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
-    out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}", "_gumbel_argmax_kernel",
-                {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32", "CNT": "*i32",
-                 "OUT": "*i64", "V": "i32", "stride_y": "i32"},
-                dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length()),
-                dict(num_warps=gumbel.GUMBEL_WARPS)))
+    for finish in (False, True):  # the draw alone, and ending the sampler (flare::draw_finish_)
+        out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}{' finish' if finish else ''}", "_gumbel_argmax_kernel",
+                    {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32",
+                     "CNT": "*i32", "OUT": "*i64", "V": "i32", "stride_y": "i32", "GREEDY": "*i64", "TEMP": "*fp32",
+                     "ACTIVE": "*i1", "COUNTS": "*i32", "stride_c": "i32", "eps": "fp32", "pad": "i32"},
+                    dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length(), FINISH=finish),
+                    dict(num_warps=gumbel.GUMBEL_WARPS)))
     return out
 
 

@@ -48,7 +48,8 @@ from ignition.components.sampling_cut import general_prefix, sampling_cut, sampl
 from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
-__all__ = ["SamplingTensors", "sample", "advance", "make_sampler", "apply_penalties", "apply_temperature",
+__all__ = ["SamplingTensors", "sample", "advance", "sample_advance", "draw_finish_op", "DRAW_FINISH", "make_sampler",
+           "apply_penalties", "apply_temperature",
            "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized", "uniform_noise",
            "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference", "GREEDY_EPS",
            "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
@@ -353,6 +354,17 @@ def gumbel_argmax_reference(scaled: torch.Tensor, cut: torch.Tensor, seed: torch
     return argmax_last(filtered - torch.log(-torch.log(u)))
 
 
+def _check_draw(what: str, scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> None:
+    """The draw's arguments: ``scaled [B, V]`` float32, ``cut [B]`` float32, ``seed, step [B]`` int64 (raises naming
+    ``what`` and the bad argument)."""
+    b = scaled.shape[0] if scaled.dim() else 0
+    if scaled.dim() != 2 or scaled.dtype != torch.float32:
+        raise ValueError(f"{what}: scaled must be a [B, V] float32 tensor, got {tuple(scaled.shape)} {scaled.dtype}")
+    for name, t, dtype in (("cut", cut, torch.float32), ("seed", seed, torch.int64), ("step", step, torch.int64)):
+        if tuple(t.shape) != (b,) or t.dtype != dtype:
+            raise ValueError(f"{what}: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+
+
 def _gumbel_fake(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     return seed.new_empty((scaled.shape[0],))
 
@@ -361,13 +373,7 @@ def _gumbel_fake(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, st
 def gumbel_argmax_op(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """``scaled [B, V]`` float32, ``cut [B]`` float32, ``seed, step [B]`` int64 -> a new ``[B]`` int64:
     :func:`gumbel_argmax_reference`.  CUDA: one Triton launch (``kernels.gumbel``); elsewhere the reference."""
-    b = scaled.shape[0]
-    if scaled.dim() != 2 or scaled.dtype != torch.float32:
-        raise ValueError(f"gumbel_argmax: scaled must be a [B, V] float32 tensor, got {tuple(scaled.shape)} "
-                         f"{scaled.dtype}")
-    for name, t, dtype in (("cut", cut, torch.float32), ("seed", seed, torch.int64), ("step", step, torch.int64)):
-        if tuple(t.shape) != (b,) or t.dtype != dtype:
-            raise ValueError(f"gumbel_argmax: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+    _check_draw("gumbel_argmax", scaled, cut, seed, step)
     if scaled.is_cuda:
         from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
 
@@ -444,25 +450,91 @@ def sampler_front(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.
     return sampler_front_reference(*_front_args(logits, params))
 
 
+#: Whether the CUDA sampler's draw also picks each row's token and advances its state (``flare::draw_finish_``: the
+#: last program of each row of :data:`GUMBEL_KERNEL`'s launch -- the greedy token for a greedy row, the pad for an
+#: inactive one, an active row's count and step) when the sampler samples and advances in one region
+#: (:func:`sample_advance`, the catalog's steps): in run 186's Qwen3-8B step at batch 1 (an H100) Inductor traced that
+#: choice and update as four launches after the draw, 5.3 us of kernel time and 6.9 us of the critical path.  The same
+#: tokens, counts and steps.  ``FLARE_DRAW_FINISH=1`` / ``0`` sets it (read at each trace, for side-by-side runs).
+DRAW_FINISH = True
+
+
+def _draw_finish_fake(scaled, cut, seed, step, greedy, temperature, active, counts, pad_id):
+    return seed.new_empty((scaled.shape[0],))
+
+
+@opaque_op("draw_finish_", mutates_args=("step", "counts"), fake=_draw_finish_fake)
+def draw_finish_op(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
+                   greedy: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor, counts: torch.Tensor,
+                   pad_id: int) -> torch.Tensor:
+    """:func:`gumbel_argmax_op`'s draw, then the sampler's end: a new ``[B]`` int64 of tokens -- ``greedy [B]`` int64
+    where ``temperature [B]`` is below :data:`GREEDY_EPS`, the draw elsewhere, ``pad_id`` where ``active [B]`` (bool)
+    is off -- and, for the active rows, the token counted in ``counts [B, V]`` (int32) and ``step`` advanced by one
+    (:func:`advance`).  CUDA: the draw's launch (``kernels.gumbel``, ``FINISH``); elsewhere the reference."""
+    _check_draw("draw_finish_", scaled, cut, seed, step)
+    b, v = scaled.shape
+    for name, t, shape, dtype in (("greedy", greedy, (b,), torch.int64), ("temperature", temperature, (b,),
+                                  torch.float32), ("active", active, (b,), torch.bool),
+                                  ("counts", counts, (b, v), torch.int32)):
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"draw_finish_: {name} must be a {list(shape)} {dtype} tensor, got {tuple(t.shape)} "
+                             f"{t.dtype}")
+    if scaled.is_cuda and counts.stride(-1) == 1 and step.is_contiguous():
+        from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
+
+        finish = (greedy.contiguous(), temperature.contiguous(), active.contiguous(), counts, GREEDY_EPS, pad_id)
+        return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish)
+    draw = gumbel_argmax_op if scaled.is_cuda else gumbel_argmax_reference
+    drawn = draw(scaled, cut, seed, step)
+    tokens = _pick(greedy, drawn, temperature, active, pad_id)
+    _advance(counts, step, tokens, active)
+    return tokens
+
+
+def _pick(greedy: torch.Tensor, drawn: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor,
+          pad_id: int) -> torch.Tensor:
+    """Each row's token: ``greedy`` below :data:`GREEDY_EPS`, else ``drawn``; ``pad_id`` where not ``active``."""
+    return torch.where(active, torch.where(temperature < GREEDY_EPS, greedy, drawn), pad_id)
+
+
+def sample_advance(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
+                   pad_id: int = -1) -> torch.Tensor:
+    """:func:`sample` then :func:`advance` with the same ``active``: the tokens, the row state advanced.  On CUDA with
+    :data:`GUMBEL_KERNEL` and :data:`DRAW_FINISH` (and the penalty state) the draw's launch ends both
+    (``flare::draw_finish_``)."""
+    act = params.active if active is None else active
+    if (logits.is_cuda and params.output_counts is not None and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL)
+            and switch("FLARE_DRAW_FINISH", DRAW_FINISH)):
+        greedy, scaled = sampler_front(logits, params)
+        cut = cut_of(scaled, params, params.temperature < GREEDY_EPS)
+        return draw_finish_op(scaled, cut, params.seed, params.step, greedy, params.temperature, act,
+                              params.output_counts, pad_id)
+    tokens = sample(logits, params, active=act, pad_id=pad_id)
+    advance(params, tokens, active=act)
+    return tokens
+
+
 def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
     greedy, scaled = sampler_front(logits, params)
     drawn = gumbel_argmax(scaled, cut_of(scaled, params, params.temperature < GREEDY_EPS), params.seed, params.step)
-    tokens = torch.where(params.temperature < GREEDY_EPS, greedy, drawn)
-    return torch.where(params.active if active is None else active, tokens, pad_id)
+    return _pick(greedy, drawn, params.temperature, params.active if active is None else active, pad_id)
 
 
 def advance(params: SamplingTensors, tokens: torch.Tensor, *, active: torch.Tensor | None = None) -> None:
     """In-graph state update after :func:`sample`: active rows count ``tokens`` and step once;
     inactive rows are untouched.  Pure tensor mutations, capturable."""
-    act = params.active if active is None else active
-    if params.output_counts is not None:
-        v = params.output_counts.shape[1]
-        params.output_counts.scatter_add_(1, tokens.clamp(0, v - 1)[:, None].to(torch.int64),
-                                          act.to(torch.int32)[:, None])
-    params.step.add_(act.to(torch.int64))
+    _advance(params.output_counts, params.step, tokens, params.active if active is None else active)
+
+
+def _advance(counts: torch.Tensor | None, step: torch.Tensor, tokens: torch.Tensor, active: torch.Tensor) -> None:
+    """:func:`advance` on tensors: ``counts [B, V]`` (None: no penalty state) and ``step [B]`` in place."""
+    if counts is not None:
+        counts.scatter_add_(1, tokens.clamp(0, counts.shape[1] - 1)[:, None].to(torch.int64),
+                            active.to(torch.int32)[:, None])
+    step.add_(active.to(torch.int64))
 
 
 def make_sampler(params: SamplingTensors, *, advance_state: bool = True,
@@ -470,8 +542,7 @@ def make_sampler(params: SamplingTensors, *, advance_state: bool = True,
     """A ``(logits, active) -> tokens`` step hook (the prepared forward's sampler signature) that samples
     with ``params`` under the step's own active mask and, by default, advances the row state in-graph."""
     def sampler(logits: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        tokens = sample(logits, params, active=active, pad_id=pad_id)
         if advance_state:
-            advance(params, tokens, active=active)
-        return tokens
+            return sample_advance(logits, params, active=active, pad_id=pad_id)
+        return sample(logits, params, active=active, pad_id=pad_id)
     return sampler

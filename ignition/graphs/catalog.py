@@ -229,11 +229,9 @@ def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """In-graph sampling of ``logits [rows, V]`` and its state update (a compile region keyed by rows); the tokens
     into ``out`` if given."""
-    from ignition.components.sampling import advance, sample
+    from ignition.components.sampling import sample_advance
 
-    tokens = sample(logits, sampling, active=active_rows)
-    advance(sampling, tokens, active=active_rows)
-    return _into(out, tokens)
+    return _into(out, sample_advance(logits, sampling, active=active_rows))
 
 
 def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor,

@@ -666,6 +666,33 @@ def test_gumbel_argmax_on_this_gpu():
     assert not gumbel._COUNTS[launch.device_key(y.device)].any()
 
 
+def test_draw_finish_on_this_gpu():
+    """``flare::draw_finish_`` on vocabulary-sized rows (test_gumbel_argmax.py's finishing rows): the tokens, counts and
+    steps of the traced draw, choice and ``advance`` on this GPU, eager and compiled (its mutations through views of
+    the state, as the catalog's sampler region makes them); the row counts back at zero."""
+    from test_gumbel_argmax import _finish_reference, _finish_rows
+
+    from ignition.components.kernels import gumbel, launch
+    from ignition.components.sampling import draw_finish_op
+
+    def finish(y, cut, seeds, steps, greedy, temperature, active, counts):
+        return draw_finish_op(y, cut, seeds, steps[:6], greedy, temperature, active, counts[:6], -1)
+
+    compiled = torch.compile(finish, fullgraph=True, dynamic=False)
+    for step in range(4):
+        y, cut, seeds, steps, greedy, temperature, active, counts = (t.cuda() for t in _finish_rows(VOCAB, seed=step))
+        want = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, -1)
+        for fn in (finish, compiled):
+            state_steps = torch.cat([steps, steps[:1]])  # a row beyond the view: untouched
+            state_counts = torch.cat([counts, counts[:1]])
+            got = fn(y, cut, seeds, state_steps, greedy, temperature, active, state_counts)
+            assert torch.equal(got, want[0]), (step, fn)
+            assert torch.equal(state_counts[:6], want[1]) and torch.equal(state_counts[6], counts[0]), (step, fn)
+            assert torch.equal(state_steps[:6], want[2]) and state_steps[6] == steps[0], (step, fn)
+    torch.cuda.synchronize()
+    assert not gumbel._COUNTS[launch.device_key(y.device)].any()
+
+
 @pytest.mark.parametrize("op_name", ["sampling_cut", "sampling_cut_compact"])
 def test_sampling_cut_on_this_gpu(op_name):
     """``flare::sampling_cut``'s sort-free kernel and ``flare::sampling_cut_compact``'s five launches on

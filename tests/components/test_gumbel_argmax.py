@@ -79,6 +79,105 @@ def test_kernel_noise_is_the_reference_noise_bit_for_bit():
         assert torch.equal(got, u.argmax(dim=-1))
 
 
+def _finish_rows(v: int, seed: int = 0):
+    """``(scaled, cut, seeds, steps, greedy, temperature, active, counts)`` of :func:`_rows`' six rows: greedy rows
+    (temperature 0 and just below ``GREEDY_EPS``) and sampled ones (at ``GREEDY_EPS`` itself, above), the fourth row
+    inactive, greedy tokens at both ends of the vocabulary, counts already holding some tokens."""
+    y, cut, seeds, steps = _rows(v, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    eps = sampling.GREEDY_EPS
+    temperature = torch.tensor([0.0, 0.7, eps * 0.999, 1.0, eps, 1.3], dtype=torch.float32)
+    active = torch.tensor([True, True, True, False, True, True])
+    greedy = torch.tensor([0, 5, v - 1, 3, 7, 11], dtype=torch.int64)
+    counts = torch.randint(0, 3, (6, v), generator=gen, dtype=torch.int32)
+    return y, cut, seeds, steps, greedy, temperature, active, counts
+
+
+def _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, pad):
+    """The sampler's end as the traced region had it: the draw, ``sample``'s choice, ``advance`` (new tensors)."""
+    drawn = gumbel_argmax_reference(y, cut, seeds, steps)
+    tokens = torch.where(active, torch.where(temperature < sampling.GREEDY_EPS, greedy, drawn), pad)
+    counts = counts.clone()
+    counts.scatter_add_(1, tokens.clamp(0, y.shape[1] - 1)[:, None], active.to(torch.int32)[:, None])
+    return tokens, counts, steps + active.to(torch.int64)
+
+
+@interpreter
+@pytest.mark.parametrize("v,chunk,pad", [(10_000, 1024, -1), (5000, 256, 0)])
+def test_kernel_finish_picks_and_advances_as_the_sampler_does(v, chunk, pad):
+    """``FINISH``: the tokens (greedy below ``GREEDY_EPS``, drawn at and above it, the pad for the inactive row), the
+    counts and the steps against the draw, ``sample``'s choice and ``advance`` traced apart; the steps move only
+    after every program of the row read them (the drawn tokens are those of the old steps)."""
+    from ignition.components.kernels import gumbel, launch
+
+    y, cut, seeds, steps, greedy, temperature, active, counts = _finish_rows(v, seed=v)
+    want, want_counts, want_steps = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, pad)
+    assert want[2] == v - 1 and want[3] == pad and want[4] != 7  # greedy, inactive, sampled at GREEDY_EPS
+    got = gumbel.gumbel_argmax_triton(y, cut, seeds, steps, chunk=chunk,
+                                      finish=(greedy, temperature, active, counts, sampling.GREEDY_EPS, pad))
+    assert torch.equal(got, want), (got, want)
+    assert torch.equal(counts, want_counts) and torch.equal(steps, want_steps)
+    assert not gumbel._COUNTS[launch.device_key(y.device)].any()
+
+
+def test_draw_finish_op_off_cuda_is_the_reference_and_checks_its_arguments():
+    from ignition.components.sampling import draw_finish_op
+
+    y, cut, seeds, steps, greedy, temperature, active, counts = _finish_rows(777)
+    want, want_counts, want_steps = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, -1)
+    assert torch.equal(draw_finish_op(y, cut, seeds, steps, greedy, temperature, active, counts, -1), want)
+    assert torch.equal(counts, want_counts) and torch.equal(steps, want_steps)
+    for name, bad in (("greedy", (greedy.int(), temperature, active, counts)),
+                      ("temperature", (greedy, temperature[:3], active, counts)),
+                      ("active", (greedy, temperature, active.int(), counts)),
+                      ("counts", (greedy, temperature, active, counts[:, :-1]))):
+        with pytest.raises(ValueError, match=f"draw_finish_: {name}"):
+            draw_finish_op(y, cut, seeds, steps, *bad, -1)
+    with pytest.raises(ValueError, match="draw_finish_: step"):
+        draw_finish_op(y, cut, seeds, steps[:2], greedy, temperature, active, counts, -1)
+
+
+def test_draw_finish_op_compiled_advances_the_state_through_views():
+    """Compiled (Inductor, this machine's backend), the op's mutations of views of the state -- the catalog's sampler
+    region passes the first rows of the shared counts and steps -- reach the state; the rows beyond stay."""
+    from ignition.components.sampling import draw_finish_op
+
+    def finish(y, cut, seeds, steps, greedy, temperature, active, counts):
+        return draw_finish_op(y, cut, seeds, steps[:6], greedy, temperature, active, counts[:6], -1)
+
+    y, cut, seeds, steps, greedy, temperature, active, counts = _finish_rows(500)
+    want = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, -1)
+    state_steps, state_counts = torch.cat([steps, steps[:1]]), torch.cat([counts, counts[:1]])
+    got = torch.compile(finish, fullgraph=True, dynamic=False)(y, cut, seeds, state_steps, greedy, temperature, active,
+                                                               state_counts)
+    assert torch.equal(got, want[0])
+    assert torch.equal(state_counts[:6], want[1]) and torch.equal(state_counts[6], counts[0])
+    assert torch.equal(state_steps[:6], want[2]) and state_steps[6] == steps[0]
+
+
+def test_sample_advance_is_sample_then_advance(monkeypatch):
+    """The catalog's sampler region: :func:`sample_advance` against :func:`sample` and :func:`advance` on a copy of the
+    same state over a few steps (mixed rows, an inactive one), with the switch either way (CUDA only: the CPU keeps
+    the traced path)."""
+    from ignition.components.sampling import SamplingTensors, advance, sample, sample_advance
+
+    v = 3000
+    rows = [{"temperature": t, "top_k": k, "top_p": p, "presence_penalty": 0.4, "seed": 3 + i}
+            for i, (t, k, p) in enumerate([(0.0, 0, 1.0), (0.7, 20, 0.9), (1.2, 0, 0.8), (1.0, 5, 1.0)])]
+    for finish in ("1", "0"):
+        monkeypatch.setenv("FLARE_DRAW_FINISH", finish)
+        a = SamplingTensors.from_resolved(rows, 5, vocab_size=v, prompt_token_ids=[[1, 2]] * 4)
+        b = SamplingTensors.from_resolved(rows, 5, vocab_size=v, prompt_token_ids=[[1, 2]] * 4)
+        act = torch.tensor([True, True, False, True, True])
+        gen = torch.Generator().manual_seed(9)
+        for _ in range(4):
+            logits = torch.randn(5, v, generator=gen) * 4
+            want = sample(logits, a, active=act)
+            advance(a, want, active=act)
+            assert torch.equal(sample_advance(logits, b, active=act), want)
+            assert torch.equal(a.output_counts, b.output_counts) and torch.equal(a.step, b.step)
+
+
 def test_op_off_cuda_is_the_reference_and_checks_its_arguments(monkeypatch):
     y, cut, seeds, steps = _rows(777)
     assert torch.equal(gumbel_argmax_op(y, cut, seeds, steps), gumbel_argmax_reference(y, cut, seeds, steps))

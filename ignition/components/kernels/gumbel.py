@@ -7,6 +7,11 @@ then draws a ticket of its row (a CTA barrier, one acq_rel add at GPU scope: CUT
 program drawing the row's last ticket reads every chunk's maximum (through L2), keeps the first largest, writes the
 token and puts the count back to zero for the next launch.  Where Inductor traces the same expression as three
 launches and part of a fourth (the row keys; the cut, noise and logs; the two stages of ``argmax_last``).
+
+With ``FINISH`` (``flare::draw_finish_``) that last program also ends the sampler: the row's token is its greedy one
+for a greedy row, the drawn one else, ``pad`` for an inactive row, and an active row counts its token and steps once
+(``sampling.advance``) -- where Inductor traced the choice and the state update as four launches after the draw.  The
+row's other programs read its step (their noise keys) before their tickets, so the step moves only after every read.
 """
 
 from __future__ import annotations
@@ -48,8 +53,22 @@ def _row_keys(SEED, STEP, b):
 
 
 @triton.jit
-def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
-                          CP: tl.constexpr):
+def _finish_row(OUT, GREEDY, TEMP, ACTIVE, COUNTS, STEP, b64, drawn, V, stride_c, eps, pad):
+    """Row ``b64``'s token (greedy below ``eps``, else ``drawn``; ``pad`` when inactive) into ``OUT``; an active row
+    counts its token in ``COUNTS`` and steps once in ``STEP`` (``sampling.sample`` and ``advance``)."""
+    token = tl.where(tl.load(TEMP + b64) < eps, tl.load(GREEDY + b64), drawn)
+    active = tl.load(ACTIVE + b64) != 0
+    tl.store(OUT + b64, tl.where(active, token, pad))
+    if active:
+        slot = COUNTS + b64 * stride_c + tl.minimum(tl.maximum(token, 0), V - 1)
+        tl.store(slot, tl.load(slot) + 1)
+        tl.store(STEP + b64, tl.load(STEP + b64) + 1)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c,
+                          eps, pad, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr,
+                          FINISH: tl.constexpr = False):
     b = tl.program_id(0)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -64,13 +83,19 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, CHU
     tl.store(PV + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
     if _row_ticket(CNT, b):
-        tl.store(OUT + b, _row_first_max(PV, PI, b64, CHUNKS, CP, V))
+        drawn = _row_first_max(PV, PI, b64, CHUNKS, CP, V)
+        if FINISH:
+            _finish_row(OUT, GREEDY, TEMP, ACTIVE, COUNTS, STEP, b64, drawn, V, stride_c, eps, pad)
+        else:
+            tl.store(OUT + b, drawn)
 
 
 def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
-                         chunk: int = GUMBEL_CHUNK) -> torch.Tensor:
+                         chunk: int = GUMBEL_CHUNK, finish: tuple | None = None) -> torch.Tensor:
     """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``scaled [B, V]`` float32, ``cut [B]`` float32,
-    ``seed, step [B]`` int64 -> ``[B]`` int64 (shapes checked by the op)."""
+    ``seed, step [B]`` int64 -> ``[B]`` int64 (shapes checked by the op).  ``finish``: ``(greedy [B] int64,
+    temperature [B] float32, active [B] bool, counts [B, V] int32 (rows contiguous), greedy_eps, pad)`` --
+    ``flare::draw_finish_``: the tokens are the sampler's, and ``counts`` and ``step`` advance in place."""
     b, v = scaled.shape
     out = torch.empty(b, dtype=torch.int64, device=scaled.device)
     if b == 0:
@@ -81,7 +106,9 @@ def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Te
     pv = torch.empty((b, chunks), dtype=torch.float32, device=scaled.device)
     pi = torch.empty((b, chunks), dtype=torch.int32, device=scaled.device)
     counts = zeroed_counts(_COUNTS, scaled.device, b)
-    _gumbel_argmax_kernel[(b, chunks)](scaled, cut, seed, step, pv, pi, counts, out, v, scaled.stride(0), CHUNK=chunk,
-                                       CHUNKS=chunks, CP=triton.next_power_of_2(chunks),
+    greedy, temperature, active, state, eps, pad = finish or (out, cut, out, out, 0.0, 0)
+    _gumbel_argmax_kernel[(b, chunks)](scaled, cut, seed, step, pv, pi, counts, out, v, scaled.stride(0), greedy,
+                                       temperature, active, state, state.stride(0), eps, pad, CHUNK=chunk,
+                                       CHUNKS=chunks, CP=triton.next_power_of_2(chunks), FINISH=finish is not None,
                                        num_warps=GUMBEL_WARPS)
     return out
