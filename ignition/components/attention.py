@@ -144,7 +144,9 @@ class AttentionBatch:
         token per row (decode) that is ``hidden[:, 0]`` whatever ``valid`` holds -- a view, no gather launch: in a
         captured Qwen3-8B decode step the gather was a kernel of its own between the last down projection and the
         head (1.1 us, run 186's batch-1 trace), which also kept the head from launching early behind the down.
-        ``FLARE_HEAD_VIEW=0`` gathers at one token too (read at each trace, for side-by-side runs; the same values)."""
+        ``FLARE_HEAD_VIEW=0`` gathers at one token too (read at each trace, for side-by-side runs; the same values):
+        Qwen3-8B side by side in one process on an H100 (``results/20261206T031133Z-sm90-run189``) 1.0010x slower at
+        batch 1, 1.0020x at batch 4 (paired blocks 0/10 faster; within noise by the min-max rule)."""
         if hidden.shape[1] == 1 and switch("FLARE_HEAD_VIEW", True):
             return hidden[:, 0]
         last = (self.valid.sum(dim=1) - 1).clamp(min=0)
