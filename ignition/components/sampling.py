@@ -457,8 +457,8 @@ def sampler_front(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.
 #: choice and update as four launches after the draw, 5.3 us of kernel time and 6.9 us of the critical path.  The same
 #: tokens, counts and steps (``test_draw_finish_on_this_gpu`` passes on an H100, eager and compiled).
 #: ``FLARE_DRAW_FINISH=1`` / ``0`` sets it (read at each trace, for side-by-side runs).  On: Qwen3-8B side by side in
-#: one process on an H100 (``results/20261206T031133Z-sm90-run189``, 1024-token context), off 1.0010x slower at batch 1 and
-#: 1.0024x at batch 4 (paired blocks 0/10 faster; within noise by the min-max rule).
+#: one process on an H100 (``results/20261206T031133Z-sm90-run189``, 1024-token context), off 1.0010x slower at batch 1
+#: and 1.0024x at batch 4 (paired blocks 0/10 faster; within noise by the min-max rule).
 DRAW_FINISH = True
 
 
