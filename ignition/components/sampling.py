@@ -473,25 +473,27 @@ def draw_finish_op(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, 
     """:func:`gumbel_argmax_op`'s draw, then the sampler's end: a new ``[B]`` int64 of tokens -- ``greedy [B]`` int64
     where ``temperature [B]`` is below :data:`GREEDY_EPS`, the draw elsewhere, ``pad_id`` where ``active [B]`` (bool)
     is off -- and, for the active rows, the token counted in ``counts [B, V]`` (int32) and ``step`` advanced by one
-    (:func:`advance`).  CUDA: the draw's launch (``kernels.gumbel``, ``FINISH``); elsewhere the reference."""
+    (:func:`advance`).  CUDA: the draw's launch (``kernels.gumbel``, ``FINISH``; it writes ``counts`` and ``step`` in
+    place, so their rows must be contiguous -- raises naming them otherwise); elsewhere the reference."""
     _check_draw("draw_finish_", scaled, cut, seed, step)
     b, v = scaled.shape
-    for name, t, shape, dtype in (("greedy", greedy, (b,), torch.int64), ("temperature", temperature, (b,),
-                                  torch.float32), ("active", active, (b,), torch.bool),
-                                  ("counts", counts, (b, v), torch.int32)):
+    expected = {"greedy": (greedy, (b,), torch.int64), "temperature": (temperature, (b,), torch.float32),
+                "active": (active, (b,), torch.bool), "counts": (counts, (b, v), torch.int32)}
+    for name, (t, shape, dtype) in expected.items():
         if tuple(t.shape) != shape or t.dtype != dtype:
             raise ValueError(f"draw_finish_: {name} must be a {list(shape)} {dtype} tensor, got {tuple(t.shape)} "
                              f"{t.dtype}")
-    if scaled.is_cuda and counts.stride(-1) == 1 and step.is_contiguous():
-        from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
+    if not scaled.is_cuda:
+        tokens = _pick(greedy, gumbel_argmax_reference(scaled, cut, seed, step), temperature, active, pad_id)
+        _advance(counts, step, tokens, active)
+        return tokens
+    if counts.stride(-1) != 1 or not step.is_contiguous():  # the launch writes them in place
+        raise ValueError(f"draw_finish_: counts needs contiguous rows and step must be contiguous, got strides "
+                         f"{counts.stride()} and {step.stride()}")
+    from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
 
-        finish = (greedy.contiguous(), temperature.contiguous(), active.contiguous(), counts, GREEDY_EPS, pad_id)
-        return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish)
-    draw = gumbel_argmax_op if scaled.is_cuda else gumbel_argmax_reference
-    drawn = draw(scaled, cut, seed, step)
-    tokens = _pick(greedy, drawn, temperature, active, pad_id)
-    _advance(counts, step, tokens, active)
-    return tokens
+    finish = (greedy.contiguous(), temperature.contiguous(), active.contiguous(), counts, GREEDY_EPS, pad_id)
+    return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish)
 
 
 def _pick(greedy: torch.Tensor, drawn: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor,
@@ -508,8 +510,7 @@ def sample_advance(logits: torch.Tensor, params: SamplingTensors, *, active: tor
     act = params.active if active is None else active
     if (logits.is_cuda and params.output_counts is not None and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL)
             and switch("FLARE_DRAW_FINISH", DRAW_FINISH)):
-        greedy, scaled = sampler_front(logits, params)
-        cut = cut_of(scaled, params, params.temperature < GREEDY_EPS)
+        greedy, scaled, cut = _front_and_cut(logits, params)
         return draw_finish_op(scaled, cut, params.seed, params.step, greedy, params.temperature, act,
                               params.output_counts, pad_id)
     tokens = sample(logits, params, active=act, pad_id=pad_id)
@@ -521,9 +522,16 @@ def sample(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tenso
            pad_id: int = -1) -> torch.Tensor:
     """Tokens ``int64[B]``; pure (reads ``params``, writes nothing).  Inactive rows (``active``, default
     ``params.active``) get ``pad_id``; pass a valid token id where the graph feeds tokens back."""
-    greedy, scaled = sampler_front(logits, params)
-    drawn = gumbel_argmax(scaled, cut_of(scaled, params, params.temperature < GREEDY_EPS), params.seed, params.step)
+    greedy, scaled, cut = _front_and_cut(logits, params)
+    drawn = gumbel_argmax(scaled, cut, params.seed, params.step)
     return _pick(greedy, drawn, params.temperature, params.active if active is None else active, pad_id)
+
+
+def _front_and_cut(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(greedy, scaled, cut)``: :func:`sampler_front` and each sampled row's cut (:func:`cut_of`; greedy rows
+    skipped) -- what the draw reads."""
+    greedy, scaled = sampler_front(logits, params)
+    return greedy, scaled, cut_of(scaled, params, params.temperature < GREEDY_EPS)
 
 
 def advance(params: SamplingTensors, tokens: torch.Tensor, *, active: torch.Tensor | None = None) -> None:
