@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -115,7 +115,9 @@ class AttentionBatch:
     cache: PagedKVCache
     slots: torch.Tensor  # [B * T] int64, sanitized: padding and inactive rows point at the sink slot
     block_tables: torch.Tensor  # [B, P]
-    visible: torch.Tensor  # [B, 1, 1, T, S] bool: key j visible to query t
+    # [B, 1, 1, T, S] bool: key j visible to query t; None where no layer's backend reads it
+    # (:meth:`PyTorchPagedAttention.uses_visible`, :func:`batch_tensors`)
+    visible: torch.Tensor | None
     valid: torch.Tensor  # [B, T] bool: real (written, attended) tokens
     active: torch.Tensor  # [B] bool
     # [B] int64: context length after this step, clamped to [0, S], 0 for inactive rows.  In decode (T == 1) the
@@ -127,17 +129,25 @@ class AttentionBatch:
     @classmethod
     def build(cls, cache: PagedKVCache, positions: torch.Tensor, slot_mapping: torch.Tensor,
               block_tables: torch.Tensor, seq_lens: torch.Tensor, active: torch.Tensor,
-              tensors_fn: Callable | None = None) -> "AttentionBatch":
-        """``tensors_fn``: :func:`batch_tensors` or a compiled form of it (a step's metadata region)."""
+              tensors_fn: Callable | None = None, with_visible: bool = True) -> "AttentionBatch":
+        """``tensors_fn``: :func:`batch_tensors` or a compiled form of it (a step's metadata region);
+        ``with_visible``: whether to build ``visible`` (:func:`batch_tensors`)."""
         slots, visible, valid, active, lens, pos = (tensors_fn or batch_tensors)(
-            positions, slot_mapping, block_tables, seq_lens, active, cache.sink_slot, cache.page_size)
+            positions, slot_mapping, block_tables, seq_lens, active, cache.sink_slot, cache.page_size, with_visible)
         return cls(cache, slots, block_tables, visible, valid, active, lens, pos)
+
+    def visible_mask(self) -> torch.Tensor:
+        """:attr:`visible`; raises where the batch was built without it."""
+        if self.visible is None:
+            raise ValueError("AttentionBatch.visible: this batch was built without the visibility mask "
+                             "(with_visible=False: no layer's attention backend reads it)")
+        return self.visible
 
     def decode_lens(self) -> torch.Tensor:
         """``[B]`` int64: keys visible to each row's (single) decode query; static-shape, no host sync."""
         if self.seq_lens is not None:
             return self.seq_lens
-        return self.visible[:, 0, 0, -1, :].sum(dim=-1)
+        return self.visible_mask()[:, 0, 0, -1, :].sum(dim=-1)
 
     def last_valid(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, D]``: each row's last valid token of ``hidden [B, T, D]`` (position 0 for a row with none).  At one
@@ -158,24 +168,46 @@ class AttentionBatch:
         position is below seq_len; a padding query gets seq_len - 1 and an inactive row -1 -- both ignored)."""
         if self.positions is not None:
             return self.positions
-        return self.visible[:, 0, 0].sum(dim=-1) - 1
+        return self.visible_mask()[:, 0, 0].sum(dim=-1) - 1
+
+
+#: Whether every step builds its batch's ``visible`` mask (``FLARE_BATCH_VISIBLE=1`` / ``0``, read at each trace, for
+#: side-by-side runs) instead of only the steps where a layer's backend reads it (:func:`step_needs_visible`): the
+#: "triton" backend never does -- its decode and prefill kernels take ``seq_lens`` and the positions -- yet the mask was
+#: the compiled metadata region's own launch at the start of every step (run 190's Qwen3-8B batch-1 trace, an H100: a
+#: 1.5 us kernel of the 5.0 us of metadata on the step's critical path, beside the slots' and the lengths' launches),
+#: and at prefill a ``T x S`` bool write per row (S: the block table's keys).
+BATCH_VISIBLE_ALWAYS = False
+
+
+def step_needs_visible(backends: Iterable[Any], tokens: int) -> bool:
+    """Whether a step of ``tokens`` per row (a static shape) builds ``visible``: where any of ``backends`` reads it
+    (``uses_visible(tokens)``; a backend without that method is assumed to), or always with
+    :data:`BATCH_VISIBLE_ALWAYS` (``FLARE_BATCH_VISIBLE``)."""
+    if switch("FLARE_BATCH_VISIBLE", BATCH_VISIBLE_ALWAYS):
+        return True
+    return any(b.uses_visible(tokens) if hasattr(b, "uses_visible") else True for b in backends)
 
 
 def batch_tensors(positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
-                  seq_lens: torch.Tensor, active: torch.Tensor, sink_slot: int, page_size: int
-                  ) -> tuple[torch.Tensor, ...]:
+                  seq_lens: torch.Tensor, active: torch.Tensor, sink_slot: int, page_size: int,
+                  with_visible: bool = True) -> tuple[torch.Tensor | None, ...]:
     """The tensors of an :class:`AttentionBatch`: ``(slots, visible, valid, active, seq_lens, positions)``.  Pure,
     integer and boolean ops only: compiled (the step's metadata region under regional compilation, one fused
-    launch or a few instead of a dozen) it equals the eager ops bit for bit."""
+    launch or a few instead of a dozen) it equals the eager ops bit for bit.  ``with_visible`` False: ``visible``
+    is None -- the ``[B, 1, 1, T, S]`` mask only :class:`PyTorchPagedAttention` reads (the step's builder asks its
+    backends, :func:`step_needs_visible`); compiled, its launch is gone from the step's metadata region."""
     b, t = positions.shape
     s = block_tables.shape[1] * page_size
     active = active.bool()
     valid = (slot_mapping >= 0) & active[:, None]
     sink = torch.full_like(slot_mapping, sink_slot)
     slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
-    key = torch.arange(s, device=positions.device)
-    visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
-    visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
+    visible = None
+    if with_visible:
+        key = torch.arange(s, device=positions.device)
+        visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
+        visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
     lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
     return slots, visible, valid, active, lens, positions.long()
 
@@ -220,8 +252,13 @@ class PyTorchPagedAttention:
         """Attention of ``q [B, T, H, D]`` over the pools, this step's K/V already written (by :meth:`__call__` or
         by a fused write such as ``flare::rope_write_``) -> ``[B, T, H * D]``: the opaque ``flare::paged_attention``
         (its softmax is a reduction: compiled and uncompiled steps must run the same one)."""
-        return paged_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables, batch.visible,
-                               self.scaling)
+        return paged_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
+                               batch.visible_mask(), self.scaling)
+
+    def uses_visible(self, tokens: int) -> bool:
+        """Whether :meth:`attend` reads the batch's ``visible`` mask at ``tokens`` per row (a static shape): always
+        here."""
+        return True
 
 
 def paged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -401,6 +438,11 @@ class TritonPagedAttention(PyTorchPagedAttention):
         return rope_decode_attention_(q, k, v, q_norm, k_norm, eps, cos, sin, batch.cache.k[layer],
                                       batch.cache.v[layer], batch.slots, batch.block_tables, batch.decode_lens(),
                                       self.scaling, overlap_bytes, prefetch_weight if ahead else None, ahead)
+
+    def uses_visible(self, tokens: int) -> bool:
+        """Only the reference attention of T > 1 without the prefill kernel reads ``visible``; decode steps and the
+        prefill kernel take ``seq_lens`` and the positions."""
+        return tokens != 1 and not self.prefill_kernel
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]

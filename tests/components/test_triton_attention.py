@@ -30,9 +30,11 @@ import os
 import pytest
 import torch
 
-from ignition.components.attention import (AttentionBatch, PagedKVCache, PyTorchPagedAttention, TritonPagedAttention,
-                                           paged_attention_reference, paged_decode_attention,
-                                           paged_decode_attention_reference, slot_mapping_for)
+from ignition.components.attention import (AttentionBatch, PagedKVCache, PyTorchPagedAttention,
+                                           TritonDecodePagedAttention, TritonPagedAttention,
+                                           TritonUnfusedPagedAttention, paged_attention_reference,
+                                           paged_decode_attention, paged_decode_attention_reference, slot_mapping_for,
+                                           step_needs_visible)
 from ignition.components.custom_ops import op_effects
 
 PAGE = 16
@@ -169,9 +171,9 @@ def test_op_declaration():
                                          *make_case(4, 2, 64, seq_lens=(3,))[1:], 0.125)
 
 
-def _backend_step(backend, t, seq_lens, seed=0):
+def _backend_step(backend, t, seq_lens, seed=0, with_visible=True):
     """One layer step through ``backend`` on a fresh cache: rows' contexts prefilled with random K/V, then ``t``
-    new tokens per row ending at position seq_len - 1 (the last row inactive)."""
+    new tokens per row ending at position seq_len - 1 (the last row inactive); ``with_visible``: the batch's."""
     gen = torch.Generator().manual_seed(seed)
     h, kvh, d = backend.num_heads, backend.num_kv_heads, backend.head_dim
     b = len(seq_lens)
@@ -184,11 +186,40 @@ def _backend_step(backend, t, seq_lens, seed=0):
     positions = (lens[:, None] - t + torch.arange(t)[None, :]).clamp(min=0)
     valid = positions < lens[:, None]
     slots = slot_mapping_for(block_tables, positions, valid, PAGE)
-    batch = AttentionBatch.build(cache, positions, slots, block_tables, lens, active)
+    batch = AttentionBatch.build(cache, positions, slots, block_tables, lens, active, with_visible=with_visible)
     q = torch.randn(b, t, h, d, generator=gen).to(torch.bfloat16)
     k = torch.randn(b, t, kvh, d, generator=gen).to(torch.bfloat16)
     v = torch.randn(b, t, kvh, d, generator=gen).to(torch.bfloat16)
     return backend(0, q, k, v, batch), batch, q
+
+
+@pytest.mark.parametrize("t", [1, 3])
+@pytest.mark.parametrize("backend_cls", [PyTorchPagedAttention, TritonPagedAttention, TritonDecodePagedAttention,
+                                         TritonUnfusedPagedAttention])
+def test_step_needs_visible_exactly_where_a_backend_reads_it(backend_cls, t, monkeypatch):
+    """A batch built without ``visible`` serves a backend at ``t`` tokens per row -- the same output bytes as with
+    it, every other tensor of the batch the same -- exactly where :func:`step_needs_visible` says the mask is not
+    needed; where it says needed, the step without the mask raises, naming it (the mask is read: no silent
+    fallback).  ``FLARE_BATCH_VISIBLE=1`` asks for it everywhere."""
+    backend = backend_cls(8, 2, 64, 0.125)
+    lens = (5, 40, 128, 9)
+    out, full, _ = _backend_step(backend, t, lens)
+    assert full.visible is not None
+    needed = step_needs_visible([backend], t)
+    if needed:
+        with pytest.raises(ValueError, match="visible"):
+            _backend_step(backend, t, lens, with_visible=False)
+    else:
+        bare_out, bare, _ = _backend_step(backend, t, lens, with_visible=False)
+        assert bare.visible is None
+        for name in ("slots", "valid", "active", "seq_lens", "positions", "block_tables"):
+            assert torch.equal(getattr(bare, name), getattr(full, name)), name
+        assert torch.equal(bare_out, out)
+    monkeypatch.setenv("FLARE_BATCH_VISIBLE", "1")
+    assert step_needs_visible([backend], t)
+    monkeypatch.setenv("FLARE_BATCH_VISIBLE", "0")
+    assert step_needs_visible([backend], t) == needed
+    assert step_needs_visible([object(), backend], t)  # a backend that does not say is assumed to read it
 
 
 def test_attention_batch_seq_lens_is_the_decode_visibility():

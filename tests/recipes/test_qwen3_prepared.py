@@ -320,6 +320,40 @@ def test_triton_attention_backend_greedy_matches_canonical(ckpt, reference):
         assert float(top2[0] - top2[1]) <= 2 * bound, f"step {same}: a token flip that is not a near-tie"
 
 
+def test_triton_backend_steps_skip_the_visibility_mask_with_the_same_bits(ckpt, monkeypatch):
+    """The "triton" backend reads no ``visible`` mask: the model's prefill and decode steps build their batch without
+    it (``step_needs_visible``), and their logits and tokens equal bit for bit those of the same steps with the mask
+    built (``FLARE_BATCH_VISIBLE=1``); the reference backend's steps still build it."""
+    from ignition.components.attention import AttentionBatch, TritonPagedAttention
+
+    built = []
+    build = AttentionBatch.build.__func__
+
+    def spy(cls, *args, **kwargs):
+        batch = build(cls, *args, **kwargs)
+        built.append(batch.visible is not None)
+        return batch
+
+    monkeypatch.setattr(AttentionBatch, "build", classmethod(spy))
+
+    def run(backend):
+        model = PreparedQwen3.from_pretrained(ckpt, attention_backend=backend)
+        model.allocate_kv_cache(num_pages=32, page_size=PAGE, max_context=128)
+        graphs = CATALOG.prepare(model, decode=(1,), prefill=(8,))
+        built.clear()
+        tokens, logits = prepared_greedy(graphs, Row(list(PAGES), PAGE), PROMPT, 4, chunk=8)
+        return tokens, torch.stack(logits), list(built)
+
+    tokens, logits, masks = run(TritonPagedAttention(4, 2, 16, 16 ** -0.5))
+    assert len(masks) == 3 + 4 and not any(masks)  # three prefill chunks, four decodes: none built
+    monkeypatch.setenv("FLARE_BATCH_VISIBLE", "1")
+    tokens_m, logits_m, masks_m = run(TritonPagedAttention(4, 2, 16, 16 ** -0.5))
+    assert all(masks_m) and len(masks_m) == len(masks)
+    assert tokens_m == tokens and torch.equal(logits_m, logits)
+    monkeypatch.delenv("FLARE_BATCH_VISIBLE")
+    assert all(run(None)[2])  # the reference backend reads it
+
+
 class ChunkRelativeRotary(nn.Module):
     """Planted defect: rotary from positions relative to the step's first token."""
 

@@ -43,7 +43,7 @@ from torch import nn
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
-from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention
+from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention, step_needs_visible
 from ignition.components.decode_attention import decode_reduce_prefetch_bytes
 from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_block, linear_block,
                                               mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
@@ -369,9 +369,10 @@ class PreparedQwen3(nn.Module):
         ``batch_fn``: the attention metadata's tensors (a compiled ``attention.batch_tensors``)."""
         if self.kv_cache is None:
             raise RuntimeError("allocate_kv_cache() before running a step")
-        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
-                                     tensors_fn=batch_fn)
         m = self.hf.model
+        needs_visible = step_needs_visible((layer.self_attn.backend for layer in m.layers), positions.shape[1])
+        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
+                                     tensors_fn=batch_fn, with_visible=needs_visible)
         hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
         position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
         # published norms carried from each layer's down launch to the next one's QKV (the first layer's from the
