@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ignition.durability import without_fsync
+
 
 def _cmd_template_author(args) -> int:
     from ignition.templates.patch import TemplateSource, author, read_source_text
@@ -99,11 +101,12 @@ def _cmd_synth(args) -> int:
             return 2
     started = time.perf_counter()
     try:
-        out = synthesize_checkpoint(
-            args.repo_id, args.out, seed=args.seed, overrides=overrides, hub_cache=args.hub_cache,
-            shard_size=args.shard_size or DEFAULT_SHARD_SIZE, revision=args.revision, force=args.force,
-            progress=not args.quiet,
-        )
+        with without_fsync(args.no_fsync):
+            out = synthesize_checkpoint(
+                args.repo_id, args.out, seed=args.seed, overrides=overrides, hub_cache=args.hub_cache,
+                shard_size=args.shard_size or DEFAULT_SHARD_SIZE, revision=args.revision, force=args.force,
+                progress=not args.quiet,
+            )
     except SynthError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,6 +119,13 @@ def _cmd_synth(args) -> int:
     return 0
 
 
+def _no_fsync_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    """The writers' ``--no-fsync`` (``ignition.durability.without_fsync``)."""
+    parser.add_argument("--no-fsync", action="store_true",
+                        help=f"skip fsync: for throwaway outputs (a scratch {what} on a benchmark machine); readers "
+                             "see complete files, but a power loss can leave them incomplete")
+
+
 def _cmd_export(args) -> int:
     import logging
 
@@ -124,9 +134,10 @@ def _cmd_export(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     caps = lambda text: tuple(int(x) for x in text.split(",") if x) if text is not None else None  # noqa: E731
     try:
-        report = export(args.checkpoint, args.out, recipe_name=args.recipe, decode=caps(args.capacities),
-                        prefill=caps(args.prefill_chunks), device=args.device, page_size=args.page_size,
-                        compile=not args.eager, hub_cache=args.hub_cache, overwrite=args.overwrite)
+        with without_fsync(args.no_fsync):
+            report = export(args.checkpoint, args.out, recipe_name=args.recipe, decode=caps(args.capacities),
+                            prefill=caps(args.prefill_chunks), device=args.device, page_size=args.page_size,
+                            compile=not args.eager, hub_cache=args.hub_cache, overwrite=args.overwrite)
     except (ExportError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 1
@@ -222,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--eager", action="store_true", help="validate eager prepared forwards (no torch.compile)")
     e.add_argument("--hub-cache", default=None)
     e.add_argument("--overwrite", action="store_true")
+    _no_fsync_flag(e, "core")
     e.set_defaults(func=_cmd_export)
 
     b = sub.add_parser("bench", help="time prepared graph rounds (or exact prefill chunks) of a core on real "
@@ -270,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest shard (default 4GiB); accepts 4GiB, 500MB, ...")
     c.add_argument("--force", action="store_true", help="replace a non-empty --out")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+    _no_fsync_flag(c, "checkpoint")
     c.set_defaults(func=_cmd_synth)
     return p
 

@@ -15,7 +15,8 @@
 #   core-G          synthesize Qwen/Qwen3-G (random weights) and export a core (capacities $CAPS, prefill $CHUNKS;
 #                   either set empty: the recipe's full catalog); exported with --eager ($EXPORT_ARGS, default
 #                   --eager: the same core, its steps validated uncompiled -- every stage that times a core compiles
-#                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29).  A machine
+#                   its own steps; Qwen3-8B's export compile took 24 s of the 134 s stage in run 29; both written
+#                   with --no-fsync: scratch files -- run 190's export stalled ~3 s per 2 GiB shard on fsync).  A machine
 #                   still warm from the previous call reuses its core when ignition/'s files, the catalog and the
 #                   export arguments are the same (the stage says so in build.log)
 #   memory-G        qualify.fixed_memory on core G ($ATTN attention): weights, KV pool, graph pool, workspaces, slack
@@ -99,9 +100,9 @@ for s in ${STAGES:?set STAGES}; do
         echo "core $g reused from the warm machine (same sources and catalog, key $key)" | tee -a "$OUT/build.log"
       else
         rm -rf $W/core-$g $W/core-$g.key $W/ckpt-$g
-        timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet >> "$OUT/build.log" 2>&1
+        timeout 120 python3 -m ignition.cli synth-checkpoint Qwen/Qwen3-$g --out $W/ckpt-$g --hub-cache .hub --quiet --no-fsync >> "$OUT/build.log" 2>&1
         timeout ${EXPORT_S:-240} /usr/bin/time -f "export $g wall_s=%e" python3 -m ignition.cli export --checkpoint $W/ckpt-$g \
-            --out $W/core-$g --hub-cache .hub "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
+            --out $W/core-$g --hub-cache .hub --no-fsync "${catalog[@]}" ${EXPORT_ARGS---eager} 2>&1 \
             | grep -E "done in|wall|compiled|rror" >> "$OUT/build.log"
         [ "${PIPESTATUS[0]}" = 0 ] && echo "$key" > $W/core-$g.key
       fi; tail -n 4 "$OUT/build.log" ;;

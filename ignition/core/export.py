@@ -1,9 +1,10 @@
 """Writing a core directory atomically.
 
 Everything is written into a hidden sibling ``.<name>.partial-<pid>-<random>`` of the destination, each
-file fsync'ed, the manifest written last and checked with the loader's own structural checks; then the
-directory is renamed into place (same file system, so the rename is atomic). A failure at any point removes
-the partial directory, so the destination either does not exist or is a complete core. Replacing an
+file fsync'ed (unless within ``ignition.durability.without_fsync``), the manifest written last and checked with the
+loader's own structural checks; then the directory is renamed into place (same file system, so the rename is
+atomic). A failure at any point removes the partial directory, so the destination either does not exist or is a
+complete core. Replacing an
 existing core (``overwrite=True``) moves the old one aside, renames the new one in and then deletes the
 old one; only a directory holding ``core.pb`` (or an empty one) is ever replaced.
 
@@ -20,6 +21,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
+
+from ignition.durability import sync_dir, sync_file
 
 from . import core_pb2 as pb
 from .manifest import MANIFEST_NAME, WEIGHTS_DIR, check_structure, write_manifest
@@ -41,19 +44,6 @@ def tool_version() -> str:
         return "flare (source tree)"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _copy_hashed(src: Path, dst: Path) -> pb.FileEntry:
     digest, size = hashlib.sha256(), 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
@@ -61,8 +51,7 @@ def _copy_hashed(src: Path, dst: Path) -> pb.FileEntry:
             fout.write(chunk)
             digest.update(chunk)
             size += len(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
+        sync_file(fout)
     return pb.FileEntry(sha256=digest.hexdigest(), bytes=size)
 
 
@@ -70,8 +59,7 @@ def _write_text(path: Path, text: str) -> pb.FileEntry:
     data = text.encode("utf-8")
     with open(path, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
     return pb.FileEntry(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
 
 
@@ -109,7 +97,7 @@ def _write_weights(tmp: Path, manifest: pb.Core, tensors: Iterable[tuple[str, An
         flush()
     if not manifest.weights.files:
         raise ValueError("no tensors to export")
-    _fsync_dir(wdir)
+    sync_dir(wdir)
 
 
 def export_core(out_dir: str | os.PathLike, core: pb.Core, tokenizer_path: str | os.PathLike, annotated_template: str,
@@ -169,7 +157,7 @@ def export_core(out_dir: str | os.PathLike, core: pb.Core, tokenizer_path: str |
         manifest.created.utc = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         check_structure(manifest, f"{out} (manifest being exported)")
         write_manifest(tmp / MANIFEST_NAME, manifest)
-        _fsync_dir(tmp)
+        sync_dir(tmp)
 
         if check_destination():
             old = out.parent / f".{out.name}.replaced-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -182,7 +170,7 @@ def export_core(out_dir: str | os.PathLike, core: pb.Core, tokenizer_path: str |
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, out)
-        _fsync_dir(out.parent)
+        sync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

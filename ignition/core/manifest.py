@@ -9,10 +9,11 @@ works on the raw bytes, so it does not depend on two protobuf runtimes serializi
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
+
+from ignition.durability import sync_file
 
 from . import core_pb2 as pb
 from .errors import CoreFormatError
@@ -33,8 +34,7 @@ def encode_manifest(core: pb.Core) -> bytes:
 def write_manifest(path: Path, core: pb.Core) -> None:
     with open(path, "wb") as f:
         f.write(encode_manifest(core))
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
 
 
 def read_manifest(path: Path) -> pb.Core:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ignition.durability import sync_file
 
 from . import core_pb2 as pb
 from .errors import CoreFormatError
@@ -82,8 +83,7 @@ def write_shard(path: Path, tensors: list[tuple[str, Any]], progress=None) -> pb
                 del data
             if progress is not None:
                 progress.update(nbytes)
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
     return pb.FileEntry(name=path.name, sha256=digest.hexdigest(), bytes=8 + len(blob) + offset)
 
 

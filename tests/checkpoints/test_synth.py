@@ -427,6 +427,26 @@ def test_embedded_default_cli_needs_no_hub_cache(no_hub, tmp_path, capsys):
 
 # -- the command line ------------------------------------------------------------------------------
 
+def test_cli_no_fsync_writes_the_same_checkpoint_without_a_single_fsync(tiny, hub_cache, tmp_path, monkeypatch):
+    """``--no-fsync`` (throwaway checkpoints on benchmark machines): the same files byte for byte, no ``os.fsync``
+    call; without it every shard is fsynced; the setting is restored after the command."""
+    from ignition import durability
+
+    flags = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
+             "--head-dim", "16", "--quiet", "--shard-size", "2MiB"]
+    calls, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real(fd))
+    assert cli.main(["synth-checkpoint", SMALL, "--out", str(tmp_path / "durable"), "--hub-cache", hub_cache]
+                    + flags) == 0
+    shards = [n for n in _files(tmp_path / "durable") if n.endswith(".safetensors")]
+    assert len(shards) > 1 and len(calls) >= len(shards)
+    calls.clear()
+    assert cli.main(["synth-checkpoint", SMALL, "--out", str(tmp_path / "scratch"), "--hub-cache", hub_cache,
+                     "--no-fsync"] + flags) == 0
+    assert calls == [] and durability.fsync_enabled()
+    assert _files(tmp_path / "scratch") == _files(tmp_path / "durable")
+
+
 def test_cli_writes_the_same_checkpoint_and_reports_errors(tiny, hub_cache, tmp_path, capsys):
     flags = ["--layers", "2", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--kv-heads", "2",
              "--head-dim", "16"]

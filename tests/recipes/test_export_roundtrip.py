@@ -96,6 +96,29 @@ def test_export_cli_reports_a_missing_checkpoint_in_one_line(tmp_path):
     assert out.returncode == 1 and "synth-checkpoint" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_export_cli_no_fsync_writes_the_same_core_without_a_single_fsync(embedded, core, tmp_path, monkeypatch):
+    """``ignition export --no-fsync`` (a scratch core on a benchmark machine): no ``os.fsync`` call, and the same
+    core -- every weight shard, the tokenizer and the template byte for byte, the same manifest but its creation
+    time -- as the durable export of the same checkpoint."""
+    import os
+
+    from ignition import cli, durability
+
+    calls, real = [], os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real(fd))
+    out = tmp_path / "scratch"
+    assert cli.main(["export", "--checkpoint", str(embedded), "--out", str(out), "--capacities", "1,4",
+                     "--prefill-chunks", "256", "--device", "cpu", "--eager", "--no-fsync"]) == 0
+    assert calls == [] and durability.fsync_enabled()
+    files = lambda root: {p.relative_to(root).as_posix(): p.read_bytes()  # noqa: E731
+                          for p in sorted(root.rglob("*")) if p.is_file() and p.name != "core.pb"}
+    assert files(out) == files(core) and any(name.endswith(".safetensors") for name in files(out))
+    a, b = load_core(out).manifest, load_core(core).manifest
+    a.ClearField("created"), b.ClearField("created")
+    a.ClearField("manifest_sha256"), b.ClearField("manifest_sha256")
+    assert a == b
+
+
 def test_export_refuses_an_unknown_capacity(embedded, tmp_path):
     with pytest.raises(ValueError, match="not declared"):
         export(str(embedded), str(tmp_path / "c"), decode=(3,), prefill=(), device="cpu", compile=False,
