@@ -15,36 +15,37 @@ import contextlib
 import os
 from typing import BinaryIO, Iterator
 
-_FSYNC = [True]  # a process-wide setting (one list cell: no global statement)
+_fsync = True  # the process-wide setting
 
 
 def fsync_enabled() -> bool:
     """Whether writes are fsynced now (False inside :func:`without_fsync`)."""
-    return _FSYNC[0]
+    return _fsync
 
 
 @contextlib.contextmanager
 def without_fsync(skip: bool = True) -> Iterator[None]:
     """Within: files are flushed but not fsynced, directories not synced (``skip`` False: no change)."""
-    before = _FSYNC[0]
-    _FSYNC[0] = before and not skip
+    global _fsync
+    before = _fsync
+    _fsync = before and not skip
     try:
         yield
     finally:
-        _FSYNC[0] = before
+        _fsync = before
 
 
 def sync_file(f: BinaryIO) -> None:
     """Flush ``f`` and fsync it (unless within :func:`without_fsync`)."""
     f.flush()
-    if _FSYNC[0]:
+    if _fsync:
         os.fsync(f.fileno())
 
 
 def sync_dir(path: str | os.PathLike) -> None:
     """Fsync a directory, making the renames and new entries in it durable (unless within :func:`without_fsync`);
     a file system that cannot open or sync a directory is skipped."""
-    if not _FSYNC[0]:
+    if not _fsync:
         return
     try:
         fd = os.open(path, os.O_RDONLY)

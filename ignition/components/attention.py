@@ -448,7 +448,7 @@ class TritonPagedAttention(PyTorchPagedAttention):
 
     def attend(self, layer: int, q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         t = q.shape[1]
-        if t != 1 and not self.prefill_kernel:
+        if self.uses_visible(t):  # the reference attention: the one path that reads ``visible``
             return super().attend(layer, q, batch)
         if t != 1:  # prefill / verify
             return paged_prefill_attention(q, batch.cache.k[layer], batch.cache.v[layer], batch.block_tables,
