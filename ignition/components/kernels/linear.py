@@ -169,6 +169,14 @@ def gemv_x_ahead(k: int, bk: int, preload: int, plain_input: bool) -> bool:
 #: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
 #: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
 #: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
+#: Open lead (an H200, run 192, ``results/20261206T071700Z-sm90-run192``): the one-row qkv (2x1024) and gated gate/up
+#: (1x1024) below were chosen side by side on H100s (runs 180-181); on the H200 at a1a26f8 they took 13.36 and 48.58 us
+#: per layer in the critical path (+1.70 and +1.95 over their floors) where run 173 (the same card class, their old
+#: 4x1024 and 2x1024 configs) took 11.94 and 46.38 on a machine with a 1.4% slower floor.  Cross-machine, so a lead
+#: only: the side by side on the H200 is ``AB_IN_8B="FLARE_GEMV_CONFIG=1x6144x4096=4/1024/4/2
+#: FLARE_GEMV_CONFIG=1x24576x4096g=2/1024/4/2 FLARE_GEMV_CONFIG=1x6144x4096=4/1024/4/2;1x24576x4096g=2/1024/4/2"``
+#: with ``STAGES="core-8B replayin-8B" AB_TOGETHER=1 AB_NULL=1`` (``scripts/h200_run.sh``).  Where the H200 and the
+#: H100 disagree, the table would need the card model in its key (same bits within a model, not across).
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (1, 6144, 4096, False): (2, 1024, 4, 2),  # Qwen3-8B qkv: 2 rows per program (3072 programs) since run 180: side
     #   by side in one process on an H100 against 4x1024 (``results/20261205T182137Z-sm90-run180``) batch 1 0.9962x
