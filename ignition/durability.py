@@ -7,7 +7,9 @@ flag of ``ignition export`` and ``ignition synth-checkpoint``) skips the fsyncs 
 core on a benchmark machine: every reader still sees complete files (they are in the page cache once written and the
 atomic renames are unchanged), but a power loss could leave files incomplete behind a manifest.  Why: exporting
 Qwen3-8B on a device machine, the progress bar stalled about 3 s at the end of each 2 GiB shard, where the shard is
-fsynced (run 190's export: 37.6 s to write 15.3 GB; the saving itself not yet measured)."""
+fsynced (run 190's export, an H100: 37.6 s to write 15.3 GB).  Measured since only across machines: the whole
+Qwen3-8B export 71.2 s with the fsyncs on an H200 (run 173), 68.7 s without on another (run 192) -- a lead, not a
+side-by-side figure."""
 
 from __future__ import annotations
 
