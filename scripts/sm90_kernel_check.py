@@ -65,6 +65,7 @@ ONE_ROW = [
 #: The first two with the handoff too (``kernels.linear.GEMV_HANDOFF``'s gated form).
 GATED_MLP = "1x24576x4096g=2/1024/4/2;1x4096x12288=8/1024/4/2/0"
 NAMED = [
+    ("8B qkv 4x1024", "8B qkv", "1x6144x4096=4/1024/4/2"),  # with the next: the H200's own (GEMV_MEASURED_BY_CARD)
     ("8B gate_up gated 2x1024", "8B gate_up gated", GATED_MLP),
     ("8B down 8x1024", "8B down", GATED_MLP),
     ("8B down 8x1024", "8B down", "1x4096x12288=8/1024/4/2/2"),

@@ -88,21 +88,31 @@ def test_fused_linear_triton_matches_the_reference(m, n, k, norm, gated, residua
 
 
 def _narrow_measured_configs():
-    """The measured one-row configs whose programs hold fewer than 4 output rows (the heuristic never picks those)."""
-    from ignition.components.kernels.linear import GEMV_MEASURED
+    """The measured one-row configs whose programs hold fewer than 4 output rows (the heuristic never picks those),
+    of every card model's table (``none``: :data:`GEMV_MEASURED` alone), each config once."""
+    from ignition.components.kernels.linear import GEMV_MEASURED_BY_CARD, gemv_measured
 
-    return [key for key, entry in GEMV_MEASURED.items() if key[0] == 1 and entry[0] < 4]
+    out, seen = [], set()
+    for card in ["none", *GEMV_MEASURED_BY_CARD]:
+        for key, entry in gemv_measured("" if card == "none" else card).items():
+            if key[0] == 1 and entry[0] < 4 and (key, entry) not in seen:
+                seen.add((key, entry))
+                out.append((card, *key))
+    return out
 
 
-@pytest.mark.parametrize("m,n,k,gated", _narrow_measured_configs())
-def test_narrow_measured_gemv_configs_match_the_reference(m, n, k, gated):
-    """A measured one-row launch of 1- or 2-row programs (``GEMV_MEASURED``: Qwen3-8B's qkv, its gated gate/up), its
-    exact config -- the whole K preloaded, the norm prologue as the step launches them -- on the first 64 output rows
-    of the shape (the interpreter's cost is per program): within the reference's bound."""
+@pytest.mark.parametrize("card,m,n,k,gated", _narrow_measured_configs())
+def test_narrow_measured_gemv_configs_match_the_reference(monkeypatch, card, m, n, k, gated):
+    """A measured one-row launch of 1- or 2-row programs (``GEMV_MEASURED``: Qwen3-8B's qkv, its gated gate/up; and
+    each card model's own, ``GEMV_MEASURED_BY_CARD``), its exact config -- the whole K preloaded, the norm prologue as
+    the step launches them -- on the first 64 output rows of the shape (the interpreter's cost is per program): within
+    the reference's bound."""
     from ignition.components.fused_linear import fused_linear_reference
-    from ignition.components.kernels.linear import fused_linear_triton, gemv_config
+    from ignition.components.kernels.linear import fused_linear_triton, gemv_config, gemv_measured
 
+    monkeypatch.setenv("FLARE_GEMV_CARD", card)
     cfg = gemv_config(m, n, k, gated)
+    assert tuple(cfg.values()) == gemv_measured("" if card == "none" else card)[(m, n, k, gated)]
     x, w, nw, _ = _gemv_inputs(m, 64, k, norm=True, gated=gated, residual=False, seed=n + k)
     got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, gated=gated, config=cfg)
     ref = fused_linear_reference(x, w, nw, 1e-6, None, gated)
@@ -618,9 +628,10 @@ def test_one_row_takes_the_tensor_core_variant_from_its_least_k(monkeypatch):
     assert uses_dot_one_row(1, 12288) == (0 < fused_linear.DOT_ONE_ROW_MIN_K <= 12288)  # the default
 
 
-def test_gemv_config_is_a_pure_function_of_the_shapes():
+def test_gemv_config_is_a_pure_function_of_the_shapes(monkeypatch):
     from ignition.components.kernels.linear import GEMV_ACC_BUDGET, GEMV_MEASURED, gemv_config
 
+    monkeypatch.setenv("FLARE_GEMV_CARD", "none")  # the common table (a card model's: the next test)
     names = ("BN", "BK", "num_warps", "num_stages", "preload")
     for (m, n, k, gated), entry in GEMV_MEASURED.items():  # measured shapes: their table entry (a preload if named)
         assert len(entry) in (4, 5) and gemv_config(m, n, k, gated) == dict(zip(names, entry))
@@ -634,6 +645,42 @@ def test_gemv_config_is_a_pure_function_of_the_shapes():
             mp = 1 << (m - 1).bit_length()
             if not measured:  # the heuristic keeps its accumulator budget
                 assert mp * cfg["BN"] * cfg["BK"] * (2 if gated else 1) <= GEMV_ACC_BUDGET
+
+
+def test_gemv_config_takes_the_card_models_entries(monkeypatch):
+    """``GEMV_MEASURED_BY_CARD``: on a card model it names (``FLARE_GEMV_CARD``, else the CUDA device's name) its
+    entries replace ``GEMV_MEASURED``'s, every other shape keeps the common entry or the heuristic; an unnamed model,
+    ``none`` or no CUDA take the common table; ``FLARE_GEMV_CONFIG`` still wins over both."""
+    import torch
+
+    from ignition.components.kernels import linear
+
+    names = ("BN", "BK", "num_warps", "num_stages", "preload")
+    probe = [(1, 6144, 4096, False), (1, 24576, 4096, True), (1, 4096, 4096, False), (1, 4096, 12288, False),
+             (4, 4096, 4096, False), (1, 1000, 64, False)]
+    monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
+    monkeypatch.setenv("FLARE_GEMV_CARD", "none")
+    common = {key: linear.gemv_config(*key) for key in probe}
+    assert {key: common[key] for key in probe if key in linear.GEMV_MEASURED} == {
+        key: dict(zip(names, linear.GEMV_MEASURED[key])) for key in probe if key in linear.GEMV_MEASURED}
+    monkeypatch.setenv("FLARE_GEMV_CARD", "Some Other GPU")
+    assert {key: linear.gemv_config(*key) for key in probe} == common
+    if not torch.cuda.is_available():
+        monkeypatch.delenv("FLARE_GEMV_CARD")
+        assert linear.gemv_card() == "" and {key: linear.gemv_config(*key) for key in probe} == common
+    assert linear.GEMV_MEASURED_BY_CARD, "no card model names its own configs"
+    for card, entries in linear.GEMV_MEASURED_BY_CARD.items():
+        monkeypatch.setenv("FLARE_GEMV_CARD", card)
+        assert linear.gemv_card() == card
+        for key in probe:
+            want = dict(zip(names, entries[key])) if key in entries else common[key]
+            assert linear.gemv_config(*key) == want, (card, key)
+        assert any(entries[key] != linear.GEMV_MEASURED.get(key) for key in entries), f"{card}: no entry differs"
+        shape = next(iter(entries))
+        item = "x".join(map(str, shape[:3])) + ("g" if shape[3] else "") + "=16/512/8/3"
+        monkeypatch.setenv("FLARE_GEMV_CONFIG", item)
+        assert linear.gemv_config(*shape) == {"BN": 16, "BK": 512, "num_warps": 8, "num_stages": 3}
+        monkeypatch.delenv("FLARE_GEMV_CONFIG")
 
 
 # ---------------------------------------------------------------------------------------- q/k norm + rotary + KV write
@@ -688,6 +735,7 @@ def test_gemv_config_override_names_shapes_and_rejects_malformed_items(monkeypat
 
     table = dict(zip(("BN", "BK", "num_warps", "num_stages", "preload"), GEMV_MEASURED[(1, 4096, 4096, False)]))
     monkeypatch.delenv("FLARE_GEMV_CONFIG", raising=False)
+    monkeypatch.setenv("FLARE_GEMV_CARD", "none")
     assert gemv_config(1, 4096, 4096) == table
     others = [gemv_config(4, 4096, 4096), gemv_config(1, 4096, 12288)]
     monkeypatch.setenv("FLARE_GEMV_CONFIG", " 1x4096x4096=16/512/8/3 ; 1x6144x1024g=4/1024/4/2")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -169,14 +170,8 @@ def gemv_x_ahead(k: int, bk: int, preload: int, plain_input: bool) -> bool:
 #: more than 3 %; entries marked [6] from the re-sweep with programmatic dependent launch
 #: (``results/20261201T000448Z-sm90-run6/gemv.json``), [13] and [14] from ``results/20261201T044049Z-sm90-run13/gemv.json`` and
 #: ``results/20261201T044844Z-sm90-run14/gemv.json`` (with PDL).  A table, not runtime autotuning: equal shapes always run the same summation order.
-#: Open lead (an H200, run 192, ``results/20261206T071700Z-sm90-run192``): the one-row qkv (2x1024) and gated gate/up
-#: (1x1024) below were chosen side by side on H100s (runs 180-181); on the H200 at a1a26f8 they took 13.36 and 48.58 us
-#: per layer in the critical path (+1.70 and +1.95 over their floors) where run 173 (the same card class, their old
-#: 4x1024 and 2x1024 configs) took 11.94 and 46.38 on a machine with a 1.4% slower floor.  Cross-machine, so a lead
-#: only: the side by side on the H200 is ``AB_IN_8B="FLARE_GEMV_CONFIG=1x6144x4096=4/1024/4/2
-#: FLARE_GEMV_CONFIG=1x24576x4096g=2/1024/4/2 FLARE_GEMV_CONFIG=1x6144x4096=4/1024/4/2;1x24576x4096g=2/1024/4/2"``
-#: with ``STAGES="core-8B replayin-8B" AB_TOGETHER=1 AB_NULL=1`` (``scripts/h200_run.sh``).  Where the H200 and the
-#: H100 disagree, the table would need the card model in its key (same bits within a model, not across).
+#: Card models may differ: :data:`GEMV_MEASURED_BY_CARD` replaces entries where one model's side by side chose
+#: otherwise (:func:`gemv_card`).
 GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (1, 6144, 4096, False): (2, 1024, 4, 2),  # Qwen3-8B qkv: 2 rows per program (3072 programs) since run 180: side
     #   by side in one process on an H100 against 4x1024 (``results/20261205T182137Z-sm90-run180``) batch 1 0.9962x
@@ -231,6 +226,45 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
     (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
 }
+
+
+#: Per card model (``torch.cuda.get_device_name``, :func:`gemv_card`): the entries of :data:`GEMV_MEASURED` that this
+#: model's own side by side chose otherwise -- the same bits within a model, not across (another launch config sums in
+#: another order).  The H200: Qwen3-8B's one-row qkv and gated gate/up at their configs before run 180 (those of
+#: :data:`GEMV_MEASURED` were chosen side by side on H100s, runs 180-181).  Side by side in one process with the null
+#: on an H200 at 32fbabe (``results/20261206T083400Z-sm90-run193``, batch 1, A = :data:`GEMV_MEASURED`): the qkv at
+#: 4x1024 0.9964x, the gate/up at 2x1024 0.9869x, both 0.9835x (3.9822 -> 3.9168 ms; paired blocks 10/10 faster
+#: against A and the null A2 each); batch 4 (no one-row launch) within noise.
+GEMV_MEASURED_BY_CARD: dict[str, dict[tuple[int, int, int, bool], tuple[int, ...]]] = {
+    "NVIDIA H200": {
+        (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: 4 rows per program, whole K preloaded
+        (1, 24576, 4096, True): (2, 1024, 4, 2),  # Qwen3-8B gate_up gated: 2 gate + 2 up rows per program
+    },
+}
+
+
+def gemv_card() -> str:
+    """The card model whose :data:`GEMV_MEASURED_BY_CARD` entries apply: ``FLARE_GEMV_CARD`` when set (side-by-side
+    runs, the CPU tests; ``none``: no card's), else the current CUDA device's name, else ``""`` (no CUDA).  A name
+    with no entry takes :data:`GEMV_MEASURED` alone."""
+    named = os.environ.get("FLARE_GEMV_CARD", "").strip()
+    if named:
+        return "" if named.lower() == "none" else named
+    if not torch.cuda.is_available():
+        return ""
+    return _cuda_card_name(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_card_name(index: int) -> str:
+    """CUDA device ``index``'s model name (asked once per device)."""
+    return torch.cuda.get_device_name(index)
+
+
+def gemv_measured(card: str | None = None) -> dict[tuple[int, int, int, bool], tuple[int, ...]]:
+    """The measured launch configs on ``card`` (default :func:`gemv_card`): :data:`GEMV_MEASURED` with that model's
+    :data:`GEMV_MEASURED_BY_CARD` entries in place."""
+    return {**GEMV_MEASURED, **GEMV_MEASURED_BY_CARD.get(gemv_card() if card is None else card, {})}
 
 
 def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
@@ -519,12 +553,13 @@ def gemv_config_override(M: int, N: int, K: int, gated: bool) -> tuple[int, ...]
 def gemv_config(M: int, N: int, K: int, gated: bool = False) -> dict:
     """The launch config of ``_fused_gemv_kernel``: a pure function of the shapes (``N`` is the weight's row
     count, ``2 * I`` when gated), so equal shapes always run the same fp32 summation order.  Measured shapes
-    take their entry of :data:`GEMV_MEASURED`; others the heuristic below.  A ``FLARE_GEMV_CONFIG`` item with a fifth
-    field adds ``preload``: that launch's preloaded tiles (:func:`gemv_preload_tiles`).
+    take their entry of :func:`gemv_measured` (this card model's); others the heuristic below.  A
+    ``FLARE_GEMV_CONFIG`` item with a fifth field adds ``preload``: that launch's preloaded tiles
+    (:func:`gemv_preload_tiles`).
 
     ``BN``: the largest of 32/16/8/4 whose grid still has >= 2 programs per SM; ``BK``: up to 1024 (never more
     than K rounded up to a power of two), shrunk -- then ``BN`` -- until the accumulator fits the budget."""
-    measured = gemv_config_override(M, N, K, gated) or GEMV_MEASURED.get((M, N, K, bool(gated)))
+    measured = gemv_config_override(M, N, K, gated) or gemv_measured().get((M, N, K, bool(gated)))
     if measured is not None:
         return dict(zip(("BN", "BK", "num_warps", "num_stages", "preload"), measured))
     n_out = N // 2 if gated else N
