@@ -387,7 +387,8 @@ DECODE_KV_PREFETCH_KEYS = 64
 #: 2 again with the sums apart (offline sm90 PTX of the one-row launch: the same float instructions at 0, 1 and 2, no
 #: bf16 fma): that test and ``test_rope_kernels_on_this_gpu_without_norms_rotate_as_transformers_bitwise`` pass on an
 #: H100 (``results/20261205T224202Z-sm90-run186``), the GPU matrix too (run 188); side by side there 0 is 1.0018x
-#: slower at batch 1 (paired blocks 0/10 faster against A and A2), batch 4 1.0000x (run 187).
+#: slower at batch 1 (paired blocks 0/10 faster against A and A2), batch 4 1.0000x (run 187).  On an H200, 0 within
+#: noise: 1.0002x at batch 1, 0.9989x at batch 4 (``results/20261206T100400Z-sm90-run194``).
 DECODE_V_FIRST = 2
 
 
@@ -409,6 +410,9 @@ def decode_v_first() -> int:
 #: (``FLARE_DECODE_PRE_PAGES``, 162 registers then).  The same values: the same bits.  Measured off: Qwen3-8B batch 1
 #: side by side on an H100, with :data:`DECODE_V_FIRST` 2 0.9892x against 0.9877x without
 #: (``results/20261205T183053Z-sm90-run184`` and run 183, the same A); beside the earlier configs 0.9999x (run 179).
+#: On an H200 (``results/20261206T100400Z-sm90-run194``, the H200's GEMV configs): on 0.9971x at batch 1, paired blocks
+#: 10/10 faster against A and the null A2 but 0.9994x against A2 and within noise by the min-max rule -- not enough to
+#: turn it on.
 DECODE_PAGES_FIRST = False
 
 

@@ -81,6 +81,7 @@ GEMV_STREAM_STAGES = 0
 #: (1.0001x, run 179).  Offline sm90 SASS of the down: the same float instructions with and without, scheduled apart;
 #: its GPU bit test (``test_streamed_gemv_input_ahead_on_this_gpu_changes_no_bit``) has not run yet (run 185 was cut
 #: before it).
+#: On the H200 too: off 1.0068x slower at batch 1 beside the H200's own configs (run 194, paired blocks 0/10).
 GEMV_X_AHEAD = True
 
 #: Whether a one-row GEMV with the norm prologue prefetches its norm weights' lines into L1 before its PDL wait
@@ -187,7 +188,7 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   against 8x1024 w4 (``results/20261205T181344Z-sm90-run179``, an H100): batch 1 0.9940x (paired blocks 10/10
     #   faster against A and the null A2; the critical path per layer 138.71 -> 137.75 us: o_proj 8.74 -> 11.25, but
     #   the gate/up behind it launches 7.04 us ahead instead of 2.56 and takes 62.91 instead of 65.38); 8x1024 w8
-    #   1.0025x slower.  Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2),
+    #   1.0025x slower.  On the H200 too: 8x1024 w4 1.0020x slower at batch 1 (run 194, paired blocks 0/10).  Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2),
     #   16x256 1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated
     #   MLP).
     #   Offline sm90 SASS of 8x1024 w4 (``cuobjdump``): after its wait the 4 input tiles and the residual load one
@@ -234,7 +235,10 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
 #: :data:`GEMV_MEASURED` were chosen side by side on H100s, runs 180-181).  Side by side in one process with the null
 #: on an H200 at 32fbabe (``results/20261206T083400Z-sm90-run193``, batch 1, A = :data:`GEMV_MEASURED`): the qkv at
 #: 4x1024 0.9964x, the gate/up at 2x1024 0.9869x, both 0.9835x (3.9822 -> 3.9168 ms; paired blocks 10/10 faster
-#: against A and the null A2 each); batch 4 (no one-row launch) within noise.
+#: against A and the null A2 each); batch 4 (no one-row launch) within noise.  With them the replay of record
+#: (``results/20261206T100400Z-sm90-run194``, an H200): batch 1 3.9239 ms, 1.108x its floor (run 192 at a1a26f8:
+#: 1.126x); against run 173 0.9747x, faster by the min-max rule.  In the same run's side by side on top of them: the
+#: gated gate/up at 2x1024 w8 1.0430x slower.
 GEMV_MEASURED_BY_CARD: dict[str, dict[tuple[int, int, int, bool], tuple[int, ...]]] = {
     "NVIDIA H200": {
         (1, 6144, 4096, False): (4, 1024, 4, 2),  # Qwen3-8B qkv: 4 rows per program, whole K preloaded
