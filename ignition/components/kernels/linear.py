@@ -188,9 +188,9 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   against 8x1024 w4 (``results/20261205T181344Z-sm90-run179``, an H100): batch 1 0.9940x (paired blocks 10/10
     #   faster against A and the null A2; the critical path per layer 138.71 -> 137.75 us: o_proj 8.74 -> 11.25, but
     #   the gate/up behind it launches 7.04 us ahead instead of 2.56 and takes 62.91 instead of 65.38); 8x1024 w8
-    #   1.0025x slower.  On the H200 too: 8x1024 w4 1.0020x slower at batch 1 (run 194, paired blocks 0/10).  Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2),
-    #   16x256 1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated
-    #   MLP).
+    #   1.0025x slower.  On the H200 too: 8x1024 w4 1.0020x slower at batch 1 (run 194, paired blocks 0/10).
+    #   Before: 8x1024 w4, 8.44 us alone [6]; in the layer graph 8x512, 4x1024 (preload 4 or 2), 16x256
+    #   1.007-1.051x slower (run 62, ``results/20261201T173000Z-sm90-gemvprobe-runs60-65``, before the gated MLP).
     #   Offline sm90 SASS of 8x1024 w4 (``cuobjdump``): after its wait the 4 input tiles and the residual load one
     #   after another, each once the one before has arrived -- five L2 round trips in series (168 registers, 128 of
     #   them the preloaded weight tiles); 4x1024 w4 (96 registers, 5 per SM, 1024 programs) and 8x1024 w8 (106, 2
