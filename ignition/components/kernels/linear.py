@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 
 import torch
 import triton
@@ -249,26 +250,28 @@ GEMV_MEASURED_BY_CARD: dict[str, dict[tuple[int, int, int, bool], tuple[int, ...
 
 def gemv_card() -> str:
     """The card model whose :data:`GEMV_MEASURED_BY_CARD` entries apply: ``FLARE_GEMV_CARD`` when set (side-by-side
-    runs, the CPU tests; ``none``: no card's), else the current CUDA device's name, else ``""`` (no CUDA).  A name
-    with no entry takes :data:`GEMV_MEASURED` alone."""
+    runs, the CPU tests; a name with no entry, e.g. ``none``, takes :data:`GEMV_MEASURED` alone), else the current
+    CUDA device's name (asked once per device), else ``""`` (no CUDA)."""
     named = os.environ.get("FLARE_GEMV_CARD", "").strip()
-    if named:
-        return "" if named.lower() == "none" else named
-    if not torch.cuda.is_available():
-        return ""
+    if named or not torch.cuda.is_available():
+        return named
     return _cuda_card_name(torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
 def _cuda_card_name(index: int) -> str:
-    """CUDA device ``index``'s model name (asked once per device)."""
     return torch.cuda.get_device_name(index)
 
 
-def gemv_measured(card: str | None = None) -> dict[tuple[int, int, int, bool], tuple[int, ...]]:
-    """The measured launch configs on ``card`` (default :func:`gemv_card`): :data:`GEMV_MEASURED` with that model's
-    :data:`GEMV_MEASURED_BY_CARD` entries in place."""
-    return {**GEMV_MEASURED, **GEMV_MEASURED_BY_CARD.get(gemv_card() if card is None else card, {})}
+@functools.lru_cache(maxsize=None)
+def _measured_on(card: str) -> types.MappingProxyType:
+    return types.MappingProxyType({**GEMV_MEASURED, **GEMV_MEASURED_BY_CARD.get(card, {})})
+
+
+def gemv_measured(card: str | None = None) -> types.MappingProxyType:
+    """The measured launch configs on ``card`` (default :func:`gemv_card`), read-only: :data:`GEMV_MEASURED` with that
+    model's :data:`GEMV_MEASURED_BY_CARD` entries in place (merged once per model, not at each launch)."""
+    return _measured_on(gemv_card() if card is None else card)
 
 
 def gemv_prefetch_tiles(weight: torch.Tensor, bk: int) -> int:
