@@ -257,7 +257,7 @@ def cases():
                 dict(num_warps=8)))
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P,
                                                                       "R": "i32", "scaling": "fp32"},
-                dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS), dict(num_warps=4)))
+                dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS, USE_PDL=True), dict(num_warps=4)))
     out.append(("sampling cut 2048", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},
@@ -269,22 +269,24 @@ def cases():
     chunks = dict(C=38, CP=64)
     bins = dict(NBINS=sampling_cut.SAMPLING_CUT_BINS, INV_W=sampling_cut.SAMPLING_CUT_INV_W)
     out.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
-                dict(C=38, CHUNK=4096), dict(num_warps=8)))
+                dict(C=38, CHUNK=4096, USE_PDL=True), dict(num_warps=8)))
     out.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
-                {**rows, **mz, "H": "*i32", "V": "i32", "stride_y": "i32"}, dict(**chunks, CHUNK=4096, **bins),
-                dict(num_warps=8)))
+                {**rows, **mz, "H": "*i32", "V": "i32", "stride_y": "i32"},
+                dict(**chunks, CHUNK=4096, **bins, USE_PDL=True), dict(num_warps=8)))
     out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1", **mz, "H": "*i32",
                                                  "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
-                dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN), dict(num_warps=16)))
+                dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN, USE_PDL=True),
+                dict(num_warps=16)))
     out.append(("cut compact 4096", "_cut_compact_kernel",
                 {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "MA": "*fp32", "V": "i32",
                  "stride_y": "i32"},
-                dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER), dict(num_warps=8)))
+                dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER, USE_PDL=True),
+                dict(num_warps=8)))
     out.append((f"cut final {sampling_cut.SAMPLING_CUT_CAP}", "_cut_final_kernel",
                 {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "MA": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
                  "stride_y": "i32"},
                 dict(**chunks, CAP=sampling_cut.SAMPLING_CUT_CAP, BUFN=sampling_cut.SAMPLING_CUT_BUFFER,
-                     BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0),
+                     BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0, USE_PDL=True),
                 dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
     out.append((f"sorted cut {sampling_cut.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
@@ -297,17 +299,18 @@ def cases():
                  "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
                  "stride_x": "i32", "stride_c": "i32", "stride_p": "i32", "stride_y": "i32"},
                 dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
-                     CP=1 << (chunks - 1).bit_length()), dict(num_warps=sampler_front.FRONT_WARPS)))
+                     CP=1 << (chunks - 1).bit_length(), USE_PDL=True), dict(num_warps=sampler_front.FRONT_WARPS)))
     out.append((f"sampler min-p {sampler_front.FRONT_CHUNK}", "_min_p_kernel",
                 {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32"},
-                dict(CHUNK=sampler_front.FRONT_CHUNK), dict(num_warps=sampler_front.FRONT_WARPS)))
+                dict(CHUNK=sampler_front.FRONT_CHUNK, USE_PDL=True), dict(num_warps=sampler_front.FRONT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
     for finish in (False, True):  # the draw alone, and ending the sampler (flare::draw_finish_)
         out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}{' finish' if finish else ''}", "_gumbel_argmax_kernel",
                     {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32",
                      "CNT": "*i32", "OUT": "*i64", "V": "i32", "stride_y": "i32", "GREEDY": "*i64", "TEMP": "*fp32",
                      "ACTIVE": "*i1", "COUNTS": "*i32", "stride_c": "i32", "eps": "fp32", "pad": "i32"},
-                    dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length(), FINISH=finish),
+                    dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length(), FINISH=finish,
+                         USE_PDL=True),
                     dict(num_warps=gumbel.GUMBEL_WARPS)))
     return out
 

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignition.components.kernels.launch import zeroed_counts
+from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
 
 #: Values per program, and its warps (offline sm90, ``scripts/sm90_kernel_check.py``: 80 registers at 8 warps, 139 at
@@ -68,7 +68,8 @@ def _finish_row(OUT, GREEDY, TEMP, ACTIVE, COUNTS, STEP, b64, drawn, V, stride_c
 @triton.jit
 def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c,
                           eps, pad, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr,
-                          FINISH: tl.constexpr = False):
+                          FINISH: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -110,5 +111,6 @@ def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Te
     _gumbel_argmax_kernel[(b, chunks)](scaled, cut, seed, step, pv, pi, counts, out, v, scaled.stride(0), greedy,
                                        temperature, active, state, state.stride(0), eps, pad, CHUNK=chunk,
                                        CHUNKS=chunks, CP=triton.next_power_of_2(chunks), FINISH=finish is not None,
-                                       num_warps=GUMBEL_WARPS)
+                                       num_warps=GUMBEL_WARPS,
+                                       **pdl_if(scaled.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL))
     return out

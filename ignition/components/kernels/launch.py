@@ -72,6 +72,23 @@ def _pdl(device: torch.device, early_rows: int | None = None, overlap_bytes: int
     return opts
 
 
+#: Whether the step's small kernels outside the layers -- the sampler's (its front and min-p mask, the compacted cut's
+#: five, the Gumbel draw) and the rotary cos/sin in front of the first layer -- launch with PDL like the layers' kernels
+#: (``FLARE_SAMPLER_PDL=1`` / ``0`` and ``FLARE_ROTARY_PDL``; read at each launch, for side-by-side runs).  Each waits
+#: before anything else (its first read) and lets the next kernel launch after that wait: a chain of short dependent
+#: launches (Qwen3-8B's batch-1 step: ten sampler kernels of 1-7 us, 27 us of its critical path in run 194) where each
+#: launch came only after the kernel before it completed; and the first layer's qkv projection, launched while the
+#: rotary kernel runs, streams its weight into its registers there (its preload, 16.1 us in run 194's trace against
+#: 12.1 in later layers, which launch during the down projection).  The same values: the same bits.
+SAMPLER_PDL = True
+ROTARY_PDL = True
+
+
+def pdl_if(device: torch.device, name: str, default: bool) -> dict:
+    """:func:`_pdl`'s options for a launch whose PDL the switch ``name`` (default ``default``) may turn off."""
+    return _pdl(device) if switch(name, default) else {"USE_PDL": False}
+
+
 #: The largest batch whose decode reduce kernel is ``EARLY`` (``FLARE_PDL_EARLY_ROWS=N`` sets it).  Measured at one
 #: row (see the rules above); at 4 rows it stalled the output projection after it: Qwen3-0.6B batch 4, side by side
 #: in one process (``results/20261201T131618Z-sm90-run34``), 2.02 ms with EARLY against 0.7457x that without -- the

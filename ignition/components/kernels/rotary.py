@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ignition.components.kernels.launch import ROTARY_PDL, _pdl_enter, pdl_if
+
 
 # ------------------------------------------------------------------------------------------------------------
 # The rotary embedding's cos and sin (``flare::rotary_cos_sin``, ``ignition/components/rotary.py``): one launch for
@@ -20,7 +22,8 @@ import triton.language as tl
 
 @triton.jit
 def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, HALF: tl.constexpr, HP: tl.constexpr,
-                           BLOCK_R: tl.constexpr):
+                           BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.ROTARY_PDL: the first layer's projection launches while this runs
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     h = tl.arange(0, HP)
     r_mask = rows < R
@@ -54,5 +57,6 @@ def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scali
         return cos, sin
     _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS),)](
         positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), HALF=half,
-        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4)
+        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4,
+        **pdl_if(positions.device, "FLARE_ROTARY_PDL", ROTARY_PDL))
     return cos, sin

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignition.components.kernels.launch import zeroed_counts
+from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
 
 #: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
@@ -34,7 +34,8 @@ _COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 @triton.jit
 def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY, YMAX, V, stride_x, stride_c,
                   stride_p, stride_y, GREEDY_EPS: tl.constexpr, HAS_PEN: tl.constexpr, CHUNK: tl.constexpr,
-                  CHUNKS: tl.constexpr, CP: tl.constexpr):
+                  CHUNKS: tl.constexpr, CP: tl.constexpr, USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
@@ -71,8 +72,9 @@ def _nan_max(y, keep):
 
 
 @triton.jit
-def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr):
+def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """apply_min_p: the values below ``amax + log(min_p)`` -inf, in place (a NaN maximum masks nothing)."""
+    _pdl_enter(USE_PDL)
     b = tl.program_id(0)
     offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     keep = offs < V
@@ -103,10 +105,12 @@ def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prom
     py, px, ymax = torch.empty((b, chunks), **f32), torch.empty((b, chunks), **f32), torch.empty(b, **f32)
     pi = torch.empty((b, chunks), dtype=torch.int32, device=dev)
     pen = counts is not None
+    pdl = pdl_if(dev, "FLARE_SAMPLER_PDL", SAMPLER_PDL)
     cnt, pm = (counts, prompt_mask) if pen else (logits, logits)  # unused without penalties
     _front_kernel[(b, chunks)](logits, cnt, pm, repetition, frequency, presence, temperature, scaled, py, px, pi,
                                zeroed_counts(_COUNTS, dev, b), greedy, ymax, v, logits.stride(0),
                                cnt.stride(0), pm.stride(0), scaled.stride(0), GREEDY_EPS=greedy_eps, HAS_PEN=pen,
-                               CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS)
-    _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS)
+                               CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS,
+                               **pdl)
+    _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS, **pdl)
     return greedy, scaled

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ignition.components.kernels.launch import _interpreting
+from ignition.components.kernels.launch import SAMPLER_PDL, _interpreting, _pdl_enter, pdl_if
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -251,7 +251,9 @@ def _cut_bins(x, m, INV_W: tl.constexpr, NBINS: tl.constexpr):
 
 
 @triton.jit
-def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr):
+def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr,
+                            USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
@@ -265,7 +267,9 @@ def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.cons
 
 @triton.jit
 def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.constexpr, CP: tl.constexpr,
-                           CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr):
+                           CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
+                           USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
@@ -279,7 +283,9 @@ def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.co
 
 @triton.jit
 def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr, CP: tl.constexpr,
-                     NBINS: tl.constexpr, INV_W: tl.constexpr, MARGIN: tl.constexpr):
+                     NBINS: tl.constexpr, INV_W: tl.constexpr, MARGIN: tl.constexpr,
+                     USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
     if need_k | need_p:
@@ -320,7 +326,8 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
 @triton.jit
 def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stride_y, C: tl.constexpr,
                         CP: tl.constexpr, CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
-                        BUFN: tl.constexpr):
+                        BUFN: tl.constexpr, USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
@@ -340,7 +347,8 @@ def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stri
 @triton.jit
 def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, stride_y, C: tl.constexpr,
                       CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
-                      PIPELINE: tl.constexpr, NB: tl.constexpr):
+                      PIPELINE: tl.constexpr, NB: tl.constexpr, USE_PDL: tl.constexpr = False):
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
     cut = float("-inf")
@@ -424,15 +432,16 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
     rows = (y, top_k.contiguous(), top_p.contiguous(), skip.contiguous())
     bins = dict(NBINS=SAMPLING_CUT_BINS, INV_W=SAMPLING_CUT_INV_W)
     cp = triton.next_power_of_2(c)
-    _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8)
+    pdl = pdl_if(y.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL)
+    _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8, **pdl)
     _cut_chunk_hist_kernel[(b, c)](*rows, mc, zc, hist, v, y.stride(0), C=c, CP=cp, CHUNK=chunk, **bins,
-                                   num_warps=8)
+                                   num_warps=8, **pdl)
     _cut_plan_kernel[(b,)](*rows[1:], mc, zc, hist, plan, off, v, C=c, CP=cp, **bins, MARGIN=SAMPLING_CUT_MARGIN,
-                           num_warps=16)
+                           num_warps=16, **pdl)
     _cut_compact_kernel[(b, c)](*rows, mc, zc, plan, off, buf, ma, v, y.stride(0), C=c, CP=cp, CHUNK=chunk,
-                                BUFN=buffer, **bins, num_warps=8)
+                                BUFN=buffer, **bins, num_warps=8, **pdl)
     _cut_final_kernel[(b,)](*rows, mc, zc, plan, buf, ma, cut, ws, v, y.stride(0), C=c, CP=cp, CAP=cap, BUFN=buffer,
-                            **loop, num_warps=SAMPLING_CUT_WARPS)
+                            **loop, num_warps=SAMPLING_CUT_WARPS, **pdl)
     return cut
 
 
