@@ -48,8 +48,8 @@ from ignition.components.sampling_cut import general_prefix, sampling_cut, sampl
 from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
-__all__ = ["SamplingTensors", "sample", "advance", "sample_advance", "draw_finish_op", "DRAW_FINISH", "make_sampler",
-           "apply_penalties", "apply_temperature",
+__all__ = ["SamplingTensors", "sample", "advance", "sample_advance", "draw_finish_op", "draw_finish_into_op",
+           "DRAW_FINISH", "make_sampler", "apply_penalties", "apply_temperature",
            "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized", "uniform_noise",
            "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference", "GREEDY_EPS",
            "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
@@ -475,25 +475,43 @@ def draw_finish_op(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, 
     is off -- and, for the active rows, the token counted in ``counts [B, V]`` (int32) and ``step`` advanced by one
     (:func:`advance`).  CUDA: the draw's launch (``kernels.gumbel``, ``FINISH``; it writes ``counts`` and ``step`` in
     place, so their rows must be contiguous -- raises naming them otherwise); elsewhere the reference."""
-    _check_draw("draw_finish_", scaled, cut, seed, step)
+    return _draw_finish("draw_finish_", None, scaled, cut, seed, step, greedy, temperature, active, counts, pad_id)
+
+
+@opaque_op("draw_finish_into_", mutates_args=("out", "step", "counts"))
+def draw_finish_into_op(out: torch.Tensor, scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor,
+                        step: torch.Tensor, greedy: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor,
+                        counts: torch.Tensor, pad_id: int) -> None:
+    """:func:`draw_finish_op` with its tokens written into ``out`` (a ``[B]`` int64; contiguous on CUDA -- raises
+    naming it otherwise) instead of a new tensor: the step's static tokens, where a compiled region would otherwise
+    copy the op's result there in a launch of its own (run 194's Qwen3-8B batch-1 trace: 1.3 us after the draw)."""
+    _draw_finish("draw_finish_into_", out, scaled, cut, seed, step, greedy, temperature, active, counts, pad_id)
+
+
+def _draw_finish(what: str, out: torch.Tensor | None, scaled, cut, seed, step, greedy, temperature, active, counts,
+                 pad_id: int) -> torch.Tensor:
+    """:func:`draw_finish_op` (``out`` None: a new tensor) and :func:`draw_finish_into_op`, named ``what``."""
+    _check_draw(what, scaled, cut, seed, step)
     b, v = scaled.shape
     expected = {"greedy": (greedy, (b,), torch.int64), "temperature": (temperature, (b,), torch.float32),
                 "active": (active, (b,), torch.bool), "counts": (counts, (b, v), torch.int32)}
+    if out is not None:
+        expected["out"] = (out, (b,), torch.int64)
     for name, (t, shape, dtype) in expected.items():
         if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"draw_finish_: {name} must be a {list(shape)} {dtype} tensor, got {tuple(t.shape)} "
+            raise ValueError(f"{what}: {name} must be a {list(shape)} {dtype} tensor, got {tuple(t.shape)} "
                              f"{t.dtype}")
     if not scaled.is_cuda:
         tokens = _pick(greedy, gumbel_argmax_reference(scaled, cut, seed, step), temperature, active, pad_id)
         _advance(counts, step, tokens, active)
-        return tokens
-    if counts.stride(-1) != 1 or not step.is_contiguous():  # the launch writes them in place
-        raise ValueError(f"draw_finish_: counts needs contiguous rows and step must be contiguous, got strides "
-                         f"{counts.stride()} and {step.stride()}")
+        return tokens if out is None else out.copy_(tokens)
+    if counts.stride(-1) != 1 or not step.is_contiguous() or (out is not None and not out.is_contiguous()):
+        raise ValueError(f"{what}: counts needs contiguous rows, step and out must be contiguous, got strides "
+                         f"{counts.stride()}, {step.stride()} and {None if out is None else out.stride()}")
     from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton: CUDA only
 
     finish = (greedy.contiguous(), temperature.contiguous(), active.contiguous(), counts, GREEDY_EPS, pad_id)
-    return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish)
+    return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish, out=out)
 
 
 def _pick(greedy: torch.Tensor, drawn: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor,
@@ -503,16 +521,20 @@ def _pick(greedy: torch.Tensor, drawn: torch.Tensor, temperature: torch.Tensor, 
 
 
 def sample_advance(logits: torch.Tensor, params: SamplingTensors, *, active: torch.Tensor | None = None,
-                   pad_id: int = -1) -> torch.Tensor:
+                   pad_id: int = -1, out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`sample` then :func:`advance` with the same ``active``: the tokens, the row state advanced.  On CUDA with
     :data:`GUMBEL_KERNEL` and :data:`DRAW_FINISH` (and the penalty state) the draw's launch ends both
-    (``flare::draw_finish_``)."""
+    (``flare::draw_finish_``; with ``out``, a contiguous ``[B]`` int64, ``flare::draw_finish_into_``: the tokens
+    written there and ``out`` returned -- the caller copies any other result into it)."""
     act = params.active if active is None else active
     if (logits.is_cuda and params.output_counts is not None and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL)
             and switch("FLARE_DRAW_FINISH", DRAW_FINISH)):
         greedy, scaled, cut = _front_and_cut(logits, params)
-        return draw_finish_op(scaled, cut, params.seed, params.step, greedy, params.temperature, act,
-                              params.output_counts, pad_id)
+        args = (scaled, cut, params.seed, params.step, greedy, params.temperature, act, params.output_counts, pad_id)
+        if out is not None and out.is_contiguous():
+            draw_finish_into_op(out, *args)
+            return out
+        return draw_finish_op(*args)
     tokens = sample(logits, params, active=act, pad_id=pad_id)
     advance(params, tokens, active=act)
     return tokens

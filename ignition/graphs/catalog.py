@@ -231,7 +231,8 @@ def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor,
     into ``out`` if given."""
     from ignition.components.sampling import sample_advance
 
-    return _into(out, sample_advance(logits, sampling, active=active_rows))
+    tokens = sample_advance(logits, sampling, active=active_rows, out=out)
+    return tokens if tokens is out else _into(out, tokens)
 
 
 def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor,

@@ -666,17 +666,22 @@ def test_gumbel_argmax_on_this_gpu():
     assert not gumbel._COUNTS[launch.device_key(y.device)].any()
 
 
-def test_draw_finish_on_this_gpu():
-    """``flare::draw_finish_`` on vocabulary-sized rows (test_gumbel_argmax.py's finishing rows): the tokens, counts and
-    steps of the traced draw, choice and ``advance`` on this GPU, eager and compiled (its mutations through views of
-    the state, as the catalog's sampler region makes them); the row counts back at zero."""
+@pytest.mark.parametrize("into", [False, True], ids=["draw_finish_", "draw_finish_into_"])
+def test_draw_finish_on_this_gpu(into):
+    """``flare::draw_finish_`` (and ``flare::draw_finish_into_``, its tokens into the first rows of a static buffer) on
+    vocabulary-sized rows (test_gumbel_argmax.py's finishing rows): the tokens, counts and steps of the traced draw,
+    choice and ``advance`` on this GPU, eager and compiled (its mutations through views of the state, as the catalog's
+    sampler region makes them); the row counts back at zero."""
     from test_gumbel_argmax import _finish_reference, _finish_rows
 
     from ignition.components.kernels import gumbel, launch
-    from ignition.components.sampling import draw_finish_op
+    from ignition.components.sampling import draw_finish_into_op, draw_finish_op
 
-    def finish(y, cut, seeds, steps, greedy, temperature, active, counts):
-        return draw_finish_op(y, cut, seeds, steps[:6], greedy, temperature, active, counts[:6], -1)
+    def finish(y, cut, seeds, steps, greedy, temperature, active, counts, out):
+        if not into:
+            return draw_finish_op(y, cut, seeds, steps[:6], greedy, temperature, active, counts[:6], -1)
+        draw_finish_into_op(out[:6], y, cut, seeds, steps[:6], greedy, temperature, active, counts[:6], -1)
+        return out[:6]
 
     compiled = torch.compile(finish, fullgraph=True, dynamic=False)
     for step in range(4):
@@ -685,8 +690,10 @@ def test_draw_finish_on_this_gpu():
         for fn in (finish, compiled):
             state_steps = torch.cat([steps, steps[:1]])  # a row beyond the view: untouched
             state_counts = torch.cat([counts, counts[:1]])
-            got = fn(y, cut, seeds, state_steps, greedy, temperature, active, state_counts)
+            out = torch.full((7,), 12345, dtype=torch.int64, device=y.device)  # the static tokens, one row more
+            got = fn(y, cut, seeds, state_steps, greedy, temperature, active, state_counts, out)
             assert torch.equal(got, want[0]), (step, fn)
+            assert (got.data_ptr() == out.data_ptr() and out[6] == 12345) if into else out.eq(12345).all(), (step, fn)
             assert torch.equal(state_counts[:6], want[1]) and torch.equal(state_counts[6], counts[0]), (step, fn)
             assert torch.equal(state_steps[:6], want[2]) and state_steps[6] == steps[0], (step, fn)
     torch.cuda.synchronize()

@@ -103,18 +103,21 @@ def _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts,
 
 
 @interpreter
-@pytest.mark.parametrize("v,chunk,pad", [(10_000, 1024, -1), (5000, 256, 0)])
-def test_kernel_finish_picks_and_advances_as_the_sampler_does(v, chunk, pad):
+@pytest.mark.parametrize("v,chunk,pad,into", [(10_000, 1024, -1, False), (5000, 256, 0, True)])
+def test_kernel_finish_picks_and_advances_as_the_sampler_does(v, chunk, pad, into):
     """``FINISH``: the tokens (greedy below ``GREEDY_EPS``, drawn at and above it, the pad for the inactive row), the
     counts and the steps against the draw, ``sample``'s choice and ``advance`` traced apart; the steps move only
-    after every program of the row read them (the drawn tokens are those of the old steps)."""
+    after every program of the row read them (the drawn tokens are those of the old steps).  ``into``: the tokens
+    written into a given tensor, which the launch returns."""
     from ignition.components.kernels import gumbel, launch
 
     y, cut, seeds, steps, greedy, temperature, active, counts = _finish_rows(v, seed=v)
     want, want_counts, want_steps = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, pad)
     assert want[2] == v - 1 and want[3] == pad and want[4] != 7  # greedy, inactive, sampled at GREEDY_EPS
-    got = gumbel.gumbel_argmax_triton(y, cut, seeds, steps, chunk=chunk,
+    out = torch.full_like(want, 12345) if into else None
+    got = gumbel.gumbel_argmax_triton(y, cut, seeds, steps, chunk=chunk, out=out,
                                       finish=(greedy, temperature, active, counts, sampling.GREEDY_EPS, pad))
+    assert (got is out) if into else got.data_ptr() not in (y.data_ptr(), steps.data_ptr())
     assert torch.equal(got, want), (got, want)
     assert torch.equal(counts, want_counts) and torch.equal(steps, want_steps)
     assert not gumbel._COUNTS[launch.device_key(y.device)].any()
@@ -135,6 +138,20 @@ def test_draw_finish_op_off_cuda_is_the_reference_and_checks_its_arguments():
             draw_finish_op(y, cut, seeds, steps, *bad, -1)
     with pytest.raises(ValueError, match="draw_finish_: step"):
         draw_finish_op(y, cut, seeds, steps[:2], greedy, temperature, active, counts, -1)
+
+
+def test_draw_finish_into_op_off_cuda_writes_the_reference_into_out_and_checks_it():
+    from ignition.components.sampling import draw_finish_into_op
+
+    y, cut, seeds, steps, greedy, temperature, active, counts = _finish_rows(777)
+    want, want_counts, want_steps = _finish_reference(y, cut, seeds, steps, greedy, temperature, active, counts, -1)
+    out = torch.full((y.shape[0] + 1,), 12345, dtype=torch.int64)
+    assert draw_finish_into_op(out[:-1], y, cut, seeds, steps, greedy, temperature, active, counts, -1) is None
+    assert torch.equal(out[:-1], want) and out[-1] == 12345
+    assert torch.equal(counts, want_counts) and torch.equal(steps, want_steps)
+    for bad in (out, out[:-1].int()):
+        with pytest.raises(ValueError, match="draw_finish_into_: out"):
+            draw_finish_into_op(bad, y, cut, seeds, steps, greedy, temperature, active, counts, -1)
 
 
 def test_draw_finish_op_compiled_advances_the_state_through_views():

@@ -92,13 +92,15 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GRE
 
 
 def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
-                         chunk: int = GUMBEL_CHUNK, finish: tuple | None = None) -> torch.Tensor:
+                         chunk: int = GUMBEL_CHUNK, finish: tuple | None = None,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
     """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``scaled [B, V]`` float32, ``cut [B]`` float32,
     ``seed, step [B]`` int64 -> ``[B]`` int64 (shapes checked by the op).  ``finish``: ``(greedy [B] int64,
     temperature [B] float32, active [B] bool, counts [B, V] int32 (rows contiguous), greedy_eps, pad)`` --
-    ``flare::draw_finish_``: the tokens are the sampler's, and ``counts`` and ``step`` advance in place."""
+    ``flare::draw_finish_``: the tokens are the sampler's, and ``counts`` and ``step`` advance in place.  ``out``: a
+    contiguous ``[B]`` int64 the tokens go to (default a new one)."""
     b, v = scaled.shape
-    out = torch.empty(b, dtype=torch.int64, device=scaled.device)
+    out = torch.empty(b, dtype=torch.int64, device=scaled.device) if out is None else out
     if b == 0:
         return out
     if scaled.stride(-1) != 1:
