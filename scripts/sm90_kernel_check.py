@@ -264,29 +264,31 @@ def cases():
                 dict(BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0),
                 dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
     # the compacted cut at Qwen3's vocabulary (sampling_cut.sampling_cut_compact_triton: 38 chunks of 4096)
-    rows = {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1"}
+    # as the sampler launches them: the greedy rows skipped by the kernels, from the temperatures (SKIP_BELOW)
+    rows = {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*fp32"}
     mz = {"MC": "*fp32", "ZC": "*fp32"}
     chunks = dict(C=38, CP=64)
     bins = dict(NBINS=sampling_cut.SAMPLING_CUT_BINS, INV_W=sampling_cut.SAMPLING_CUT_INV_W)
     out.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
-                dict(C=38, CHUNK=4096, USE_PDL=True), dict(num_warps=8)))
+                dict(C=38, CHUNK=4096, USE_PDL=True, SKIP_BELOW=1e-5), dict(num_warps=8)))
     out.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
                 {**rows, **mz, "H": "*i32", "V": "i32", "stride_y": "i32"},
-                dict(**chunks, CHUNK=4096, **bins, USE_PDL=True), dict(num_warps=8)))
-    out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*i1", **mz, "H": "*i32",
+                dict(**chunks, CHUNK=4096, **bins, USE_PDL=True, SKIP_BELOW=1e-5), dict(num_warps=8)))
+    out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*fp32", **mz, "H": "*i32",
                                                  "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
-                dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN, USE_PDL=True),
+                dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN, USE_PDL=True, SKIP_BELOW=1e-5),
                 dict(num_warps=16)))
     out.append(("cut compact 4096", "_cut_compact_kernel",
                 {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "MA": "*fp32", "V": "i32",
                  "stride_y": "i32"},
-                dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER, USE_PDL=True),
+                dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER, USE_PDL=True,
+                     SKIP_BELOW=1e-5),
                 dict(num_warps=8)))
     out.append((f"cut final {sampling_cut.SAMPLING_CUT_CAP}", "_cut_final_kernel",
                 {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "MA": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
                  "stride_y": "i32"},
                 dict(**chunks, CAP=sampling_cut.SAMPLING_CUT_CAP, BUFN=sampling_cut.SAMPLING_CUT_BUFFER,
-                     BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0, USE_PDL=True),
+                     BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0, USE_PDL=True, SKIP_BELOW=1e-5),
                 dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
     out.append((f"sorted cut {sampling_cut.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},

@@ -304,12 +304,27 @@ def _front_args(logits: torch.Tensor, params: SamplingTensors) -> tuple:
             params.presence_penalty, params.temperature, params.min_p)
 
 
-def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None = None) -> torch.Tensor:
-    """``[B]``: each row's top-k / top-p cut of the scaled, min-p-masked logits ``y`` (:func:`filter_cut`)."""
+#: Whether the compacted cut's kernels test the greedy rows themselves (``temperature < GREEDY_EPS``, from the
+#: temperatures) where the sampler skips those rows, instead of a traced mask (``FLARE_CUT_SKIP_IN_KERNEL=1`` / ``0``;
+#: read at each trace, for side-by-side runs): in run 194's Qwen3-8B batch-1 trace Inductor formed that mask in a
+#: launch of its own between the sampler front and the cut (1.0 us, 1.4 us of the critical path).  The same rows.
+CUT_SKIP_IN_KERNEL = True
+
+
+def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None = None, *,
+           skip_greedy: bool = False) -> torch.Tensor:
+    """``[B]``: each row's top-k / top-p cut of the scaled, min-p-masked logits ``y`` (:func:`filter_cut`);
+    ``skip_greedy``: the greedy rows (temperature below :data:`GREEDY_EPS`) skipped as well as ``skip``'s."""
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
+    elif (y.is_cuda and n == 0 and sort_free() and skip_greedy and skip is None
+          and switch("FLARE_CUT_SKIP_IN_KERNEL", CUT_SKIP_IN_KERNEL)):
+        cut = sampling_cut_compact(y, params.top_k, params.top_p, params.temperature, GREEDY_EPS)
     elif y.is_cuda and (sort_free() or n > 0):
+        if skip_greedy:
+            greedy = params.temperature < GREEDY_EPS
+            skip = greedy if skip is None else skip | greedy
         skipped = torch.zeros_like(params.active) if skip is None else skip
         cut = (_prefix_cut(y, params, n, skipped) if n > 0
                else sampling_cut_compact(y, params.top_k, params.top_p, skipped))
@@ -462,6 +477,13 @@ def sampler_front(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch.
 DRAW_FINISH = True
 
 
+#: Whether :func:`sample_advance` given the step's static tokens draws into them (``flare::draw_finish_into_``)
+#: instead of returning a new tensor its caller copies there (``FLARE_DRAW_INTO=1`` / ``0``; read at each trace, for
+#: side-by-side runs): in run 194's Qwen3-8B batch-1 trace that copy was a launch of its own after the draw (1.3 us).
+#: The same tokens.
+DRAW_INTO = True
+
+
 def _draw_finish_fake(scaled, cut, seed, step, greedy, temperature, active, counts, pad_id):
     return seed.new_empty((scaled.shape[0],))
 
@@ -531,7 +553,7 @@ def sample_advance(logits: torch.Tensor, params: SamplingTensors, *, active: tor
             and switch("FLARE_DRAW_FINISH", DRAW_FINISH)):
         greedy, scaled, cut = _front_and_cut(logits, params)
         args = (scaled, cut, params.seed, params.step, greedy, params.temperature, act, params.output_counts, pad_id)
-        if out is not None and out.is_contiguous():
+        if out is not None and out.is_contiguous() and switch("FLARE_DRAW_INTO", DRAW_INTO):
             draw_finish_into_op(out, *args)
             return out
         return draw_finish_op(*args)
@@ -553,7 +575,7 @@ def _front_and_cut(logits: torch.Tensor, params: SamplingTensors) -> tuple[torch
     """``(greedy, scaled, cut)``: :func:`sampler_front` and each sampled row's cut (:func:`cut_of`; greedy rows
     skipped) -- what the draw reads."""
     greedy, scaled = sampler_front(logits, params)
-    return greedy, scaled, cut_of(scaled, params, params.temperature < GREEDY_EPS)
+    return greedy, scaled, cut_of(scaled, params, skip_greedy=True)
 
 
 def advance(params: SamplingTensors, tokens: torch.Tensor, *, active: torch.Tensor | None = None) -> None:

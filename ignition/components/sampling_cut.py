@@ -24,6 +24,8 @@ differ from the sorted reference's only where the mass above a value is within r
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ignition.components.custom_ops import opaque_op
@@ -114,27 +116,30 @@ def _cumsum_last(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return (inner + offsets[:, :, None]).view(b, n * block)[:, :v]
 
 
-def _check(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> None:
+def _check(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+           skip_below: float | None = None) -> None:
     if y.dim() != 2 or y.dtype != torch.float32:
         raise ValueError(f"sampling_cut: y must be a [B, V] float32 tensor, got {tuple(y.shape)} {y.dtype}")
     b = y.shape[0]
     for name, t, dtype in (("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32),
-                           ("skip", skip, torch.bool)):
+                           ("skip", skip, torch.bool if skip_below is None else torch.float32)):
         if tuple(t.shape) != (b,) or t.dtype != dtype:
             raise ValueError(f"sampling_cut: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
 
 
-def sampling_cut_reference(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                           skip: torch.Tensor) -> torch.Tensor:
+def sampling_cut_reference(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+                           skip_below: float | None = None) -> torch.Tensor:
     """The cut by sorting each row (module docstring): ``max(K, P)``, ``-inf`` for skipped rows (the op's CPU
-    path)."""
-    _check(y, top_k, top_p, skip)
+    path; ``skip_below``: ``skip`` is float32 and a row is skipped where it is below that)."""
+    _check(y, top_k, top_p, skip, skip_below)
+    skip = skip if skip_below is None else skip < skip_below
     cut = sorted_cut_reference(top_k, top_p, torch.sort(y, dim=-1, descending=True).values)
     cuts = ((top_k >= 1) & (top_k < y.shape[1])) | (top_p < 1.0)
     return torch.where(cuts & ~skip, cut, float("-inf"))
 
 
-def _fake(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+def _fake(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+          skip_below: float | None = None) -> torch.Tensor:
     return y.new_empty((y.shape[0],))
 
 
@@ -146,16 +151,17 @@ def sampling_cut(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip
     return _cut_on_device("sampling_cut_triton", y, top_k, top_p, skip)
 
 
-def _cut_on_device(kernel: str, y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                   skip: torch.Tensor) -> torch.Tensor:
+def _cut_on_device(kernel: str, y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+                   skip_below: float | None = None) -> torch.Tensor:
     """The cut ops' body: on CUDA the arguments checked and ``kernels.sampling_cut.<kernel>``; elsewhere the sorting
     reference (which checks them itself)."""
     if y.is_cuda:
         from ignition.components.kernels import sampling_cut as cut_kernels  # imports triton: CUDA only
 
-        _check(y, top_k, top_p, skip)
-        return getattr(cut_kernels, kernel)(y, top_k, top_p, skip)
-    return sampling_cut_reference(y, top_k, top_p, skip)
+        _check(y, top_k, top_p, skip, skip_below)
+        more = {} if skip_below is None else {"skip_below": skip_below}
+        return getattr(cut_kernels, kernel)(y, top_k, top_p, skip, **more)
+    return sampling_cut_reference(y, top_k, top_p, skip, skip_below)
 
 
 #: Whether the general sampler on CUDA cuts every row with :func:`sampling_cut_compact` (no sort;
@@ -171,13 +177,15 @@ def sort_free() -> bool:
 
 
 @opaque_op("sampling_cut_compact", mutates_args=(), fake=_fake)
-def sampling_cut_compact(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                         skip: torch.Tensor) -> torch.Tensor:
+def sampling_cut_compact(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
+                         skip_below: Optional[float] = None) -> torch.Tensor:
     """:func:`sampling_cut` over many programs per row: chunk statistics, bin counts below the row max, the window
     of values that can hold the cut compacted and sorted (``kernels.sampling_cut.sampling_cut_compact_triton``, five
     launches; the one-program searches for a row whose window exceeds the buffer).  The same cut as
-    :func:`sampling_cut` (counts exact, masses in its own fixed order); elsewhere the sorting reference."""
-    return _cut_on_device("sampling_cut_compact_triton", y, top_k, top_p, skip)
+    :func:`sampling_cut` (counts exact, masses in its own fixed order); elsewhere the sorting reference.
+    ``skip_below``: ``skip`` is a float32 ``[B]`` -- the sampler's temperatures -- and the rows where it is below that
+    are skipped, tested by the kernels themselves (the greedy rows: no launch of its own forming their mask)."""
+    return _cut_on_device("sampling_cut_compact_triton", y, top_k, top_p, skip, skip_below)
 
 
 def _check_sorted(top_k: torch.Tensor, top_p: torch.Tensor, sorted_desc: torch.Tensor) -> None:

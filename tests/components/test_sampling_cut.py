@@ -240,6 +240,30 @@ def test_compact_kernels_on_peaked_and_flat_rows():
             _assert_window(y[i], plan[i], int(top_k[i]))
 
 
+@interpreter
+def test_compact_kernels_skip_the_rows_below_skip_below_as_the_mask_does():
+    """``skip_below``: ``skip`` float32 (the sampler's temperatures) and the rows below it skipped by the kernels
+    themselves -- the same cuts, bit for bit, as the launch given the mask ``skip < skip_below`` (a NaN is not below:
+    cut), and the op's CPU path the reference of that mask; a bool ``skip`` with ``skip_below`` names itself."""
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
+    from ignition.components.sampling import GREEDY_EPS
+    from ignition.components.sampling_cut import sampling_cut_compact
+
+    b, v = 6, 900
+    y = _rows(b, v, 5)
+    top_k, top_p = _params(v, b)
+    temperature = torch.tensor([0.0, 0.7, 1e-7, float("nan"), 1.0, GREEDY_EPS])
+    mask = temperature < GREEDY_EPS
+    assert mask.tolist() == [True, False, True, False, False, False]
+    want = sampling_cut_compact_triton(y, top_k, top_p, mask, chunk=256)
+    got = sampling_cut_compact_triton(y, top_k, top_p, temperature, skip_below=GREEDY_EPS, chunk=256)
+    assert torch.equal(got, want) and torch.isinf(got[mask]).all() and got[~mask].isfinite().any()
+    assert torch.equal(sampling_cut_compact(y, top_k, top_p, temperature, GREEDY_EPS),
+                       sampling_cut_reference(y, top_k, top_p, mask))
+    with pytest.raises(ValueError, match="skip must be a .*float32"):
+        sampling_cut_compact(y, top_k, top_p, mask, GREEDY_EPS)
+
+
 def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
     """``flare::sampling_cut_compact``: its CPU path is the reference, bad arguments name themselves, it traces, and
     the sampler takes it on CUDA by default, ``FLARE_SAMPLER_SORT_FREE=0`` the full sort (CPU rows: the full sort

@@ -113,12 +113,15 @@ def _cut_search(Y, WS, V, lo, m, target, MASS: tl.constexpr, BLOCK: tl.constexpr
 
 
 @triton.jit
-def _cut_row_needs(TOPK, TOPP, SKIP, b, V):
+def _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW: tl.constexpr = None):
     """``(k, p, need_k, need_p)`` of row ``b``: whether it cuts by top-k (``1 <= k < V``) and by top-p (``p < 1``);
-    both False for a skipped row."""
+    both False for a skipped row: ``SKIP`` nonzero, or with ``SKIP_BELOW`` (``SKIP`` float32) below it."""
     k = tl.load(TOPK + b)
     p = tl.load(TOPP + b)
-    live = tl.load(SKIP + b).to(tl.int32) == 0
+    if SKIP_BELOW is None:
+        live = tl.load(SKIP + b).to(tl.int32) == 0
+    else:
+        live = (tl.load(SKIP + b) < SKIP_BELOW).to(tl.int32) == 0
     return k, p, live & (k >= 1) & (k < V), live & (p < 1.0)
 
 
@@ -252,11 +255,11 @@ def _cut_bins(x, m, INV_W: tl.constexpr, NBINS: tl.constexpr):
 
 @triton.jit
 def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr,
-                            USE_PDL: tl.constexpr = False):
+                            USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     if need_k | need_p:
         offs = c * CHUNK + tl.arange(0, CHUNK)
         x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
@@ -268,11 +271,11 @@ def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.cons
 @triton.jit
 def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.constexpr, CP: tl.constexpr,
                            CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
-                           USE_PDL: tl.constexpr = False):
+                           USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     if need_k | need_p:
         m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
         offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -284,10 +287,10 @@ def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.co
 @triton.jit
 def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr, CP: tl.constexpr,
                      NBINS: tl.constexpr, INV_W: tl.constexpr, MARGIN: tl.constexpr,
-                     USE_PDL: tl.constexpr = False):
+                     USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
-    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     if need_k | need_p:
         m, z = _cut_row_m_z(MC, ZC, b, C, CP)
         offs_c = tl.arange(0, CP)
@@ -326,11 +329,11 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
 @triton.jit
 def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stride_y, C: tl.constexpr,
                         CP: tl.constexpr, CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
-                        BUFN: tl.constexpr, USE_PDL: tl.constexpr = False):
+                        BUFN: tl.constexpr, USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
-    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     if need_k | need_p:
         if tl.load(PLAN + b * 4 + 1) <= BUFN:
             m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
@@ -347,10 +350,11 @@ def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stri
 @triton.jit
 def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, stride_y, C: tl.constexpr,
                       CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
-                      PIPELINE: tl.constexpr, NB: tl.constexpr, USE_PDL: tl.constexpr = False):
+                      PIPELINE: tl.constexpr, NB: tl.constexpr, USE_PDL: tl.constexpr = False,
+                      SKIP_BELOW: tl.constexpr = None):
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
-    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V)
+    k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     cut = float("-inf")
     done = tl.full((), True, tl.int1)
     if need_k | need_p:
@@ -404,8 +408,9 @@ SAMPLING_CUT_CHUNKS = 64
 
 
 def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
-                                *, chunk: int | None = None, cap: int = SAMPLING_CUT_CAP,
-                                buffer: int = SAMPLING_CUT_BUFFER, block: int = SAMPLING_CUT_BLOCK,
+                                *, skip_below: float | None = None, chunk: int | None = None,
+                                cap: int = SAMPLING_CUT_CAP, buffer: int = SAMPLING_CUT_BUFFER,
+                                block: int = SAMPLING_CUT_BLOCK,
                                 plan: torch.Tensor | None = None) -> torch.Tensor:
     """``flare::sampling_cut_compact`` on the GPU (or the interpreter): the cut of :func:`sampling_cut_triton` over
     many programs per row (see above).
@@ -413,7 +418,8 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
     :data:`SAMPLING_CUT_CHUNKS` chunks), the window values sorted at most and compacted at most; ``plan``: an
     optional ``[B, 4]`` int32 that receives each row's last bin, window count, first bin and count of values above
     the window (tests: which rows took the buffer, and what it held); ``block``: the searches' block (rows whose
-    window exceeds ``cap``).  Shapes are checked by the op."""
+    window exceeds ``cap``); ``skip_below``: ``skip`` is float32, and the rows below it are skipped (the op's).
+    Shapes are checked by the op."""
     y, cut, loop = _row_cut_setup(y, block)
     b, v = y.shape
     chunk = chunk or max(4096, triton.next_power_of_2(triton.cdiv(v, SAMPLING_CUT_CHUNKS)))
@@ -432,16 +438,16 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
     rows = (y, top_k.contiguous(), top_p.contiguous(), skip.contiguous())
     bins = dict(NBINS=SAMPLING_CUT_BINS, INV_W=SAMPLING_CUT_INV_W)
     cp = triton.next_power_of_2(c)
-    pdl = pdl_if(y.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL)
-    _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8, **pdl)
+    each = {**pdl_if(y.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL), "SKIP_BELOW": skip_below}  # every launch's
+    _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8, **each)
     _cut_chunk_hist_kernel[(b, c)](*rows, mc, zc, hist, v, y.stride(0), C=c, CP=cp, CHUNK=chunk, **bins,
-                                   num_warps=8, **pdl)
+                                   num_warps=8, **each)
     _cut_plan_kernel[(b,)](*rows[1:], mc, zc, hist, plan, off, v, C=c, CP=cp, **bins, MARGIN=SAMPLING_CUT_MARGIN,
-                           num_warps=16, **pdl)
+                           num_warps=16, **each)
     _cut_compact_kernel[(b, c)](*rows, mc, zc, plan, off, buf, ma, v, y.stride(0), C=c, CP=cp, CHUNK=chunk,
-                                BUFN=buffer, **bins, num_warps=8, **pdl)
+                                BUFN=buffer, **bins, num_warps=8, **each)
     _cut_final_kernel[(b,)](*rows, mc, zc, plan, buf, ma, cut, ws, v, y.stride(0), C=c, CP=cp, CAP=cap, BUFN=buffer,
-                            **loop, num_warps=SAMPLING_CUT_WARPS, **pdl)
+                            **loop, num_warps=SAMPLING_CUT_WARPS, **each)
     return cut
 
 
