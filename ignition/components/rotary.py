@@ -28,7 +28,8 @@ from torch import nn
 from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch
 
-__all__ = ["rotary_cos_sin", "rotary_cos_sin_reference", "position_embeddings", "fused_rotary_applies"]
+__all__ = ["rotary_cos_sin", "rotary_cos_sin_reference", "position_embeddings", "fused_rotary_applies",
+           "embed_rotary", "embed_rotary_reference", "embed_position_embeddings", "FUSED_EMBED_ROTARY"]
 
 
 def _check(positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
@@ -78,6 +79,66 @@ def fused_rotary_applies(rotary: nn.Module) -> bool:
     rope_type = str(getattr(rotary, "rope_type", "default"))
     return (isinstance(inv, torch.Tensor) and inv.dim() == 1 and inv.dtype == torch.float32
             and isinstance(scaling, (int, float)) and "dynamic" not in rope_type and rope_type != "longrope")
+
+
+def embed_rotary_reference(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                           inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(embedding(input_ids), cos, sin)``: the embedding table's rows (``F.embedding``) and
+    :func:`rotary_cos_sin_reference` in the table's dtype (the op's CPU path)."""
+    _check(positions, inv_freq)
+    if input_ids.shape != positions.shape or table.dim() != 2:
+        raise ValueError(f"embed_rotary: input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
+                         f"must match, table must be [vocab, H], got {tuple(table.shape)}")
+    return (torch.nn.functional.embedding(input_ids, table),
+            *rotary_cos_sin_reference(positions, inv_freq, scaling, table))
+
+
+def _embed_fake(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    pe = (*positions.shape, 2 * inv_freq.shape[0])
+    return (table.new_empty((*input_ids.shape, table.shape[1])), table.new_empty(pe), table.new_empty(pe))
+
+
+@opaque_op("embed_rotary", mutates_args=(), fake=_embed_fake)
+def embed_rotary(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                 scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``positions`` of one shape (integers), the embedding ``table [vocab, H]`` -> new ``(hidden
+    [..., H], cos, sin)`` in the table's dtype: :func:`embed_rotary_reference`.  CUDA: the rotary kernel's launch
+    copies the rows too (``kernels.rotary.embed_rotary_triton``; rows of the table must be contiguous); elsewhere the
+    reference."""
+    if not input_ids.is_cuda:
+        return embed_rotary_reference(input_ids, table, positions, inv_freq, scaling)
+    from ignition.components.kernels.rotary import embed_rotary_triton  # imports triton: CUDA only
+
+    _check(positions, inv_freq)
+    if input_ids.shape != positions.shape or table.dim() != 2 or table.stride(-1) != 1:
+        raise ValueError(f"embed_rotary: input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
+                         f"must match, table must be [vocab, H] with contiguous rows, got {tuple(table.shape)} "
+                         f"strides {table.stride()}")
+    return embed_rotary_triton(input_ids, table, positions, inv_freq, scaling)
+
+
+#: Whether a step's embedding and rotary run as one launch (:func:`embed_position_embeddings`;
+#: ``FLARE_FUSED_EMBED_ROTARY=1`` / ``0``, read when a step is traced, for side-by-side runs): run 194's Qwen3-8B
+#: batch-1 trace ran the embedding's gather (aten's ``indexSelectSmallIndex``, 2.2 us) as a launch of its own before
+#: the rotary kernel, 2.8 us of the critical path.  The same values (a copy of the table's rows).
+FUSED_EMBED_ROTARY = True
+
+
+def embed_position_embeddings(embedding: nn.Module, rotary: nn.Module, input_ids: torch.Tensor,
+                              positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``(embedding(input_ids), position_embeddings(rotary, ., positions))``: on CUDA one launch
+    (``flare::embed_rotary``) where the embedding is a plain ``nn.Embedding`` (no ``max_norm``) and the rotary one
+    the op reproduces (:func:`fused_rotary_applies`; neither ``FLARE_FUSED_ROTARY=0`` nor
+    ``FLARE_FUSED_EMBED_ROTARY=0``), else the module and :func:`position_embeddings`."""
+    table = getattr(embedding, "weight", None)
+    if (input_ids.is_cuda and type(embedding) is nn.Embedding and embedding.max_norm is None
+            and table.stride(-1) == 1 and input_ids.shape == positions.shape and fused_rotary_applies(rotary)
+            and switch("FLARE_FUSED_ROTARY", True) and switch("FLARE_FUSED_EMBED_ROTARY", FUSED_EMBED_ROTARY)):
+        hidden, cos, sin = embed_rotary(input_ids, table, positions, rotary.inv_freq, float(rotary.attention_scaling))
+        return hidden, (cos, sin)
+    hidden = embedding(input_ids)
+    return hidden, position_embeddings(rotary, hidden, positions)
 
 
 def position_embeddings(rotary: nn.Module, x: torch.Tensor,

@@ -956,3 +956,27 @@ def test_rotary_kernel_on_this_gpu_equals_the_module_bitwise(monkeypatch, dtype,
     monkeypatch.setattr(rotary_mod, "rotary_cos_sin", lambda *args: seen.append(args) or op(*args))
     assert all(torch.equal(g, w) for g, w in zip(rotary_mod.position_embeddings(rot, x, pos), want))
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4096)])
+def test_embed_rotary_on_this_gpu_equals_the_modules_bitwise(monkeypatch, shape):
+    """``flare::embed_rotary`` (the rotary launch also copying each token's embedding row) on this GPU against
+    ``nn.Embedding`` and transformers' rotary module there: the same bits (Qwen3-8B's hidden size; a decode step's rows
+    and a prefill chunk), and the step's entry point (``embed_position_embeddings``) takes the op."""
+    from test_rotary import _embedding, positions_case, qwen3_rotary
+
+    from ignition.components import rotary as rotary_mod
+
+    rot, emb = qwen3_rotary().cuda(), _embedding(vocab=5000, hidden=4096, seed=shape[0]).cuda()
+    pos = positions_case(shape, seed=shape[-1]).cuda()
+    ids = torch.randint(0, 5000, shape, generator=torch.Generator().manual_seed(shape[-1])).cuda()
+    want_h = emb(ids)
+    want = (want_h, *rot(want_h, pos))
+    op = rotary_mod.embed_rotary
+    got = op(ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g.view(torch.int16), w.view(torch.int16))
+    seen = []
+    monkeypatch.setattr(rotary_mod, "embed_rotary", lambda *args: seen.append(args) or op(*args))
+    hidden, (cos, sin) = rotary_mod.embed_position_embeddings(emb, rot, ids, pos)
+    assert len(seen) == 1 and all(torch.equal(g, w) for g, w in zip((hidden, cos, sin), want))

@@ -104,3 +104,46 @@ def test_triton_kernel_in_the_interpreter(head_dim, shape, scaling):
         assert ((g16.float() - w32).abs() <= 2.0 ** -7 * w32.abs() + 1e-30).all()
         half = head_dim // 2
         assert torch.equal(g32[..., :half], g32[..., half:])
+
+
+def _embedding(vocab=1000, hidden=96, dtype=torch.bfloat16, seed=0) -> torch.nn.Embedding:
+    """A token embedding as Qwen3's (``nn.Embedding`` with a padding index), random rows."""
+    emb = torch.nn.Embedding(vocab, hidden, padding_idx=vocab - 1, dtype=dtype)
+    with torch.no_grad():
+        emb.weight.copy_(torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)))
+    return emb
+
+
+def test_embed_rotary_cpu_op_and_wrapper_equal_the_modules_bitwise():
+    """``flare::embed_rotary`` off CUDA, and the step's entry point, against ``nn.Embedding`` and the rotary module;
+    mismatched shapes name themselves."""
+    from ignition.components.rotary import embed_position_embeddings, embed_rotary
+
+    rot, emb = qwen3_rotary(), _embedding()
+    pos = positions_case((2, 7), seed=5)
+    ids = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(6))
+    want_h = emb(ids)
+    want_pe = rot(want_h, pos)
+    hidden, cos, sin = embed_rotary(ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling)
+    assert torch.equal(hidden, want_h) and torch.equal(cos, want_pe[0]) and torch.equal(sin, want_pe[1])
+    hidden, (cos, sin) = embed_position_embeddings(emb, rot, ids, pos)
+    assert torch.equal(hidden, want_h) and torch.equal(cos, want_pe[0]) and torch.equal(sin, want_pe[1])
+    with pytest.raises(ValueError, match="embed_rotary: input_ids"):
+        embed_rotary(ids[:, :3], emb.weight, pos, rot.inv_freq, 1.0)
+
+
+@interpreter
+@pytest.mark.parametrize("shape,hidden", [((1, 1), 4096), ((3, 37), 96), ((1, 20), 1000)])
+def test_embed_rotary_kernel_in_the_interpreter(shape, hidden):
+    """The embedding rows copied by the rotary launch: exactly ``table[ids]`` (a decode row of Qwen3-8B's 4096
+    columns over 8 programs, rows past a program's block, a width no multiple of the column block), and the cos / sin
+    the same bits as the rotary kernel alone."""
+    from ignition.components.kernels.rotary import embed_rotary_triton, rotary_cos_sin_triton
+
+    rot, emb = qwen3_rotary(), _embedding(hidden=hidden, seed=hidden)
+    pos = positions_case(shape, seed=len(shape))
+    ids = torch.randint(0, 1000, shape, generator=torch.Generator().manual_seed(hidden))
+    got_h, cos, sin = embed_rotary_triton(ids, emb.weight, pos, rot.inv_freq, 1.0)
+    assert got_h.shape == (*shape, hidden) and torch.equal(got_h, emb.weight[ids])
+    want_cos, want_sin = rotary_cos_sin_triton(pos, rot.inv_freq, 1.0, torch.bfloat16)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)

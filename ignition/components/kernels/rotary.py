@@ -21,42 +21,69 @@ from ignition.components.kernels.launch import ROTARY_PDL, _pdl_enter, pdl_if
 
 
 @triton.jit
-def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, HALF: tl.constexpr, HP: tl.constexpr,
-                           BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr = False):
+def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, IDS, TABLE, HID, stride_t, HALF: tl.constexpr,
+                           HP: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr = False,
+                           H: tl.constexpr = 0, BLOCK_H: tl.constexpr = 512):
     _pdl_enter(USE_PDL)  # kernels.launch.ROTARY_PDL: the first layer's projection launches while this runs
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    h = tl.arange(0, HP)
     r_mask = rows < R
-    h_mask = h < HALF
-    pos = tl.load(POS + rows, mask=r_mask, other=0).to(tl.float32)
-    inv = tl.load(INV + h, mask=h_mask, other=0.0)
-    f = pos[:, None] * inv[None, :]  # [BLOCK_R, HP] fp32
-    c = (tl.cos(f) * scaling).to(COS.dtype.element_ty)  # libdevice's cosf on NVIDIA: no .approx in the PTX
-    s = (tl.sin(f) * scaling).to(SIN.dtype.element_ty)
-    off = rows.to(tl.int64)[:, None] * (2 * HALF) + h[None, :]
-    m = r_mask[:, None] & h_mask[None, :]
-    tl.store(COS + off, c, mask=m)
-    tl.store(COS + off + HALF, c, mask=m)
-    tl.store(SIN + off, s, mask=m)
-    tl.store(SIN + off + HALF, s, mask=m)
+    if H > 0:  # flare::embed_rotary: program (i, j) copies columns j * BLOCK_H.. of its rows' embeddings TABLE[IDS[r]]
+        ids = tl.load(IDS + rows, mask=r_mask, other=0).to(tl.int64)
+        hh = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        mh = r_mask[:, None] & (hh < H)[None, :]
+        tl.store(HID + rows.to(tl.int64)[:, None] * H + hh[None, :],
+                 tl.load(TABLE + ids[:, None] * stride_t + hh[None, :], mask=mh), mask=mh)
+    if tl.program_id(1) == 0:  # the cos / sin: the first program of each row block
+        h = tl.arange(0, HP)
+        h_mask = h < HALF
+        pos = tl.load(POS + rows, mask=r_mask, other=0).to(tl.float32)
+        inv = tl.load(INV + h, mask=h_mask, other=0.0)
+        f = pos[:, None] * inv[None, :]  # [BLOCK_R, HP] fp32
+        c = (tl.cos(f) * scaling).to(COS.dtype.element_ty)  # libdevice's cosf on NVIDIA: no .approx in the PTX
+        s = (tl.sin(f) * scaling).to(SIN.dtype.element_ty)
+        off = rows.to(tl.int64)[:, None] * (2 * HALF) + h[None, :]
+        m = r_mask[:, None] & h_mask[None, :]
+        tl.store(COS + off, c, mask=m)
+        tl.store(COS + off + HALF, c, mask=m)
+        tl.store(SIN + off, s, mask=m)
+        tl.store(SIN + off + HALF, s, mask=m)
 
 
 #: Positions per program of the rotary kernel (a decode step's rows fit one program; a prefill chunk's spread).
 ROTARY_BLOCK_ROWS = 16
+#: Embedding columns per program of :func:`embed_rotary_triton` (a decode step's one row of Qwen3-8B's 4096: 8
+#: programs, each one load and one store of 1 KiB in flight).
+EMBED_BLOCK_H = 512
 
 
-def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
-                          dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype, *,
+                          gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [...]`` (integer), ``inv_freq [D / 2]`` float32 -> ``(cos, sin)``, each ``[..., D]`` in ``dtype``,
-    one launch (see above).  Shapes are checked by the op (``rotary.py``)."""
+    one launch (see above).  ``gather``: ``(ids [R], table [vocab, H], hidden [R, H])`` -- the same launch writes
+    ``hidden[r] = table[ids[r]]`` (:func:`embed_rotary_triton`).  Shapes are checked by the op (``rotary.py``)."""
     half = inv_freq.shape[0]
     cos = torch.empty((*positions.shape, 2 * half), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     r = positions.numel()
     if r == 0:
         return cos, sin
-    _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS),)](
-        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), HALF=half,
-        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4,
+    ids, table, hidden = gather if gather is not None else (positions, cos, cos)  # unread without a gather
+    h = table.shape[1] if gather is not None else 0
+    gather = (ids, table, hidden, table.stride(0) if gather is not None else 0)
+    _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS), max(1, triton.cdiv(h, EMBED_BLOCK_H)))](
+        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), *gather, HALF=half,
+        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4, H=h, BLOCK_H=EMBED_BLOCK_H,
         **pdl_if(positions.device, "FLARE_ROTARY_PDL", ROTARY_PDL))
     return cos, sin
+
+
+def embed_rotary_triton(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                        inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids [...]``, ``table [vocab, H]`` (rows contiguous), ``positions`` of ``input_ids``' shape ->
+    ``(hidden [..., H], cos, sin)`` in the table's dtype, one launch: the rotary kernel also copies each token's
+    embedding row (``flare::embed_rotary``; shapes checked by the op)."""
+    hidden = torch.empty((*input_ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
+    cos, sin = rotary_cos_sin_triton(positions, inv_freq, scaling, table.dtype,
+                                     gather=(input_ids.reshape(-1).contiguous(), table, hidden))
+    return hidden, cos, sin

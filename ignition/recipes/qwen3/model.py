@@ -15,8 +15,8 @@ Composition (what is reused, what is replaced, and why):
   as one kernel (``flare::fused_linear``, by the measured rule of ``fused_linear.prefers_fused``).
   ``lm_head`` becomes a ``Projection`` (tied to the embedding where the config says so).
 * ``Qwen3Model.forward`` is not called: it builds a ``DynamicCache`` and a causal mask from Python
-  values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed, the rotary (on CUDA the module's
-  cos/sin by one launch, ``flare::rotary_cos_sin``: the same values bit for bit), then
+  values per call.  ``PreparedQwen3.forward`` is the thin replacement: embed and the rotary (on CUDA one launch,
+  ``flare::embed_rotary``: the table's rows and the module's cos/sin bit for bit), then
   each prepared decoder layer, which hands the step's ``AttentionBatch`` to our attention as
   ``paged_batch=`` (no ``Cache`` argument: the ``past_key_values``/``cache`` rename between transformers
   versions never matters).
@@ -48,6 +48,7 @@ from ignition.components.decode_attention import decode_reduce_prefetch_bytes
 from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_block, linear_block,
                                               mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
 from ignition.components.norms import RMSNorm
+from ignition.components.rotary import embed_position_embeddings
 from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
@@ -373,8 +374,11 @@ class PreparedQwen3(nn.Module):
         needs_visible = step_needs_visible((layer.self_attn.backend for layer in m.layers), positions.shape[1])
         batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
                                      tensors_fn=batch_fn, with_visible=needs_visible)
-        hidden = m.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
+        if input_embeds is None:  # one launch on CUDA (flare::embed_rotary)
+            hidden, position_embeddings = embed_position_embeddings(m.embed_tokens, m.rotary_emb, input_ids, positions)
+        else:
+            hidden = input_embeds
+            position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
         # published norms carried from each layer's down launch to the next one's QKV (the first layer's from the
         # embeddings; the last layer publishes the final norm's, unused), where the layers take and publish them
         layers = list(m.layers)
