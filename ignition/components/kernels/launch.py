@@ -79,7 +79,12 @@ def _pdl(device: torch.device, early_rows: int | None = None, overlap_bytes: int
 #: launches (Qwen3-8B's batch-1 step: ten sampler kernels of 1-7 us, 27 us of its critical path in run 194) where each
 #: launch came only after the kernel before it completed; and the first layer's qkv projection, launched while the
 #: rotary kernel runs, streams its weight into its registers there (its preload, 16.1 us in run 194's trace against
-#: 12.1 in later layers, which launch during the down projection).  The same values: the same bits.
+#: 12.1 in later layers, which launch during the down projection).  The same values: the same bits (the sampler's and
+#: rotary GPU tests pass with them, runs 195-196).  Side by side in one process with the null on an H100
+#: (``results/20261206T114900Z-sm90-run196``, Qwen3-8B, 1024-token context): the five step-glue switches of this
+#: session off together (these two, ``FLARE_DRAW_INTO``, ``FLARE_CUT_SKIP_IN_KERNEL``, ``FLARE_FUSED_EMBED_ROTARY``)
+#: 1.0010x slower at batch 1 and 1.0014x at batch 4, the step start's two alone 1.0009x / 1.0011x (paired blocks 0/10
+#: faster against A and A2 each; within noise by the min-max rule).  Not yet on an H200.
 SAMPLER_PDL = True
 ROTARY_PDL = True
 
