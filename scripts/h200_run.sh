@@ -8,7 +8,9 @@
 # them out of the working tree for the call (`git sparse-checkout set --no-cone '/*' '!/results/'`, then
 # `git sparse-checkout disable` to restore them; commit first, the sparse tree hides results/ from git add).
 #
-# NEED_GPU=H200 (any text of the card's name) stops the call before its first stage on another card (exit 3).
+# NEED_GPU=H200 (any text of the card's name) stops the call before its first stage on another card (exit 3) -- or,
+# with OTHER_STAGES set, runs those stages there instead of STAGES (e.g. OTHER_STAGES=tests: the GPU tests on whichever
+# card comes, the measurements only on the named one).
 #
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
@@ -79,7 +81,10 @@ GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | he
 # is device time spent for nothing.  Exit 3, gpu.txt and stages.log still come back.
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 if [ -n "${NEED_GPU:-}" ] && [[ "$GPU_NAME" != *"$NEED_GPU"* ]]; then
-  echo "NEED_GPU=$NEED_GPU: this card is $GPU_NAME -- no stage run" | tee -a "$OUT/stages.log"; pack; exit 3; fi
+  if [ -z "${OTHER_STAGES:-}" ]; then
+    echo "NEED_GPU=$NEED_GPU: this card is $GPU_NAME -- no stage run" | tee -a "$OUT/stages.log"; pack; exit 3; fi
+  echo "NEED_GPU=$NEED_GPU: this card is $GPU_NAME -- OTHER_STAGES instead: $OTHER_STAGES" | tee -a "$OUT/stages.log"
+  STAGES=$OTHER_STAGES; fi
 # the device copy's .git may name an older commit than the tree it runs: the caller writes the tree's commit to
 # .tree-commit (git-ignored; `git rev-parse --short HEAD > .tree-commit`, carried) -- archives and commit.txt take it
 if [ -s .tree-commit ]; then

@@ -1,5 +1,6 @@
 """``scripts/h200_run.sh`` (the device call's stages) on this machine, with a stand-in ``nvidia-smi``: ``NEED_GPU``
-stops the call before any stage when the card given is not the one asked for, and still packs what it wrote; the
+stops the call before any stage when the card given is not the one asked for (or runs ``OTHER_STAGES`` there), and
+still packs what it wrote; the
 tests stage cut by its time limit keeps pytest's report and switches off only the kernels whose selected tests did
 not pass."""
 
@@ -47,6 +48,17 @@ def test_need_gpu_stops_on_another_card_before_any_stage(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "NEED_GPU=H200: this card is NVIDIA H100 80GB HBM3" in files["stages.log"]
     assert "no-such-stage" not in files["stages.log"] and "H100" in files["gpu.txt"]
+
+
+def test_need_gpu_runs_other_stages_on_another_card(tmp_path):
+    proc, files = _call(tmp_path, "NVIDIA H100 80GB HBM3", NEED_GPU="H200", STAGES="measure-stage",
+                        OTHER_STAGES="other-stage")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = files["stages.log"]
+    assert "NEED_GPU=H200: this card is NVIDIA H100 80GB HBM3 -- OTHER_STAGES instead: other-stage" in log
+    assert "== other-stage" in log and "measure-stage" not in log.replace("STAGES", "")
+    proc, files = _call(tmp_path, "NVIDIA H200", NEED_GPU="H200", STAGES="measure-stage", OTHER_STAGES="other-stage")
+    assert "== measure-stage" in files["stages.log"] and "== other-stage" not in files["stages.log"]
 
 
 def test_need_gpu_lets_the_named_card_run_its_stages(tmp_path):
