@@ -139,6 +139,12 @@ def cases():
             other = "x in its own iteration" if c["X_AHEAD"] else "x ahead"
             out.append((f"gemv {name} preload {c['PRELOAD']} {other}", "_fused_gemv_kernel", GEMV_SIG,
                         {**c, "X_AHEAD": not c["X_AHEAD"]}, options))
+        if name.endswith("head"):  # the step's head into its float32 logits, inactive rows zero (HEAD_INTO)
+            import triton.language as tl
+
+            out.append((f"gemv {name} preload {c['PRELOAD']} into fp32 logits", "_fused_gemv_kernel",
+                        {**GEMV_SIG, "Y": "*fp32", "ACTIVE": "*i1"},
+                        {**c, "ROUND_TY": tl.bfloat16, "HAS_ACTIVE": True}, options))
         if name in ("8B qkv", "8B o_proj"):  # the timing probe (scripts/probe_decode_attention.py) compiles too
             out.append((f"gemv {name} preload {c['PRELOAD']} probed", "_fused_gemv_kernel",
                         {**GEMV_SIG, "PROBE": "*i64"}, {**c, "HAS_PROBE": True}, options))

@@ -622,6 +622,56 @@ def head_block(x: torch.Tensor, projection, norm) -> torch.Tensor:
     return projection(norm(x))
 
 
+#: Whether the step's one-row head writes its fp32 logits, zeroed on inactive rows, into the step's static logits from
+#: its own launch (``flare::fused_linear_logits_``, :func:`head_logits_block`) instead of returning bf16 logits that a
+#: traced ``.float().masked_fill(~active, 0)`` launch widens and copies there (``FLARE_HEAD_INTO=1`` / ``0``; read when
+#: a step is traced, for side-by-side runs).  In run 194's Qwen3-8B batch-1 trace that launch took 1.6 us after the
+#: head, 2.1 us of the critical path, and kept the sampler's first kernel from launching under PDL behind the head.
+#: The same bits (the bf16 result widened exactly, the same zeros).  Not measured on a GPU yet.
+HEAD_INTO = True
+
+
+def _logits_fake(x, weight, norm_weight, eps, active, out) -> None:
+    return None
+
+
+@opaque_op("fused_linear_logits_", mutates_args=("out",), fake=_logits_fake)
+def fused_linear_logits_(x: torch.Tensor, weight: torch.Tensor, norm_weight: Optional[torch.Tensor], eps: float,
+                         active: torch.Tensor, out: torch.Tensor) -> None:
+    """``out [M, N]`` float32 = ``fused_linear(x, weight, norm_weight, eps)`` widened, rows whose ``active [M]`` flag
+    is off zero: the step's logits (``x [M, K]``, one row on the step's path).  CUDA: the one-row GEMV's launch stores
+    them itself (``kernels.linear.fused_linear_triton``'s ``out`` / ``active``); elsewhere the reference, copied."""
+    if x.is_cuda:
+        from ignition.components.kernels.linear import fused_linear_triton
+
+        fused_linear_triton(x, weight, norm_weight=norm_weight, eps=eps, out=out, active=active, dot=False)
+        return
+    if tuple(active.shape) != (x.shape[0],) or active.dtype != torch.bool:
+        raise ValueError(f"fused_linear_logits_: active must be a [{x.shape[0]}] bool tensor, got "
+                         f"{tuple(active.shape)} {active.dtype}")
+    out.copy_(fused_linear_reference(x, weight, norm_weight, eps, None, False).float()
+              .masked_fill(~active[:, None], 0.0))
+
+
+def head_logits_block(x: torch.Tensor, projection, norm, active: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`head_block`'s logits widened to float32, zero on the rows whose ``active`` flag is off (``x [B, K]``,
+    one row per batch row; ``active [B]``).  With ``out`` (the step's static ``[B, V]`` float32 logits), on CUDA, one
+    row, where :func:`head_block` takes the one-row fused launch and :data:`HEAD_INTO` is on: that launch writes them
+    into ``out`` (``flare::fused_linear_logits_``) and ``out`` is returned -- else a new tensor the caller stores."""
+    weight = projection.plain_weight() if hasattr(projection, "plain_weight") else None
+    k = x.shape[-1]
+    if (out is not None and x.is_cuda and x.numel() == k and weight is not None and norm is not None
+            and tuple(out.shape) == (1, weight.shape[0]) and out.dtype == torch.float32 and out.is_contiguous()
+            and x.dtype in (torch.bfloat16, torch.float16) and switch("FLARE_HEAD_FUSED", HEAD_FUSED)
+            and switch("FLARE_HEAD_INTO", HEAD_INTO)
+            and prefers_fused(1, weight, False, prologue=True, norm=True)
+            and not uses_dot_one_row(1, k, gated=False, prologue=True)):
+        fused_linear_logits_(x.reshape(1, k), weight, norm.weight, norm.variance_epsilon, active.reshape(1), out)
+        return out
+    return head_block(x, projection, norm).float().masked_fill(~active[:, None], 0.0)
+
+
 def reorder_bound(xn: torch.Tensor, weight: torch.Tensor, *, norm: bool, gated: bool) -> torch.Tensor:
     """``[M, N_out]`` absolute error bound of the kernel's pre-rounding result against the reference beyond whole
     bf16 ulps (tests and ``scripts/bench_gemv.py`` add their ulps of the result): a reordered fp32 sum differs by a

@@ -221,7 +221,11 @@ def _into(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
 
 
 def head_logits(model, hidden: torch.Tensor, batch, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The model's head: last token, final norm, vocabulary projection (a compile region); into ``out`` if given."""
+    """The model's head: last token, final norm, vocabulary projection (a compile region); into ``out`` if given --
+    by the head itself where the model's head takes ``out`` (``head_takes_out``; its launch may store there)."""
+    if out is not None and getattr(model, "head_takes_out", False):
+        logits = model.head(hidden, batch, out=out)
+        return logits if logits is out else _into(out, logits)
     return _into(out, model.head(hidden, batch))
 
 

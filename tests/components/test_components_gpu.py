@@ -958,6 +958,42 @@ def test_rotary_kernel_on_this_gpu_equals_the_module_bitwise(monkeypatch, dtype,
     assert len(seen) == 1
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["active", "inactive"])
+def test_head_logits_into_the_step_buffer_on_this_gpu_equal_the_widened_masked_head_bitwise(monkeypatch, on):
+    """The step's one-row head writing its float32 logits into the step's buffer from its own launch
+    (``head_logits_block`` with ``out``: ``flare::fused_linear_logits_``) against ``head_block`` widened and masked as
+    before (``FLARE_HEAD_INTO=0``), on this GPU at Qwen3-8B's head (151,936 x 4096): the same bits, zeros for an
+    inactive row, eager and compiled."""
+    from torch import nn
+
+    from ignition.components.fused_linear import head_logits_block
+    from ignition.components.norms import RMSNorm
+    from ignition.components.projections import UnquantizedProjection
+
+    hidden, vocab = 4096, 151_936
+    torch.manual_seed(5)
+    norm = RMSNorm(nn.Parameter((torch.rand(hidden) + 0.5).to(torch.bfloat16), requires_grad=False), 1e-6).cuda()
+    head = UnquantizedProjection(hidden, vocab).cuda()
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden, device="cuda") / hidden ** 0.5)
+    x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+    active = torch.tensor([on], device="cuda")
+    monkeypatch.setenv("FLARE_HEAD_INTO", "0")
+    want = head_logits_block(x, head, norm, active, torch.empty(1, vocab, device="cuda"))
+    monkeypatch.setenv("FLARE_HEAD_INTO", "1")
+
+    def step_head(x, active, out):
+        got = head_logits_block(x, head, norm, active, out)
+        return got if got is out else out.copy_(got)
+
+    for fn in (step_head, torch.compile(step_head, fullgraph=True, dynamic=False)):
+        out = torch.full((1, vocab), float("nan"), device="cuda")
+        got = fn(x, active, out)
+        assert got.data_ptr() == out.data_ptr(), fn
+        assert torch.equal(out.view(torch.int32), want.view(torch.int32)), fn
+        assert bool((out == 0).all()) != on, fn
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4096)])
 def test_embed_rotary_on_this_gpu_equals_the_modules_bitwise(monkeypatch, shape):
     """``flare::embed_rotary`` (the rotary launch also copying each token's embedding row) on this GPU against

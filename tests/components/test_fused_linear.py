@@ -180,3 +180,33 @@ def test_published_block_count_is_recorded_by_the_caller(monkeypatch):
     assert torch.equal(xw, want_xw) and torch.equal(stats, want) and stats.shape == (4, 3)
     blocks = out.double().view(4, 3, 16)
     assert torch.allclose(stats.double(), (blocks * blocks).sum(dim=-1), rtol=2.0 ** -20, atol=0.0)
+
+
+def test_head_logits_block_off_cuda_and_its_op_are_the_masked_widened_head():
+    """The step's head (``head_logits_block``): off CUDA the canonical head widened, inactive rows zero, whatever
+    ``out`` (the caller stores it); ``flare::fused_linear_logits_``'s CPU path writes the reference so into ``out``
+    and checks ``active``."""
+    from ignition.components.fused_linear import fused_linear_logits_, head_block, head_logits_block
+    from ignition.components.norms import RMSNorm
+    from ignition.components.projections import UnquantizedProjection
+
+    hidden, vocab = 96, 300
+    torch.manual_seed(3)
+    norm = RMSNorm(nn.Parameter((torch.rand(hidden) + 0.5).to(torch.bfloat16), requires_grad=False), EPS)
+    head = UnquantizedProjection(hidden, vocab)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden) / hidden ** 0.5)
+    x = torch.randn(2, hidden).to(torch.bfloat16)
+    active = torch.tensor([True, False])
+    want = head.forward(norm(x)).float()
+    want[1] = 0.0
+    out = torch.full((2, vocab), 7.0)
+    got = head_logits_block(x, head, norm, active, out)
+    assert got is not out and torch.equal(got, want) and torch.equal(head_block(x, head, norm).float()[0], want[0])
+    assert (out == 7.0).all()
+    ref = fused_linear_reference(x, head.plain_weight(), norm.weight, EPS, None, False).float()
+    ref[1] = 0.0
+    assert fused_linear_logits_(x, head.plain_weight(), norm.weight, EPS, active, out) is None
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="active must be a"):
+        fused_linear_logits_(x, head.plain_weight(), norm.weight, EPS, active.int(), out)

@@ -801,3 +801,27 @@ def test_programs_per_sm_follows_registers_shared_memory_and_warps():
     assert programs_per_sm(122, 4, 147456) == 1  # shared memory binds (the tensor-core 32x512 tiles)
     assert programs_per_sm(76, 4, 73728) == 3 and programs_per_sm(105, 8) == 2
     assert programs_per_sm(16, 1) == 32 and programs_per_sm(32, 32) == 2  # the program and warp limits
+
+
+@pytest.mark.parametrize("m,n,k,cfg", [(1, 256, 4096, {"BN": 4, "BK": 1024, "num_warps": 4, "num_stages": 2}),
+                                       (3, 200, 192, None)])
+def test_gemv_into_float32_logits_with_inactive_rows_is_the_widened_masked_result(m, n, k, cfg):
+    """``out`` / ``active`` (the step's head, ``flare::fused_linear_logits_``): the launch's float32 rows are its bf16
+    result widened, bit for bit, and zeros where the row is inactive -- the same launch without them, then
+    ``.float().masked_fill(~active, 0)`` (the head's config at Qwen3-8B's K, the whole K preloaded; and a few rows);
+    the arguments that do not fit name themselves."""
+    from ignition.components.kernels.linear import fused_linear_triton
+
+    x, w, nw, _ = _gemv_inputs(m, n, k, norm=True, gated=False, residual=False, seed=m * n + k)
+    active = torch.tensor([True, False, True][:m])
+    want = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, config=cfg, dot=False)
+    want = want.float().masked_fill(~active[:, None], 0.0)
+    out = torch.full((m, n), float("nan"))
+    got = fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, config=cfg, out=out, active=active)
+    assert got is out and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    with pytest.raises(ValueError, match="active comes with out"):
+        fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, active=active)
+    with pytest.raises(ValueError, match="out must be a float32"):
+        fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, out=out.double(), active=active)
+    with pytest.raises(ValueError, match="out is for the one-row kernel"):
+        fused_linear_triton(x, w, norm_weight=nw, eps=1e-6, out=out, residual=torch.zeros(m, n, dtype=x.dtype))

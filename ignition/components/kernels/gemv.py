@@ -173,10 +173,15 @@ def _gemv_rstd(x_rows, m_mask, offs_k, eps, K: tl.constexpr, MP: tl.constexpr, B
 
 @triton.jit
 def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: tl.constexpr,
-                   HAS_RES: tl.constexpr):
+                   HAS_RES: tl.constexpr, ROUND_TY: tl.constexpr = None, ACTIVE=None, HAS_ACTIVE: tl.constexpr = False):
     """From the fp32 sums ``y`` (and ``u``, the up half, when gated) ``[MP, BN]``: round; gated,
-    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` (``r``, :func:`_gemv_residual`) rounded once; store."""
-    out_ty = Y.dtype.element_ty
+    ``bf16(bf16(silu(y)) * u)`` in fp32; ``+ residual`` (``r``, :func:`_gemv_residual`) rounded once; store.
+    ``ROUND_TY``: the type rounded to when ``Y`` is wider (the head's fp32 logits: the bf16 result widened, exactly);
+    ``HAS_ACTIVE``: the rows whose ``ACTIVE`` flag is off store zeros (the step's inactive rows)."""
+    if ROUND_TY is None:
+        out_ty = Y.dtype.element_ty
+    else:
+        out_ty = ROUND_TY
     y = y.to(out_ty)  # [MP, BN]: the projection, rounded
     if GATED:
         u = u.to(out_ty)
@@ -186,6 +191,9 @@ def _gemv_epilogue(y, u, r, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED: 
     mask = m_mask[:, None] & n_mask[None, :]
     if HAS_RES:
         y = (r.to(tl.float32) + y.to(tl.float32)).to(out_ty)
+    if HAS_ACTIVE:
+        on = tl.load(ACTIVE + offs_m, mask=m_mask, other=0).to(tl.int32) != 0
+        y = tl.where(on[:, None], y.to(Y.dtype.element_ty), 0.0)
     tl.store(Y + offs_m.to(tl.int64)[:, None] * stride_y + offs_n[None, :], y, mask=mask)
     return y
 
@@ -355,7 +363,8 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
                        STREAM_STAGES: tl.constexpr = 0, PRELOAD_EVICT: tl.constexpr = False,
                        FLAGS=None, HANDOFF: tl.constexpr = 0, FLAG_COLS: tl.constexpr = 1, FLAG_TILES: tl.constexpr = 1,
                        FLAG_TARGET: tl.constexpr = 1, FLAG_P2: tl.constexpr = 2, FENCE: tl.constexpr = False,
-                       X_AHEAD: tl.constexpr = False, NORM_L1: tl.constexpr = False):
+                       X_AHEAD: tl.constexpr = False, NORM_L1: tl.constexpr = False, ROUND_TY: tl.constexpr = None,
+                       ACTIVE=None, HAS_ACTIVE: tl.constexpr = False):
     # HANDOFF (one row; the MLP handoff above): 1, the producer -- the packed or gated gate/up, signalling its tile's
     # count after its store; 2, the consumer -- down, polling the counts (FLAG_TARGET programs per tile of FLAG_COLS =
     # BK columns) before each tile's input instead of waiting for the whole of gate/up, the PDL wait only before its
@@ -475,10 +484,10 @@ def _fused_gemv_kernel(X, W, NW, R, Y, M, N_OUT, stride_x, stride_w, stride_r, s
         res = _gemv_residual(R, offs_m, offs_n, m_mask, n_mask, stride_r, HAS_RES)
     if GATED:
         _gemv_epilogue(_gemv_acc_sum(acc, FLAT), _gemv_acc_sum(acc_u, FLAT), res, Y, offs_m, offs_n, m_mask, n_mask,
-                       stride_y, GATED, HAS_RES)
+                       stride_y, GATED, HAS_RES, ROUND_TY, ACTIVE, HAS_ACTIVE)
     else:
         _gemv_epilogue(_gemv_acc_sum(acc, FLAT), None, res, Y, offs_m, offs_n, m_mask, n_mask, stride_y, GATED,
-                       HAS_RES)
+                       HAS_RES, ROUND_TY, ACTIVE, HAS_ACTIVE)
     if HANDOFF == 1:
         _handoff_signal(FLAGS, tl.program_id(0) * BN, N_OUT if GATED else N_OUT // 2, FLAG_COLS)
     _probe_stamp(PROBE, prog, 4, prog, HAS_PROBE)

@@ -9,6 +9,7 @@ import types
 
 import torch
 import triton
+import triton.language as tl
 
 from ignition.components.fused_linear import (DOT_ROWS, HANDOFF_CONSUMER, HANDOFF_PRODUCER, uses_dot_kernel,
                                               uses_dot_one_row)
@@ -618,7 +619,8 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                         gated_input: bool = False, config: dict | None = None,
                         dot: bool | None = None, probe: torch.Tensor | None = None,
                         early: bool = False, norm_stats: torch.Tensor | None = None,
-                        publish_norm: torch.Tensor | None = None, handoff: int = 0):
+                        publish_norm: torch.Tensor | None = None, handoff: int = 0,
+                        out: torch.Tensor | None = None, active: torch.Tensor | None = None):
     """``x [M, K]`` (rows contiguous), ``weight [N, K]`` (nn.Linear layout; packed ``[gate; up]`` of ``2 * I``
     rows when ``gated``) -> a new ``[M, N_out]`` (``N_out = N``, or ``I`` when gated) in x's dtype.
     ``norm_weight [K]``: RMSNorm prologue with ``eps``; ``residual [M, N_out]``: added after the projection;
@@ -642,7 +644,10 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
     next RMSNorm's weights -- the launch then returns ``(out, xw, stats)``: ``xw = bf16(publish_norm * out)`` and
     ``stats [M, P]``, the fp32 sums of ``out ** 2`` over its P column blocks; ``norm_stats`` (with ``eps``) -- x is
     such an ``xw`` and these its statistics: the launch scales its fp32 sums by ``rsqrt(sum(stats) / K + eps)``
-    before rounding, the norm without a launch of its own (not with ``norm_weight`` or ``gated_input``)."""
+    before rounding, the norm without a launch of its own (not with ``norm_weight`` or ``gated_input``).
+    ``out`` (the one-row kernel, ungated, no residual; the step's head): a float32 ``[M, N]`` with contiguous rows the
+    result goes to -- rounded to x's dtype, then widened (exactly) -- and is returned; ``active [M]`` (bool, with
+    ``out``): the rows whose flag is off get zeros (``.float().masked_fill(~active[:, None], 0)`` in one launch)."""
     k = weight.shape[1] if weight.dim() == 2 else -1
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != (2 * k if gated_input else k):
         raise ValueError(f"fused_linear_triton: x {tuple(x.shape)} and weight {tuple(weight.shape)}"
@@ -667,7 +672,11 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
             raise ValueError(f"fused_linear_triton: residual {tuple(residual.shape)}, expected {(m, n_out)}")
         if residual.stride(-1) != 1:
             residual = residual.contiguous()
-    out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    into = _into_args(out, active, x, m, n_out, gated, residual, dot, publish_norm, handoff, probe)
+    if out is None:
+        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    else:
+        dot = False  # the one-row kernel takes it (``_into_args``)
     if m == 0 or n_out == 0:
         if publish_norm is not None:
             return out, torch.empty_like(out), out.new_zeros((m, gemm_rows_parts(m, n, k)), dtype=torch.float32)
@@ -727,5 +736,31 @@ def fused_linear_triton(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: t
                  and not _interpreting() and switch("FLARE_GEMV_NORM_L1", GEMV_NORM_L1)),
         PRELOAD_EVICT=preload > 0 and switch("FLARE_GEMV_PRELOAD_EVICT_FIRST", GEMV_PRELOAD_EVICT_FIRST),
         num_warps=int(cfg["num_warps"]), num_stages=int(cfg["num_stages"]), **_pdl(x.device), **handoff_args,
-        **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]))
+        **_probe_args(None if probe is None else (probe,), 0, grid[0] * grid[1]), **into)
     return out
+
+
+_ROUND_TY = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _into_args(out: torch.Tensor | None, active: torch.Tensor | None, x: torch.Tensor, m: int, n_out: int,
+               gated: bool, residual, dot, publish_norm, handoff: int, probe) -> dict:
+    """The one-row kernel's arguments for :func:`fused_linear_triton`'s ``out`` / ``active`` (none without ``out``);
+    raises naming what does not fit."""
+    if out is None:
+        if active is not None:
+            raise ValueError("fused_linear_triton: active comes with out")
+        return {}
+    if gated or residual is not None or dot or publish_norm is not None or handoff or probe is not None:
+        raise ValueError("fused_linear_triton: out is for the one-row kernel's plain projection (ungated, no residual, "
+                         "dot=False, no publish_norm, handoff or probe)")
+    if tuple(out.shape) != (m, n_out) or out.dtype != torch.float32 or out.stride(-1) != 1 or x.dtype not in _ROUND_TY:
+        raise ValueError(f"fused_linear_triton: out must be a float32 [{m}, {n_out}] with contiguous rows (x bf16 or "
+                         f"fp16), got {tuple(out.shape)} {out.dtype} strides {out.stride()}, x {x.dtype}")
+    if active is not None and (tuple(active.shape) != (m,) or active.dtype != torch.bool):
+        raise ValueError(f"fused_linear_triton: active must be a [{m}] bool tensor, got {tuple(active.shape)} "
+                         f"{active.dtype}")
+    args = {"ROUND_TY": _ROUND_TY[x.dtype]}
+    if active is not None:
+        args.update(ACTIVE=active.contiguous(), HAS_ACTIVE=True)
+    return args

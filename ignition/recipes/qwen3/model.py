@@ -45,7 +45,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from ignition.checkpoints.loading import CheckpointError, CheckpointReader, load_checkpoint
 from ignition.components.attention import AttentionBatch, PagedKVCache, PyTorchPagedAttention, step_needs_visible
 from ignition.components.decode_attention import decode_reduce_prefetch_bytes
-from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_block, linear_block,
+from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_logits_block, linear_block,
                                               mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
 from ignition.components.norms import RMSNorm
 from ignition.components.rotary import embed_position_embeddings
@@ -416,10 +416,14 @@ class PreparedQwen3(nn.Module):
         m = self.hf.model
         return self.hf.lm_head(m.norm(hidden)).float().masked_fill(~batch.active[:, None, None], 0.0)
 
-    def head(self, hidden: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    #: :meth:`head` takes ``out=`` (``graphs.catalog.head_logits``).
+    head_takes_out = True
+
+    def head(self, hidden: torch.Tensor, batch: AttentionBatch, out: torch.Tensor | None = None) -> torch.Tensor:
         """Each row's last valid token -> final norm -> vocabulary projection: fp32 logits ``[B, V]``,
-        zero for inactive rows."""
+        zero for inactive rows; ``out``: the step's static logits, which the head's launch may write itself (then
+        returned; :func:`head_logits_block`)."""
         m = self.hf.model
         hidden = batch.last_valid(hidden)
         # per-token norm: on the kept positions only, like logits_to_keep
-        return head_block(hidden, self.hf.lm_head, m.norm).float().masked_fill(~batch.active[:, None], 0.0)
+        return head_logits_block(hidden, self.hf.lm_head, m.norm, batch.active, out)
