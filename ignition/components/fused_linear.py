@@ -659,7 +659,7 @@ def head_logits_block(x: torch.Tensor, projection, norm, active: torch.Tensor,
     one row per batch row; ``active [B]``).  With ``out`` (the step's static ``[B, V]`` float32 logits), on CUDA, one
     row, where :func:`head_block` takes the one-row fused launch and :data:`HEAD_INTO` is on: that launch writes them
     into ``out`` (``flare::fused_linear_logits_``) and ``out`` is returned -- else a new tensor the caller stores."""
-    weight = projection.plain_weight() if hasattr(projection, "plain_weight") else None
+    weight = projection.plain_weight()
     k = x.shape[-1]
     if (out is not None and x.is_cuda and x.numel() == k and weight is not None and norm is not None
             and tuple(out.shape) == (1, weight.shape[0]) and out.dtype == torch.float32 and out.is_contiguous()

@@ -81,14 +81,22 @@ def fused_rotary_applies(rotary: nn.Module) -> bool:
             and isinstance(scaling, (int, float)) and "dynamic" not in rope_type and rope_type != "longrope")
 
 
+def _check_embed(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                 inv_freq: torch.Tensor) -> None:
+    """:func:`embed_rotary`'s arguments (raises naming the bad one): :func:`_check`'s, ``input_ids`` of the
+    positions' shape, the table ``[vocab, H]`` with contiguous rows."""
+    _check(positions, inv_freq)
+    if input_ids.shape != positions.shape or table.dim() != 2 or table.stride(-1) != 1:
+        raise ValueError(f"embed_rotary: input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
+                         f"must match, table must be [vocab, H] with contiguous rows, got {tuple(table.shape)} "
+                         f"strides {table.stride()}")
+
+
 def embed_rotary_reference(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
                            inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(embedding(input_ids), cos, sin)``: the embedding table's rows (``F.embedding``) and
     :func:`rotary_cos_sin_reference` in the table's dtype (the op's CPU path)."""
-    _check(positions, inv_freq)
-    if input_ids.shape != positions.shape or table.dim() != 2:
-        raise ValueError(f"embed_rotary: input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
-                         f"must match, table must be [vocab, H], got {tuple(table.shape)}")
+    _check_embed(input_ids, table, positions, inv_freq)
     return (torch.nn.functional.embedding(input_ids, table),
             *rotary_cos_sin_reference(positions, inv_freq, scaling, table))
 
@@ -110,11 +118,7 @@ def embed_rotary(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.
         return embed_rotary_reference(input_ids, table, positions, inv_freq, scaling)
     from ignition.components.kernels.rotary import embed_rotary_triton  # imports triton: CUDA only
 
-    _check(positions, inv_freq)
-    if input_ids.shape != positions.shape or table.dim() != 2 or table.stride(-1) != 1:
-        raise ValueError(f"embed_rotary: input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} "
-                         f"must match, table must be [vocab, H] with contiguous rows, got {tuple(table.shape)} "
-                         f"strides {table.stride()}")
+    _check_embed(input_ids, table, positions, inv_freq)
     return embed_rotary_triton(input_ids, table, positions, inv_freq, scaling)
 
 

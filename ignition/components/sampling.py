@@ -314,17 +314,18 @@ CUT_SKIP_IN_KERNEL = True
 def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None = None, *,
            skip_greedy: bool = False) -> torch.Tensor:
     """``[B]``: each row's top-k / top-p cut of the scaled, min-p-masked logits ``y`` (:func:`filter_cut`);
-    ``skip_greedy``: the greedy rows (temperature below :data:`GREEDY_EPS`) skipped as well as ``skip``'s."""
+    ``skip_greedy`` (instead of ``skip``): the greedy rows (temperature below :data:`GREEDY_EPS`) skipped."""
+    if skip_greedy and skip is not None:
+        raise ValueError("cut_of: skip or skip_greedy, not both")
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
-    elif (y.is_cuda and n == 0 and sort_free() and skip_greedy and skip is None
+    elif (y.is_cuda and n == 0 and sort_free() and skip_greedy
           and switch("FLARE_CUT_SKIP_IN_KERNEL", CUT_SKIP_IN_KERNEL)):
         cut = sampling_cut_compact(y, params.top_k, params.top_p, params.temperature, GREEDY_EPS)
     elif y.is_cuda and (sort_free() or n > 0):
         if skip_greedy:
-            greedy = params.temperature < GREEDY_EPS
-            skip = greedy if skip is None else skip | greedy
+            skip = params.temperature < GREEDY_EPS
         skipped = torch.zeros_like(params.active) if skip is None else skip
         cut = (_prefix_cut(y, params, n, skipped) if n > 0
                else sampling_cut_compact(y, params.top_k, params.top_p, skipped))

@@ -217,15 +217,14 @@ def _into(out: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """``x`` stored into the step's static output ``out`` inside the region (None: ``x``).  Compiled, the region's
     last fused kernel stores there itself, instead of a copy kernel after it: a captured Qwen3-8B decode step ended
     with two ``memcpy32_post`` copies of its outputs, 1.3 + 1.2 us (run 168's batch-1 trace)."""
-    return x if out is None else out.copy_(x)
+    return x if out is None or x is out else out.copy_(x)
 
 
 def head_logits(model, hidden: torch.Tensor, batch, out: torch.Tensor | None = None) -> torch.Tensor:
     """The model's head: last token, final norm, vocabulary projection (a compile region); into ``out`` if given --
     by the head itself where the model's head takes ``out`` (``head_takes_out``; its launch may store there)."""
     if out is not None and getattr(model, "head_takes_out", False):
-        logits = model.head(hidden, batch, out=out)
-        return logits if logits is out else _into(out, logits)
+        return _into(out, model.head(hidden, batch, out=out))
     return _into(out, model.head(hidden, batch))
 
 
@@ -235,8 +234,7 @@ def sample_rows(sampling, logits: torch.Tensor, active_rows: torch.Tensor,
     into ``out`` if given."""
     from ignition.components.sampling import sample_advance
 
-    tokens = sample_advance(logits, sampling, active=active_rows, out=out)
-    return tokens if tokens is out else _into(out, tokens)
+    return _into(out, sample_advance(logits, sampling, active=active_rows, out=out))
 
 
 def run_sampler(sampler: Callable, logits: torch.Tensor, active: torch.Tensor,

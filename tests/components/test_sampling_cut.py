@@ -285,6 +285,10 @@ def test_compact_op_checks_arguments_compiles_and_routes(monkeypatch):
     assert sort_free()
     rows = [{"temperature": 1.0, "top_k": int(top_k[i]), "top_p": float(top_p[i]), "seed": i} for i in range(3)]
     _, filtered = filter_logits(y, SamplingTensors.from_resolved(rows, 3))
+    from ignition.components.sampling import cut_of
+
+    with pytest.raises(ValueError, match="skip or skip_greedy"):
+        cut_of(y, SamplingTensors.from_resolved(rows, 3), skip, skip_greedy=True)
     cut = sampling_cut_reference(y, top_k, top_p, skip)
     assert torch.equal(filtered, y.masked_fill(y < cut[:, None], float("-inf")))
 

@@ -68,11 +68,11 @@ def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scali
     r = positions.numel()
     if r == 0:
         return cos, sin
-    ids, table, hidden = gather if gather is not None else (positions, cos, cos)  # unread without a gather
-    h = table.shape[1] if gather is not None else 0
-    gather = (ids, table, hidden, table.stride(0) if gather is not None else 0)
+    ids, table, hidden = gather or (positions, cos, cos)  # unread without a gather (H = 0)
+    h = table.shape[1] if gather else 0
     _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS), max(1, triton.cdiv(h, EMBED_BLOCK_H)))](
-        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), *gather, HALF=half,
+        positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), ids, table, hidden,
+        table.stride(0), HALF=half,
         HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4, H=h, BLOCK_H=EMBED_BLOCK_H,
         **pdl_if(positions.device, "FLARE_ROTARY_PDL", ROTARY_PDL))
     return cos, sin
