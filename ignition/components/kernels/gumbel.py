@@ -42,27 +42,28 @@ def _mix32(x):
 
 
 @triton.jit
-def _row_keys(SEED, STEP, b):
-    """Row ``b``'s two noise keys (``sampling.uniform_noise``): from its step, then its seed's high and low words."""
+def _row_keys(SEED, step, b):
+    """Row ``b``'s two noise keys (``sampling.uniform_noise``) from its ``step`` (loaded), then its seed's high and
+    low words."""
     seed = tl.load(SEED + b)
     lo = (seed & 0xFFFFFFFF).to(tl.uint32)
     hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    step = (tl.load(STEP + b) & 0xFFFFFFFF).to(tl.uint32)
-    key = _mix32(_mix32(_mix32(step ^ tl.full((), 0x9E3779B9, tl.uint32)) ^ hi) ^ lo)
+    key = _mix32(_mix32(_mix32((step & 0xFFFFFFFF).to(tl.uint32) ^ tl.full((), 0x9E3779B9, tl.uint32)) ^ hi) ^ lo)
     return key, _mix32(key ^ tl.full((), 0x85EBCA6B, tl.uint32))
 
 
 @triton.jit
-def _finish_row(OUT, GREEDY, TEMP, ACTIVE, COUNTS, STEP, b64, drawn, V, stride_c, eps, pad):
-    """Row ``b64``'s token (greedy below ``eps``, else ``drawn``; ``pad`` when inactive) into ``OUT``; an active row
-    counts its token in ``COUNTS`` and steps once in ``STEP`` (``sampling.sample`` and ``advance``)."""
-    token = tl.where(tl.load(TEMP + b64) < eps, tl.load(GREEDY + b64), drawn)
-    active = tl.load(ACTIVE + b64) != 0
+def _finish_row(OUT, COUNTS, STEP, b64, step, greedy, is_greedy, active, drawn, V, stride_c, pad):
+    """Row ``b64``'s token (``greedy`` where ``is_greedy``, else ``drawn``; ``pad`` when not ``active``) into
+    ``OUT``; an active row counts its token in ``COUNTS`` and steps once in ``STEP`` (``sampling.sample`` and
+    ``advance``).  Every program loads the row's values with its chunk, before its ticket, and the count goes up by
+    a relaxed atomic add whose result nothing waits for: after the ticket the program's one round trip is the
+    partials' (offline sm90 PTX: three more in series before -- the row's values, the count's slot, the step)."""
+    token = tl.where(is_greedy, greedy, drawn)
     tl.store(OUT + b64, tl.where(active, token, pad))
     if active:
-        slot = COUNTS + b64 * stride_c + tl.minimum(tl.maximum(token, 0), V - 1)
-        tl.store(slot, tl.load(slot) + 1)
-        tl.store(STEP + b64, tl.load(STEP + b64) + 1)
+        tl.atomic_add(COUNTS + b64 * stride_c + tl.minimum(tl.maximum(token, 0), V - 1), 1, sem="relaxed")
+        tl.store(STEP + b64, step + 1)
 
 
 @triton.jit
@@ -73,7 +74,8 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GRE
     b = tl.program_id(0)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
-    key, key2 = _row_keys(SEED, STEP, b64)
+    step = tl.load(STEP + b64)
+    key, key2 = _row_keys(SEED, step, b64)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     keep = offs < V
     y = tl.load(Y + b64 * stride_y + offs, mask=keep, other=float("-inf"))
@@ -83,10 +85,14 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GRE
     top, first = _chunk_first_max(y - tl.log(-tl.log(u)), offs, keep, V)
     tl.store(PV + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
+    if FINISH:  # the last program's row values, read by every program before its ticket (see _finish_row)
+        greedy = tl.load(GREEDY + b64)
+        is_greedy = tl.load(TEMP + b64) < eps  # a NaN temperature draws, as before
+        active = tl.load(ACTIVE + b64) != 0
     if _row_ticket(CNT, b):
         drawn = _row_first_max(PV, PI, b64, CHUNKS, CP, V)
         if FINISH:
-            _finish_row(OUT, GREEDY, TEMP, ACTIVE, COUNTS, STEP, b64, drawn, V, stride_c, eps, pad)
+            _finish_row(OUT, COUNTS, STEP, b64, step, greedy, is_greedy, active, drawn, V, stride_c, pad)
         else:
             tl.store(OUT + b, drawn)
 

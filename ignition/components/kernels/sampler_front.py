@@ -56,11 +56,11 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY
     tl.store(PX + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
     tl.store(PY + b64 * CHUNKS + c, _nan_max(y, keep))
-    if _row_ticket(TICK, b):
+    if _row_ticket(TICK, b):  # the scaled maxima loaded first: in flight with the greedy's partials (offline sm90
+        cs = tl.arange(0, CP)  # PTX: they were loaded after the greedy token's store, a second round trip in series)
+        tops = tl.load(PY + b64 * CHUNKS + cs, mask=cs < CHUNKS, cache_modifier=".cg")
         tl.store(GREEDY + b, _row_first_max(PX, PI, b64, CHUNKS, CP, V))
-        cs = tl.arange(0, CP)
-        tl.store(YMAX + b, _nan_max(tl.load(PY + b64 * CHUNKS + cs, mask=cs < CHUNKS, cache_modifier=".cg"),
-                                    cs < CHUNKS))
+        tl.store(YMAX + b, _nan_max(tops, cs < CHUNKS))
 
 
 @triton.jit

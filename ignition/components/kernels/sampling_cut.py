@@ -253,6 +253,15 @@ def _cut_bins(x, m, INV_W: tl.constexpr, NBINS: tl.constexpr):
     return tl.minimum((m - x) * INV_W, NBINS - 1.0).to(tl.int32)
 
 
+# Loads first: each launch of the compacted cut reads its row's parameters (top-k, top-p, the skip or temperature)
+# together with its data -- the chunk, the chunk statistics, the plan, the window -- and a row that needs no cut
+# computes from what it read and stores nothing (the stores masked; a skipped row's statistics, histogram and offsets,
+# not its own, zeroed or replaced where a sum or a bin would use them).  Offline sm90 PTX before: every launch loaded
+# its data only after a branch on those parameters, two L2 round trips in series after its PDL wait (the compact
+# launch three: the plan's count too) -- five launches one after another on the sampler's critical path.  The same
+# values, the same bits for every row that cuts.
+
+
 @triton.jit
 def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr,
                             USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
@@ -260,12 +269,11 @@ def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.cons
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
-    if need_k | need_p:
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
-        mc = tl.max(x, axis=0)
-        tl.store(MC + b * C + c, mc)
-        tl.store(ZC + b * C + c, tl.sum(tl.exp(x - tl.where(mc == float("-inf"), 0.0, mc)), axis=0))
+    offs = c * CHUNK + tl.arange(0, CHUNK)  # every load with the row's needs, the stores theirs (loads first, above)
+    x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+    mc = tl.max(x, axis=0)
+    tl.store(MC + b * C + c, mc, mask=need_k | need_p)
+    tl.store(ZC + b * C + c, tl.sum(tl.exp(x - tl.where(mc == float("-inf"), 0.0, mc)), axis=0), mask=need_k | need_p)
 
 
 @triton.jit
@@ -276,12 +284,12 @@ def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.co
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
-    if need_k | need_p:
-        m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
-        offs = c * CHUNK + tl.arange(0, CHUNK)
-        x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
-        hist = tl.histogram(_cut_bins(x, m, INV_W, NBINS), NBINS, mask=offs < V)
-        tl.store(H + (b * C + c) * NBINS + tl.arange(0, NBINS), hist)
+    need = need_k | need_p
+    m, _ = _cut_row_m_z(MC, ZC, b, C, CP)  # (loads first, above; a skipped row's are not its own: +inf, every bin 511)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+    hist = tl.histogram(_cut_bins(x, tl.where(need, m, float("inf")), INV_W, NBINS), NBINS, mask=(offs < V) & need)
+    tl.store(H + (b * C + c) * NBINS + tl.arange(0, NBINS), hist, mask=need)
 
 
 @triton.jit
@@ -291,39 +299,41 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
-    if need_k | need_p:
-        m, z = _cut_row_m_z(MC, ZC, b, C, CP)
-        offs_c = tl.arange(0, CP)
-        j = tl.arange(0, NBINS)
-        hist = tl.load(H + (b * C + offs_c[:, None]) * NBINS + j[None, :], mask=(offs_c < C)[:, None], other=0)
-        total = tl.sum(hist, axis=0)  # [NBINS]
-        cum = tl.cumsum(total, axis=0)
-        bin_k = tl.min(tl.where(cum >= k, j, NBINS - 1), axis=0)
-        # Top-p: the bin j* of the first value (largest first) at which the mass reaches p Z.  Bin j's values lie in
-        # (m - (j + 1) / INV_W, m - j / INV_W] (the last bin: anything below), so its mass lies between count *
-        # exp(-(j + 1 + MARGIN) / INV_W) and count * exp(-(j - MARGIN) / INV_W) -- MARGIN of a bin each way for the
-        # rounding of the bins and of exp.  Those bounds of the mass through j and below j bound j* from both sides:
-        # the window [first, last] (the final kernel checks that it holds the cut; else the whole row decides).
-        jf = j.to(tl.float32)
-        high = total.to(tl.float32) * tl.exp(-(jf - MARGIN) / INV_W)
-        low = tl.where(j < NBINS - 1, total.to(tl.float32) * tl.exp(-(jf + 1.0 + MARGIN) / INV_W), 0.0)
-        high_to, low_to = tl.cumsum(high, axis=0), tl.cumsum(low, axis=0)  # through bin j
-        high_below, low_below = tl.sum(high, axis=0) - high_to, tl.sum(low, axis=0) - low_to  # below bin j
-        tail = (1.0 - p) * z
-        first_p = tl.maximum(tl.min(tl.where(high_to >= p * z, j, NBINS - 1), axis=0),
-                             tl.min(tl.where(low_below <= tail, j, NBINS - 1), axis=0))
-        last_p = tl.minimum(tl.min(tl.where(low_to >= p * z, j, NBINS - 1), axis=0),
-                            tl.min(tl.where(high_below <= tail, j, NBINS - 1), axis=0))
-        # top-k rows: every value down to the k-th's bin (their top-p mass is over the values >= the k-th)
-        first = tl.where(need_k, 0, tl.minimum(first_p, last_p))
-        last = tl.where(need_k, bin_k, last_p)
-        window = (j[None, :] >= first) & (j[None, :] <= last)
-        per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] window values per chunk
-        tl.store(PLAN + b * 4, last)
-        tl.store(PLAN + b * 4 + 1, tl.sum(per_chunk, axis=0))
-        tl.store(PLAN + b * 4 + 2, first)
-        tl.store(PLAN + b * 4 + 3, tl.sum(tl.where(j < first, total, 0), axis=0))
-        tl.store(OFF + b * C + offs_c, tl.cumsum(per_chunk, axis=0) - per_chunk, mask=offs_c < C)
+    # (loads first, above) a row that needs no cut computes from what it reads and stores nothing
+    m, z = _cut_row_m_z(MC, ZC, b, C, CP)
+    offs_c = tl.arange(0, CP)
+    j = tl.arange(0, NBINS)
+    hist = tl.load(H + (b * C + offs_c[:, None]) * NBINS + j[None, :], mask=(offs_c < C)[:, None], other=0)
+    hist = tl.where(need_k | need_p, hist, 0)  # a skipped row's counts are not its own (the sums stay in range)
+    total = tl.sum(hist, axis=0)  # [NBINS]
+    cum = tl.cumsum(total, axis=0)
+    bin_k = tl.min(tl.where(cum >= k, j, NBINS - 1), axis=0)
+    # Top-p: the bin j* of the first value (largest first) at which the mass reaches p Z.  Bin j's values lie in
+    # (m - (j + 1) / INV_W, m - j / INV_W] (the last bin: anything below), so its mass lies between count *
+    # exp(-(j + 1 + MARGIN) / INV_W) and count * exp(-(j - MARGIN) / INV_W) -- MARGIN of a bin each way for the
+    # rounding of the bins and of exp.  Those bounds of the mass through j and below j bound j* from both sides:
+    # the window [first, last] (the final kernel checks that it holds the cut; else the whole row decides).
+    jf = j.to(tl.float32)
+    high = total.to(tl.float32) * tl.exp(-(jf - MARGIN) / INV_W)
+    low = tl.where(j < NBINS - 1, total.to(tl.float32) * tl.exp(-(jf + 1.0 + MARGIN) / INV_W), 0.0)
+    high_to, low_to = tl.cumsum(high, axis=0), tl.cumsum(low, axis=0)  # through bin j
+    high_below, low_below = tl.sum(high, axis=0) - high_to, tl.sum(low, axis=0) - low_to  # below bin j
+    tail = (1.0 - p) * z
+    first_p = tl.maximum(tl.min(tl.where(high_to >= p * z, j, NBINS - 1), axis=0),
+                         tl.min(tl.where(low_below <= tail, j, NBINS - 1), axis=0))
+    last_p = tl.minimum(tl.min(tl.where(low_to >= p * z, j, NBINS - 1), axis=0),
+                        tl.min(tl.where(high_below <= tail, j, NBINS - 1), axis=0))
+    # top-k rows: every value down to the k-th's bin (their top-p mass is over the values >= the k-th)
+    first = tl.where(need_k, 0, tl.minimum(first_p, last_p))
+    last = tl.where(need_k, bin_k, last_p)
+    window = (j[None, :] >= first) & (j[None, :] <= last)
+    per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] window values per chunk
+    need = need_k | need_p
+    tl.store(PLAN + b * 4, last, mask=need)
+    tl.store(PLAN + b * 4 + 1, tl.sum(per_chunk, axis=0), mask=need)
+    tl.store(PLAN + b * 4 + 2, first, mask=need)
+    tl.store(PLAN + b * 4 + 3, tl.sum(tl.where(j < first, total, 0), axis=0), mask=need)
+    tl.store(OFF + b * C + offs_c, tl.cumsum(per_chunk, axis=0) - per_chunk, mask=need & (offs_c < C))
 
 
 @triton.jit
@@ -334,17 +344,17 @@ def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stri
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
-    if need_k | need_p:
-        if tl.load(PLAN + b * 4 + 1) <= BUFN:
-            m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
-            offs = c * CHUNK + tl.arange(0, CHUNK)
-            x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
-            bins = _cut_bins(x, m, INV_W, NBINS)
-            first = tl.load(PLAN + b * 4 + 2)
-            keep = (offs < V) & (bins >= first) & (bins <= tl.load(PLAN + b * 4))
-            at = tl.load(OFF + b * C + c) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-            tl.store(BUF + b * BUFN + at, x, mask=keep)
-            tl.store(MA + b * C + c, tl.sum(tl.where((offs < V) & (bins < first), tl.exp(x - m), 0.0), axis=0))
+    # (loads first, above) a row that needs no cut, or whose window exceeds the buffer, stores nothing
+    held = (need_k | need_p) & (tl.load(PLAN + b * 4 + 1) <= BUFN)
+    m, _ = _cut_row_m_z(MC, ZC, b, C, CP)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
+    bins = _cut_bins(x, m, INV_W, NBINS)
+    first = tl.load(PLAN + b * 4 + 2)
+    keep = held & (offs < V) & (bins >= first) & (bins <= tl.load(PLAN + b * 4))
+    at = tl.where(held, tl.load(OFF + b * C + c), 0) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    tl.store(BUF + b * BUFN + at, x, mask=keep)
+    tl.store(MA + b * C + c, tl.sum(tl.where((offs < V) & (bins < first), tl.exp(x - m), 0.0), axis=0), mask=held)
 
 
 @triton.jit
@@ -357,17 +367,21 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, st
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
     cut = float("-inf")
     done = tl.full((), True, tl.int1)
+    # (loads first, above) the window's count and values, the chunk statistics and the masses above the window: loaded
+    # with the row's needs, used only where it cuts
+    n = tl.load(PLAN + b * 4 + 1)
+    m, z_row = _cut_row_m_z(MC, ZC, b, C, CP)
+    src = BUF + b * BUFN
+    offs_c = tl.arange(0, CP)
+    mass_above = tl.load(MA + b * C + offs_c, mask=offs_c < C, other=0.0)
+    i = tl.arange(0, CAP)
+    window = tl.load(src + i)  # CAP <= BUFN: inside the row's buffer
     if need_k | need_p:
-        n = tl.load(PLAN + b * 4 + 1)
-        m, z_row = _cut_row_m_z(MC, ZC, b, C, CP)
-        src = BUF + b * BUFN
         done = n <= BUFN
         # the mass above the window (0 for top-k rows: their window starts at the row max), summed in chunk order
-        offs_c = tl.arange(0, CP)
-        above = tl.where(done, tl.sum(tl.load(MA + b * C + offs_c, mask=(offs_c < C) & done, other=0.0), axis=0), 0.0)
+        above = tl.where(done, tl.sum(tl.where(done, mass_above, 0.0), axis=0), 0.0)
         if n <= CAP:  # a small window: sorted in registers
-            i = tl.arange(0, CAP)
-            s = tl.sort(tl.load(src + i, mask=i < n, other=float("-inf")), descending=True)
+            s = tl.sort(tl.where(i < n, window, float("-inf")), descending=True)
             kth = tl.max(tl.where(need_k & (i == k - 1), s, float("-inf")), axis=0)
             cut = kth
             if need_p:
