@@ -627,7 +627,11 @@ def head_block(x: torch.Tensor, projection, norm) -> torch.Tensor:
 #: traced ``.float().masked_fill(~active, 0)`` launch widens and copies there (``FLARE_HEAD_INTO=1`` / ``0``; read when
 #: a step is traced, for side-by-side runs).  In run 194's Qwen3-8B batch-1 trace that launch took 1.6 us after the
 #: head, 2.1 us of the critical path, and kept the sampler's first kernel from launching under PDL behind the head.
-#: The same bits (the bf16 result widened exactly, the same zeros).  Not measured on a GPU yet.
+#: The same bits (the bf16 result widened exactly, the same zeros): its GPU test passes on an H100
+#: (``results/20261206T142430Z-sm90-run197``).  Side by side in one process with the null on an H100
+#: (``results/20261206T142950Z-sm90-run198``, Qwen3-8B, 1024-token context): off 1.0006x at batch 1 (paired blocks 0/10
+#: faster against A, 3/10 against the null A2; within noise), 1.0015x at batch 4 (0/10 against A and A2: off slower).
+#: Not measured on an H200.
 HEAD_INTO = True
 
 

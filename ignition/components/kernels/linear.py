@@ -225,7 +225,9 @@ GEMV_MEASURED: dict[tuple[int, int, int, bool], tuple[int, ...]] = {
     #   would preload 4: 255 registers, run 134; 0: 127, 4 per SM offline; the handoff consumer takes none).  Its
     #   one-wave alternatives behind the gated gate/up, side by side in one process on the H200 (run 171, the step
     #   at batch 1; its attention the unfused path in A and B alike): 8x1024 preload 1 1.0114x, 8x512 preload 2
-    #   1.0333x, 8x512 preload 0 1.0509x -- each slower (0/10 paired blocks faster), batch 4 within noise
+    #   1.0333x, 8x512 preload 0 1.0509x -- each slower (0/10 paired blocks faster), batch 4 within noise.  4x1024 w4
+    #   (1024 programs): 1.0404x slower at batch 1 on an H100 (``results/20261206T142950Z-sm90-run198``, 0/10 paired
+    #   blocks faster against A and the null A2)
     (4, 4096, 12288, False): (4, 512, 8, 2),  # Qwen3-8B down: 49.20 us (heuristic 53.47)
     (8, 4096, 12288, False): (4, 256, 4, 2),  # Qwen3-8B down: 85.62 us (heuristic 106.00)
 }
