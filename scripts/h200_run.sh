@@ -10,7 +10,8 @@
 #
 # NEED_GPU=H200 (any text of the card's name) stops the call before its first stage on another card (exit 3) -- or,
 # with OTHER_STAGES set, runs those stages there instead of STAGES (e.g. OTHER_STAGES=tests: the GPU tests on whichever
-# card comes, the measurements only on the named one).
+# card comes, the measurements only on the named one).  Before either, a preflight: a side-by-side stage
+# (replayinN-G) of STAGES or OTHER_STAGES without its exported entries stops the call (exit 2) before any stage.
 #
 # Stages:
 #   gemv            scripts/bench_gemv.py: decode GEMV (Triton fused_linear) vs cuBLAS, config sweep
@@ -74,6 +75,13 @@ log() { grep -v "Warning\|warn(\|warn_once\|^$\|Online softmax\|split the reduct
 pack() { tar czf $W/run.tgz -C "$OUT" . 2>/dev/null && cp $W/run.tgz "$DEST/.run.tmp" && mv "$DEST/.run.tmp" "$DEST/h200-run.tgz"; }
 stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
 slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
+# Preflight: each side-by-side stage of STAGES and OTHER_STAGES has its entries before the first stage runs -- exit 2
+# at once, naming the variable (run 197's replayin3-8B found its AB_IN3_8B unexported after the 86 s export before it)
+missing=()
+for s in ${STAGES:-} ${OTHER_STAGES:-}; do
+  case $s in replayin*-*) sfx=${s%%-*}; sfx=${sfx#replayin}; g=${s#*-}; k=AB_IN${sfx}_${g//./_}; kk=AB_IN$sfx
+    [ -n "${!k:-}${!kk:-}" ] || missing+=("preflight: $s has no entries: export $kk or $k") ;; esac; done
+if [ ${#missing[@]} -gt 0 ]; then printf '%s\n' "${missing[@]}" | tee -a "$OUT/stages.log"; pack; exit 2; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
 GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)  # the card's memory
 # NEED_GPU=TEXT (e.g. H200): stop before any stage unless the card's name holds TEXT -- a call asking for one kind may

@@ -11,6 +11,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,24 @@ def test_need_gpu_lets_the_named_card_run_its_stages(tmp_path):
     proc, files = _call(tmp_path, "NVIDIA H200", NEED_GPU="H200", STAGES="no-such-stage")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "== no-such-stage" in files["stages.log"] and "unknown stage no-such-stage" in proc.stdout
+
+
+@pytest.mark.parametrize("stages", [dict(STAGES="core-8B replayin3-8B"),
+                                    dict(STAGES="core-8B", OTHER_STAGES="core-8B replayin3-8B")])
+def test_side_by_side_stage_without_entries_stops_the_call_before_any_stage(tmp_path, stages):
+    """A ``replayinN-G`` stage of ``STAGES`` or ``OTHER_STAGES`` whose ``AB_INN_G`` / ``AB_INN`` is unset (or was set
+    without ``export``): exit 2 before the first stage and before the card is asked, the variable named; with it
+    given, the stages run."""
+    proc, files = _call(tmp_path, "NVIDIA H200", **stages)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    log = files["stages.log"]
+    assert "preflight: replayin3-8B has no entries: export AB_IN3 or AB_IN3_8B" in log
+    assert "== core-8B" not in log and "gpu.txt" not in files
+    for given in (dict(AB_IN3="FLARE_X=1"), dict(AB_IN3_8B="FLARE_X=1")):  # OTHER_STAGES checked, not run here
+        proc, files = _call(tmp_path, "NVIDIA H200", NEED_GPU="H200", STAGES="no-such-stage",
+                            OTHER_STAGES="replayin3-8B", **given)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "preflight" not in files["stages.log"] and "== no-such-stage" in files["stages.log"]
 
 
 def test_tests_stage_cut_by_its_limit_switches_off_only_the_selected_kernels_that_did_not_pass(tmp_path):
