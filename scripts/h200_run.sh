@@ -77,9 +77,11 @@ stage() { echo "== $1 $(date -u +%T)" | tee -a "$OUT/stages.log"; }
 slug() { printf %s "$1" | tr ":/;=" "----"; }  # a side-by-side entry as a file name (values may hold / ; =)
 # Preflight: each side-by-side stage of STAGES and OTHER_STAGES has its entries before the first stage runs -- exit 2
 # at once, naming the variable (run 197's replayin3-8B found its AB_IN3_8B unexported after the 86 s export before it)
+# entry_vars STAGE: the variables a replayinN-G stage takes its entries from, the model's first (AB_INN_G AB_INN)
+entry_vars() { local sfx=${1%%-*} g=${1#*-}; sfx=${sfx#replayin}; echo "AB_IN${sfx}_${g//./_} AB_IN$sfx"; }
 missing=()
 for s in ${STAGES:-} ${OTHER_STAGES:-}; do
-  case $s in replayin*-*) sfx=${s%%-*}; sfx=${sfx#replayin}; g=${s#*-}; k=AB_IN${sfx}_${g//./_}; kk=AB_IN$sfx
+  case $s in replayin*-*) read -r k kk <<< "$(entry_vars "$s")"
     [ -n "${!k:-}${!kk:-}" ] || missing+=("preflight: $s has no entries: export $kk or $k") ;; esac; done
 if [ ${#missing[@]} -gt 0 ]; then printf '%s\n' "${missing[@]}" | tee -a "$OUT/stages.log"; pack; exit 2; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt"
@@ -140,7 +142,7 @@ for s in ${STAGES:?set STAGES}; do
           env FLARE_PDL=$pdl "${envs[@]}" timeout ${REPLAYAB_S:-120} python3 -m qualify.gpu_replay --core $W/core-$g --capacities 1,4 --context 1024 \
             --samples 200 --seeds 0,1 --attention $a $extra ${AB_TIMELINE:+--timeline} ${AB_ARGS:-} --out $R/replayab-$g-$n 2>&1 | log > "$OUT/replayab-$g-$n.log"
           tar czf "$OUT/replayab-$g-$n.tgz" -C $R/replayab-$g-$n . 2>/dev/null; grep -E "^ +[14] +decode|timeline B|per layer" "$OUT/replayab-$g-$n.log"; done ;;
-    replayin*-*) i=0; sfx=${s%%-*}; sfx=${sfx#replayin}; k=AB_IN${sfx}_${g//./_}; kk=AB_IN$sfx
+    replayin*-*) i=0; sfx=${s%%-*}; sfx=${sfx#replayin}; read -r k kk <<< "$(entry_vars "$s")"
           entries=(${!k:-${!kk:?set $kk or $k}}); runs=(); null=${AB_NULL:-}
           if [ "${AB_TOGETHER:-0}" = 1 ]; then  # every entry a B bench of one process: A (and A2) built once
             # each bench holds the core's weights: on a smaller card (an H100's 78 GiB for Qwen3-8B's 16 GB) the null

@@ -269,11 +269,12 @@ def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.cons
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     _, _, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
+    need = need_k | need_p
     offs = c * CHUNK + tl.arange(0, CHUNK)  # every load with the row's needs, the stores theirs (loads first, above)
     x = tl.load(Y + b * stride_y + offs, mask=offs < V, other=float("-inf"))
     mc = tl.max(x, axis=0)
-    tl.store(MC + b * C + c, mc, mask=need_k | need_p)
-    tl.store(ZC + b * C + c, tl.sum(tl.exp(x - tl.where(mc == float("-inf"), 0.0, mc)), axis=0), mask=need_k | need_p)
+    tl.store(MC + b * C + c, mc, mask=need)
+    tl.store(ZC + b * C + c, tl.sum(tl.exp(x - tl.where(mc == float("-inf"), 0.0, mc)), axis=0), mask=need)
 
 
 @triton.jit
@@ -299,12 +300,12 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
-    # (loads first, above) a row that needs no cut computes from what it reads and stores nothing
+    need = need_k | need_p  # (loads first, above) a row that needs no cut computes from what it reads, stores nothing
     m, z = _cut_row_m_z(MC, ZC, b, C, CP)
     offs_c = tl.arange(0, CP)
     j = tl.arange(0, NBINS)
     hist = tl.load(H + (b * C + offs_c[:, None]) * NBINS + j[None, :], mask=(offs_c < C)[:, None], other=0)
-    hist = tl.where(need_k | need_p, hist, 0)  # a skipped row's counts are not its own (the sums stay in range)
+    hist = tl.where(need, hist, 0)  # a skipped row's counts are not its own (the sums stay in range)
     total = tl.sum(hist, axis=0)  # [NBINS]
     cum = tl.cumsum(total, axis=0)
     bin_k = tl.min(tl.where(cum >= k, j, NBINS - 1), axis=0)
@@ -328,7 +329,6 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
     last = tl.where(need_k, bin_k, last_p)
     window = (j[None, :] >= first) & (j[None, :] <= last)
     per_chunk = tl.sum(tl.where(window, hist, 0), axis=1)  # [CP] window values per chunk
-    need = need_k | need_p
     tl.store(PLAN + b * 4, last, mask=need)
     tl.store(PLAN + b * 4 + 1, tl.sum(per_chunk, axis=0), mask=need)
     tl.store(PLAN + b * 4 + 2, first, mask=need)
@@ -379,7 +379,7 @@ def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, st
     if need_k | need_p:
         done = n <= BUFN
         # the mass above the window (0 for top-k rows: their window starts at the row max), summed in chunk order
-        above = tl.where(done, tl.sum(tl.where(done, mass_above, 0.0), axis=0), 0.0)
+        above = tl.where(done, tl.sum(mass_above, axis=0), 0.0)
         if n <= CAP:  # a small window: sorted in registers
             s = tl.sort(tl.where(i < n, window, float("-inf")), descending=True)
             kth = tl.max(tl.where(need_k & (i == k - 1), s, float("-inf")), axis=0)
