@@ -279,50 +279,64 @@ def cases():
     mz = {"MC": "*fp32", "ZC": "*fp32"}
     chunks = dict(C=38, CP=64)
     bins = dict(NBINS=sampling_cut.SAMPLING_CUT_BINS, INV_W=sampling_cut.SAMPLING_CUT_INV_W)
-    out.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
+    cut = []
+    cut.append(("cut chunk stats 4096", "_cut_chunk_stats_kernel", {**rows, **mz, "V": "i32", "stride_y": "i32"},
                 dict(C=38, CHUNK=4096, USE_PDL=True, SKIP_BELOW=1e-5), dict(num_warps=8)))
-    out.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
+    cut.append(("cut chunk histogram 4096", "_cut_chunk_hist_kernel",
                 {**rows, **mz, "H": "*i32", "V": "i32", "stride_y": "i32"},
                 dict(**chunks, CHUNK=4096, **bins, USE_PDL=True, SKIP_BELOW=1e-5), dict(num_warps=8)))
-    out.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*fp32", **mz, "H": "*i32",
+    cut.append(("cut plan", "_cut_plan_kernel", {"TOPK": "*i32", "TOPP": "*fp32", "SKIP": "*fp32", **mz, "H": "*i32",
                                                  "PLAN": "*i32", "OFF": "*i32", "V": "i32"},
                 dict(**chunks, **bins, MARGIN=sampling_cut.SAMPLING_CUT_MARGIN, USE_PDL=True, SKIP_BELOW=1e-5),
                 dict(num_warps=16)))
-    out.append(("cut compact 4096", "_cut_compact_kernel",
+    cut.append(("cut compact 4096", "_cut_compact_kernel",
                 {**rows, **mz, "PLAN": "*i32", "OFF": "*i32", "BUF": "*fp32", "MA": "*fp32", "V": "i32",
                  "stride_y": "i32"},
                 dict(**chunks, CHUNK=4096, **bins, BUFN=sampling_cut.SAMPLING_CUT_BUFFER, USE_PDL=True,
                      SKIP_BELOW=1e-5),
                 dict(num_warps=8)))
-    out.append((f"cut final {sampling_cut.SAMPLING_CUT_CAP}", "_cut_final_kernel",
+    cut.append((f"cut final {sampling_cut.SAMPLING_CUT_CAP}", "_cut_final_kernel",
                 {**rows, **mz, "PLAN": "*i32", "BUF": "*fp32", "MA": "*fp32", "CUT": "*fp32", "WS": "*fp32", "V": "i32",
                  "stride_y": "i32"},
                 dict(**chunks, CAP=sampling_cut.SAMPLING_CUT_CAP, BUFN=sampling_cut.SAMPLING_CUT_BUFFER,
                      BLOCK=sampling_cut.SAMPLING_CUT_BLOCK, PIPELINE=True, NB=0, USE_PDL=True, SKIP_BELOW=1e-5),
                 dict(num_warps=sampling_cut.SAMPLING_CUT_WARPS)))
+    # and as flare::sample_advance_into_ launches them: every row done after the front -> return before the wait
+    # (kernels.sampler_done; one row)
+    done = ({"MINP": "*fp32", "B": "i32"}, dict(BP=1, SKIP_DONE=True))
+    out += cut + [(f"{name} skip-done", kernel, {**sig, **done[0]}, {**consts, **done[1]}, opts)
+                  for name, kernel, sig, consts, opts in cut]
     out.append((f"sorted cut {sampling_cut.SORTED_CUT_BLOCK}", "_sorted_cut_kernel",
                 {"S": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "CUT": "*fp32", "n": "i32", "stride_s": "i32"},
                 dict(BLOCK=sampling_cut.SORTED_CUT_BLOCK, PIPELINE=True, SCAN=sampling_cut.SORTED_CUT_SCAN),
                 dict(num_warps=sampling_cut.SORTED_CUT_WARPS)))
     chunks = -(-151_936 // sampler_front.FRONT_CHUNK)  # the sampler's front over Qwen3's vocabulary
     rows = {n: "*fp32" for n in ("REP", "FREQ", "PRES", "TEMP")}
-    out.append((f"sampler front {sampler_front.FRONT_CHUNK}", "_front_kernel",
-                {"X": P, "CNT": "*i32", "PM": "*i1", **rows, "Y": "*fp32", "PY": "*fp32", "PX": "*fp32", "PI": "*i32",
-                 "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
-                 "stride_x": "i32", "stride_c": "i32", "stride_p": "i32", "stride_y": "i32"},
-                dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
-                     CP=1 << (chunks - 1).bit_length(), USE_PDL=True), dict(num_warps=sampler_front.FRONT_WARPS)))
+    draw = {"SEED": "*i64", "STEP": "*i64", "TOPK": "*i32", "TOPP": "*fp32", "MINP": "*fp32", "ACTIVE": "*i1",
+            "OUT": "*i64", "PZ": "*fp32", "PZI": "*i32", "pad": "i32"}  # flare::sample_advance_into_'s front
+    for with_draw in (False, True):
+        out.append((f"sampler front {sampler_front.FRONT_CHUNK}{' draw' if with_draw else ''}", "_front_kernel",
+                    {"X": P, "CNT": "*i32", "PM": "*i1", **rows, "Y": "*fp32", "PY": "*fp32", "PX": "*fp32",
+                     "PI": "*i32", "TICK": "*i32", "GREEDY": "*i64", "YMAX": "*fp32", "V": "i32",
+                     "stride_x": "i32", "stride_c": "i32", "stride_p": "i32", "stride_y": "i32",
+                     **(draw if with_draw else {})},
+                    dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
+                         CP=1 << (chunks - 1).bit_length(), USE_PDL=True, DRAW=with_draw),
+                    dict(num_warps=sampler_front.FRONT_WARPS)))
     out.append((f"sampler min-p {sampler_front.FRONT_CHUNK}", "_min_p_kernel",
                 {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32"},
                 dict(CHUNK=sampler_front.FRONT_CHUNK, USE_PDL=True), dict(num_warps=sampler_front.FRONT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
-    for finish in (False, True):  # the draw alone, and ending the sampler (flare::draw_finish_)
-        out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}{' finish' if finish else ''}", "_gumbel_argmax_kernel",
+    # the draw alone, ending the sampler (flare::draw_finish_), and skipping the done rows (flare::sample_advance_into_)
+    for finish, skip in ((False, False), (True, False), (True, True)):
+        out.append((f"gumbel argmax {gumbel.GUMBEL_CHUNK}{' finish' if finish else ''}{' skip-done' if skip else ''}",
+                    "_gumbel_argmax_kernel",
                     {"Y": "*fp32", "CUT": "*fp32", "SEED": "*i64", "STEP": "*i64", "PV": "*fp32", "PI": "*i32",
                      "CNT": "*i32", "OUT": "*i64", "V": "i32", "stride_y": "i32", "GREEDY": "*i64", "TEMP": "*fp32",
-                     "ACTIVE": "*i1", "COUNTS": "*i32", "stride_c": "i32", "eps": "fp32", "pad": "i32"},
+                     "ACTIVE": "*i1", "COUNTS": "*i32", "stride_c": "i32", "eps": "fp32", "pad": "i32",
+                     **({"TOPK": "*i32", "TOPP": "*fp32", "MINP": "*fp32", "B": "i32"} if skip else {})},
                     dict(CHUNK=gumbel.GUMBEL_CHUNK, CHUNKS=chunks, CP=1 << (chunks - 1).bit_length(), FINISH=finish,
-                         USE_PDL=True),
+                         USE_PDL=True, **(dict(BP=1, SKIP_DONE=True) if skip else {})),
                     dict(num_warps=gumbel.GUMBEL_WARPS)))
     return out
 

@@ -44,15 +44,16 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ignition.components.custom_ops import opaque_op
-from ignition.components.sampling_cut import general_prefix, sampling_cut, sampling_cut_compact, sort_free, sorted_cut
+from ignition.components.sampling_cut import (general_prefix, sampling_cut, sampling_cut_compact,
+                                              sampling_cut_reference, sort_free, sorted_cut)
 from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "sample_advance", "draw_finish_op", "draw_finish_into_op",
-           "DRAW_FINISH", "make_sampler", "apply_penalties", "apply_temperature",
-           "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized", "uniform_noise",
-           "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference", "GREEDY_EPS",
-           "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
+           "sample_advance_into_op", "DONE_IN_FRONT", "DRAW_FINISH", "make_sampler", "apply_penalties",
+           "apply_temperature", "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized",
+           "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference",
+           "GREEDY_EPS", "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
 
 GREEDY_EPS = 1e-5
 _M32 = 0xFFFFFFFF
@@ -320,8 +321,7 @@ def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None =
     n = min(general_prefix(), y.shape[-1])
     if params.max_top_k is not None:
         cut = sorted_cut(params.top_k, params.top_p, topk_values(y, min(params.max_top_k, y.shape[-1])))
-    elif (y.is_cuda and n == 0 and sort_free() and skip_greedy
-          and switch("FLARE_CUT_SKIP_IN_KERNEL", CUT_SKIP_IN_KERNEL)):
+    elif skip_greedy and _compact_cut_route(y, params):
         cut = sampling_cut_compact(y, params.top_k, params.top_p, params.temperature, GREEDY_EPS)
     elif y.is_cuda and (sort_free() or n > 0):
         if skip_greedy:
@@ -332,6 +332,13 @@ def cut_of(y: torch.Tensor, params: SamplingTensors, skip: torch.Tensor | None =
     else:
         cut = sorted_cut(params.top_k, params.top_p, torch.sort(y, dim=-1, descending=True).values)
     return cut
+
+
+def _compact_cut_route(y: torch.Tensor, params: SamplingTensors) -> bool:
+    """Whether :func:`cut_of` (greedy rows skipped) cuts the rows of ``y`` with ``flare::sampling_cut_compact``,
+    which tests the greedy rows itself (:data:`CUT_SKIP_IN_KERNEL`): CUDA, no ``max_top_k``, no prefix, sort-free."""
+    return (y.is_cuda and params.max_top_k is None and min(general_prefix(), y.shape[-1]) == 0 and sort_free()
+            and switch("FLARE_CUT_SKIP_IN_KERNEL", CUT_SKIP_IN_KERNEL))
 
 
 def argmax_last(x: torch.Tensor, block: int = 2048) -> torch.Tensor:
@@ -423,6 +430,25 @@ def sampler_front_reference(logits: torch.Tensor, counts: torch.Tensor | None, p
     return argmax_last(x), y
 
 
+def _check_front(what: str, logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
+                 repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor, temperature: torch.Tensor,
+                 min_p: torch.Tensor) -> None:
+    """The front's arguments (:func:`sampler_front_op`; raises naming ``what`` and the bad argument)."""
+    if logits.dim() != 2 or logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"{what}: logits must be a [B, V] floating tensor, got {tuple(logits.shape)} {logits.dtype}")
+    b, v = logits.shape
+    if (counts is None) != (prompt_mask is None):
+        raise ValueError(f"{what}: counts and prompt_mask come together (the penalty state) or not at all")
+    for name, t, dtype in (("counts", counts, torch.int32), ("prompt_mask", prompt_mask, torch.bool)):
+        if t is not None and (tuple(t.shape) != (b, v) or t.dtype != dtype or t.stride(-1) != 1):
+            raise ValueError(f"{what}: {name} must be a [{b}, {v}] {dtype} tensor with contiguous rows, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+    for name, t in (("repetition", repetition), ("frequency", frequency), ("presence", presence),
+                    ("temperature", temperature), ("min_p", min_p)):
+        if tuple(t.shape) != (b,) or t.dtype != torch.float32:
+            raise ValueError(f"{what}: {name} must be a [{b}] float32 tensor, got {tuple(t.shape)} {t.dtype}")
+
+
 def _front_fake(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p):
     b, v = logits.shape
     return logits.new_empty((b,), dtype=torch.int64), logits.new_empty((b, v), dtype=torch.float32)
@@ -436,20 +462,7 @@ def sampler_front_op(logits: torch.Tensor, counts: Optional[torch.Tensor], promp
     (both or neither), ``repetition, frequency, presence, temperature, min_p [B]`` float32 -> new ``(greedy [B]
     int64, scaled [B, V] float32)``: :func:`sampler_front_reference`.  CUDA: two Triton launches
     (``kernels.sampler_front``); elsewhere the reference."""
-    if logits.dim() != 2 or logits.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"sampler_front: logits must be a [B, V] floating tensor, got {tuple(logits.shape)} "
-                         f"{logits.dtype}")
-    b, v = logits.shape
-    if (counts is None) != (prompt_mask is None):
-        raise ValueError("sampler_front: counts and prompt_mask come together (the penalty state) or not at all")
-    for name, t, dtype in (("counts", counts, torch.int32), ("prompt_mask", prompt_mask, torch.bool)):
-        if t is not None and (tuple(t.shape) != (b, v) or t.dtype != dtype or t.stride(-1) != 1):
-            raise ValueError(f"sampler_front: {name} must be a [{b}, {v}] {dtype} tensor with contiguous rows, got "
-                             f"{tuple(t.shape)} {t.dtype}")
-    for name, t in (("repetition", repetition), ("frequency", frequency), ("presence", presence),
-                    ("temperature", temperature), ("min_p", min_p)):
-        if tuple(t.shape) != (b,) or t.dtype != torch.float32:
-            raise ValueError(f"sampler_front: {name} must be a [{b}] float32 tensor, got {tuple(t.shape)} {t.dtype}")
+    _check_front("sampler_front", logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
     if logits.is_cuda:
         from ignition.components.kernels.sampler_front import sampler_front_triton  # imports triton: CUDA only
 
@@ -537,6 +550,72 @@ def _draw_finish(what: str, out: torch.Tensor | None, scaled, cut, seed, step, g
     return gumbel_argmax_triton(scaled, cut.contiguous(), seed.contiguous(), step, finish=finish, out=out)
 
 
+#: Whether :func:`sample_advance` on the compacted cut's route (``cut_of``) runs the whole sampler as one op,
+#: ``flare::sample_advance_into_``, whose front ends the rows nothing after it changes (``kernels/sampler_done.py``:
+#: greedy rows, and sampled rows without top-k, top-p or min-p -- their Gumbel-max draw formed by the front beside its
+#: greedy token) and whose later launches skip them -- returning before their PDL wait when every row is done, as in a
+#: batch of plain temperature sampling: run 194's Qwen3-8B batch-1 step (the replay's rows: temperature 1, no filter)
+#: spent 27 us of its critical path in the sampler, ~20 of them after the front (the min-p mask over the whole row,
+#: the cut's five launches with nothing to cut, the draw's full pass).  The same tokens, counts and steps: the same
+#: kernels' arithmetic (the draw's noise and first maximum, the finish).  ``FLARE_SAMPLER_DONE_IN_FRONT=1`` / ``0`` sets
+#: it (read at each trace, for side-by-side runs).
+DONE_IN_FRONT = True
+
+
+@opaque_op("sample_advance_into_", mutates_args=("out", "step", "counts"))
+def sample_advance_into_op(out: torch.Tensor, logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
+                           repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+                           temperature: torch.Tensor, min_p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                           seed: torch.Tensor, step: torch.Tensor, active: torch.Tensor, pad_id: int) -> None:
+    """The sampler and its state update in one op: ``logits [B, V]`` and the penalty state ``counts [B, V]`` int32,
+    ``prompt_mask [B, V]`` bool, the rows' ``repetition, frequency, presence, temperature, min_p, top_p [B]`` float32,
+    ``top_k [B]`` int32, ``seed, step [B]`` int64 and ``active [B]`` bool -> the tokens into ``out [B]`` int64
+    (``pad_id`` for the inactive rows), each active row's token counted in ``counts`` and its ``step`` advanced:
+    :func:`sample` then :func:`advance`, with the cut of ``flare::sampling_cut_compact``.  CUDA: the front (ending the
+    done rows, :data:`DONE_IN_FRONT`), the min-p mask, the compacted cut and the draw's finish, the later launches
+    skipping the done rows; ``out``, ``counts`` and ``step`` contiguous (raises naming them otherwise).  Elsewhere the
+    reference (the sorting cut)."""
+    what = "sample_advance_into_"
+    _check_front(what, logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
+    b, v = logits.shape
+    for name, t, dtype in (("top_k", top_k, torch.int32), ("top_p", top_p, torch.float32),
+                           ("seed", seed, torch.int64), ("step", step, torch.int64), ("active", active, torch.bool),
+                           ("out", out, torch.int64)):
+        if tuple(t.shape) != (b,) or t.dtype != dtype:
+            raise ValueError(f"{what}: {name} must be a [{b}] {dtype} tensor, got {tuple(t.shape)} {t.dtype}")
+    if not logits.is_cuda:
+        x, y = front_logits(logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p)
+        cut = sampling_cut_reference(y, top_k, top_p, temperature, skip_below=GREEDY_EPS)
+        tokens = _pick(argmax_last(x), gumbel_argmax_reference(y, cut, seed, step), temperature, active, pad_id)
+        _advance(counts, step, tokens, active)
+        out.copy_(tokens)
+        return
+    if not (out.is_contiguous() and step.is_contiguous() and counts.is_contiguous()):
+        raise ValueError(f"{what}: out, step and counts must be contiguous, got strides {out.stride()}, "
+                         f"{step.stride()} and {counts.stride()}")
+    sample_advance_into_triton(out, logits, counts, prompt_mask, repetition, frequency, presence, temperature, min_p,
+                               top_k, top_p, seed, step, active, pad_id)
+
+
+def sample_advance_into_triton(out: torch.Tensor, logits: torch.Tensor, counts: torch.Tensor,
+                               prompt_mask: torch.Tensor, *rows: torch.Tensor) -> None:
+    """:func:`sample_advance_into_op`'s launches on the GPU (or the interpreter), its arguments as the op's (checked
+    by it): the front ending the done rows (``kernels.sampler_front``, ``draw``), the min-p mask, the compacted cut
+    and the draw's finish skipping them (``kernels.sampling_cut``, ``kernels.gumbel``)."""
+    from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton
+    from ignition.components.kernels.sampler_front import sampler_front_triton
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
+
+    *rows, step, active, pad_id = rows
+    repetition, frequency, presence, temperature, min_p, top_k, top_p, seed = (t.contiguous() for t in rows)
+    active = active.contiguous()
+    greedy, scaled = sampler_front_triton(logits, counts, prompt_mask, repetition, frequency, presence, temperature,
+                                          min_p, GREEDY_EPS, draw=(seed, step, top_k, top_p, active, out, pad_id))
+    cut = sampling_cut_compact_triton(scaled, top_k, top_p, temperature, skip_below=GREEDY_EPS, min_p=min_p)
+    gumbel_argmax_triton(scaled, cut, seed, step, finish=(greedy, temperature, active, counts, GREEDY_EPS, pad_id),
+                         out=out, skip_done=(top_k, top_p, min_p))
+
+
 def _pick(greedy: torch.Tensor, drawn: torch.Tensor, temperature: torch.Tensor, active: torch.Tensor,
           pad_id: int) -> torch.Tensor:
     """Each row's token: ``greedy`` below :data:`GREEDY_EPS`, else ``drawn``; ``pad_id`` where not ``active``."""
@@ -552,9 +631,15 @@ def sample_advance(logits: torch.Tensor, params: SamplingTensors, *, active: tor
     act = params.active if active is None else active
     if (logits.is_cuda and params.output_counts is not None and switch("FLARE_GUMBEL_KERNEL", GUMBEL_KERNEL)
             and switch("FLARE_DRAW_FINISH", DRAW_FINISH)):
+        into = out is not None and out.is_contiguous() and switch("FLARE_DRAW_INTO", DRAW_INTO)
+        if (into and _compact_cut_route(logits, params) and switch("FLARE_SAMPLER_FRONT_KERNEL", SAMPLER_FRONT_KERNEL)
+                and switch("FLARE_SAMPLER_DONE_IN_FRONT", DONE_IN_FRONT)):
+            sample_advance_into_op(out, *_front_args(logits, params), params.top_k, params.top_p, params.seed,
+                                   params.step, act, pad_id)
+            return out
         greedy, scaled, cut = _front_and_cut(logits, params)
         args = (scaled, cut, params.seed, params.step, greedy, params.temperature, act, params.output_counts, pad_id)
-        if out is not None and out.is_contiguous() and switch("FLARE_DRAW_INTO", DRAW_INTO):
+        if into:
             draw_finish_into_op(out, *args)
             return out
         return draw_finish_op(*args)

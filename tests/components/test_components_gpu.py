@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ignition.components.backends import BackendUnavailable, select
-from ignition.components.sampling import SamplingTensors, advance, sample
+from ignition.components.sampling import SamplingTensors, advance, sample, sample_advance
 from ignition.components.scratch import ScratchArena, ScratchPlan
 
 pytestmark = pytest.mark.gpu
@@ -72,6 +72,58 @@ def test_captured_sampling_step_replays_like_eager(monkeypatch, capacity, kernel
     end.record()
     torch.cuda.synchronize()
     print(f"\nsampling step capacity={capacity} vocab={VOCAB}: {start.elapsed_time(end) / 50 * 1000:.1f} us/replay")
+
+
+@pytest.mark.parametrize("rows", ["mixed", "done"])
+@pytest.mark.parametrize("capacity", [1, 4, 64])
+def test_sample_advance_into_captured_replays_like_the_separate_launches(monkeypatch, capacity, rows):
+    """``flare::sample_advance_into_`` (``FLARE_SAMPLER_DONE_IN_FRONT``, the front ending the done rows and the later
+    launches skipping them -- before their PDL wait when every row is done) compiled and captured, replayed 8 times
+    with the host's writes between replays: the tokens, counts and steps of the separate launches it replaces, run
+    eager (the switch off).  ``done``: every row greedy or without a filter (the replay's rows), the last inactive."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(capacity + len(rows))
+    logits = [(torch.randn(capacity, VOCAB, device=dev, generator=g) * 4).to(torch.bfloat16) for _ in range(8)]
+
+    def params():
+        p = _params(capacity, dev)
+        if rows == "done":
+            p.top_k.zero_(), p.top_p.fill_(1.0), p.min_p.zero_()
+        return p
+
+    eager_p, graph_p = params(), params()
+    active = eager_p.active.clone()
+
+    def step(x, p, out):
+        return sample_advance(x, p, active=active, pad_id=-1, out=out)
+
+    state = {k: getattr(graph_p, k).clone() for k in ("output_counts", "step")}
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    static_logits, static_out = logits[0].clone(), torch.full((capacity,), 12345, dtype=torch.int64, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            compiled(static_logits, graph_p, static_out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        compiled(static_logits, graph_p, static_out)
+    for k, v in state.items():  # warm-up and capture advanced the state: restore it
+        getattr(graph_p, k).copy_(v)
+    for i, x in enumerate(logits):
+        if i == 4:  # host writes between replays reach the graph (fixed addresses)
+            for p in (eager_p, graph_p):
+                p.temperature[0] = 1.0 - p.temperature[0].clamp(max=1.0)
+        static_logits.copy_(x)
+        graph.replay()
+        with monkeypatch.context() as m:
+            m.setenv("FLARE_SAMPLER_DONE_IN_FRONT", "0")
+            expected = step(x, eager_p, torch.empty_like(static_out))
+        assert torch.equal(static_out, expected), i
+    torch.cuda.synchronize()
+    for name in ("output_counts", "step"):
+        assert torch.equal(getattr(eager_p, name), getattr(graph_p, name)), name
 
 
 def test_poison_between_replays_catches_read_before_write():

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
+from ignition.components.kernels.sampler_done import _all_rows_done, _done_row
 
 #: Values per program, and its warps (offline sm90, ``scripts/sm90_kernel_check.py``: 80 registers at 8 warps, 139 at
 #: 4 -- 16 values per thread instead of 32 -- 3 programs per SM either way).
@@ -69,9 +70,26 @@ def _finish_row(OUT, COUNTS, STEP, b64, step, greedy, is_greedy, active, drawn, 
 @triton.jit
 def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c,
                           eps, pad, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr,
-                          FINISH: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
+                          FINISH: tl.constexpr = False, USE_PDL: tl.constexpr = False, TOPK=None, TOPP=None,
+                          MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
     b = tl.program_id(0)
+    row_done = tl.full((), 0, tl.int1)
+    if SKIP_DONE:  # (FINISH) the front ended the done rows (sampler_done); none left: return before the wait
+        if _all_rows_done(TEMP, TOPK, TOPP, MINP, B, V, eps, BP):
+            return
+        row_done = _done_row(tl.load(TEMP + b, cache_modifier=".cg"), tl.load(TOPK + b, cache_modifier=".cg"),
+                             tl.load(TOPP + b, cache_modifier=".cg"), tl.load(MINP + b, cache_modifier=".cg"), V, eps)
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
+    if not row_done:
+        _gumbel_row_chunk(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c,
+                          eps, pad, b, CHUNK, CHUNKS, CP, FINISH)
+
+
+@triton.jit
+def _gumbel_row_chunk(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c, eps,
+                      pad, b, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CP: tl.constexpr, FINISH: tl.constexpr):
+    """Program (``b``, its chunk) of :func:`_gumbel_argmax_kernel`: the chunk's partial, the row's ticket, and for
+    the last program the row's token (and with ``FINISH`` its end)."""
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
     step = tl.load(STEP + b64)
@@ -99,12 +117,14 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GRE
 
 def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Tensor, step: torch.Tensor, *,
                          chunk: int = GUMBEL_CHUNK, finish: tuple | None = None,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
+                         out: torch.Tensor | None = None, skip_done: tuple | None = None) -> torch.Tensor:
     """``flare::gumbel_argmax`` on the GPU (or the interpreter): ``scaled [B, V]`` float32, ``cut [B]`` float32,
     ``seed, step [B]`` int64 -> ``[B]`` int64 (shapes checked by the op).  ``finish``: ``(greedy [B] int64,
     temperature [B] float32, active [B] bool, counts [B, V] int32 (rows contiguous), greedy_eps, pad)`` --
     ``flare::draw_finish_``: the tokens are the sampler's, and ``counts`` and ``step`` advance in place.  ``out``: a
-    contiguous ``[B]`` int64 the tokens go to (default a new one)."""
+    contiguous ``[B]`` int64 the tokens go to (default a new one).  ``skip_done``: ``(top_k [B] int32, top_p [B]
+    float32, min_p [B] float32)`` with ``finish`` -- the rows done after the front (``sampler_done``, which ended them)
+    are skipped, their tokens, counts and steps left as they are (``flare::sample_advance_into_``)."""
     b, v = scaled.shape
     out = torch.empty(b, dtype=torch.int64, device=scaled.device) if out is None else out
     if b == 0:
@@ -116,9 +136,13 @@ def gumbel_argmax_triton(scaled: torch.Tensor, cut: torch.Tensor, seed: torch.Te
     pi = torch.empty((b, chunks), dtype=torch.int32, device=scaled.device)
     counts = zeroed_counts(_COUNTS, scaled.device, b)
     greedy, temperature, active, state, eps, pad = finish or (out, cut, out, out, 0.0, 0)
+    if skip_done is not None and finish is None:
+        raise ValueError("gumbel_argmax_triton: skip_done needs finish (the done rows' temperatures)")
+    top_k, top_p, min_p = skip_done or (out, cut, cut)
     _gumbel_argmax_kernel[(b, chunks)](scaled, cut, seed, step, pv, pi, counts, out, v, scaled.stride(0), greedy,
                                        temperature, active, state, state.stride(0), eps, pad, CHUNK=chunk,
                                        CHUNKS=chunks, CP=triton.next_power_of_2(chunks), FINISH=finish is not None,
-                                       num_warps=GUMBEL_WARPS,
+                                       num_warps=GUMBEL_WARPS, TOPK=top_k, TOPP=top_p, MINP=min_p, B=b,
+                                       BP=triton.next_power_of_2(b), SKIP_DONE=skip_done is not None,
                                        **pdl_if(scaled.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL))
     return out

@@ -7,8 +7,10 @@ state), forms the penalized values ``x`` and the scaled ``y = x / t`` exactly as
 row (a CTA barrier, one acq_rel add at GPU scope), and the program drawing the row's last ticket reads every chunk's
 (through L2): the greedy token (the first maximum, NaN the largest as argmax's) and the min-p floor (the row maximum of
 ``y`` plus ``log(min_p)``; none where a NaN made torch's ``amax`` NaN).  Launch 2, the same grid: the values below
-their row's floor become -inf (``apply_min_p``'s ``masked_fill``).  Where Inductor traces the same expressions as
-about seven launches (the penalties, the split ``amax``, the mask, the first stage of the greedy argmax).
+their row's floor become -inf (``apply_min_p``'s ``masked_fill``; a row of min-p 0 skipped).  Where Inductor traces
+the same expressions as about seven launches (the penalties, the split ``amax``, the mask, the first stage of the
+greedy argmax).  With ``draw`` (``flare::sample_advance_into_``) launch 1 also forms each chunk's Gumbel-max partial and
+ends the rows nothing after it changes (``sampler_done``): their tokens, counts and steps.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ignition.components.kernels.gumbel import _finish_row, _mix32, _row_keys
 from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
+from ignition.components.kernels.sampler_done import _done_row
 
 #: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
 #: registers) 92 registers, 2 programs per SM -- 4096 values at 8 warps took 172 registers, 1 per SM; at 16 warps 92,
@@ -34,7 +38,13 @@ _COUNTS: dict[tuple[str, int], torch.Tensor] = {}
 @triton.jit
 def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY, YMAX, V, stride_x, stride_c,
                   stride_p, stride_y, GREEDY_EPS: tl.constexpr, HAS_PEN: tl.constexpr, CHUNK: tl.constexpr,
-                  CHUNKS: tl.constexpr, CP: tl.constexpr, USE_PDL: tl.constexpr = False):
+                  CHUNKS: tl.constexpr, CP: tl.constexpr, USE_PDL: tl.constexpr = False, SEED=None, STEP=None,
+                  TOPK=None, TOPP=None, MINP=None, ACTIVE=None, OUT=None, PZ=None, PZI=None, pad=0,
+                  DRAW: tl.constexpr = False):
+    # DRAW (``flare::sample_advance_into_``; the penalty state's counts in CNT): each program also forms its chunk's
+    # Gumbel-max partial (``gumbel._gumbel_argmax_kernel``'s noise and first maximum over the uncut row), and the
+    # program drawing the row's last ticket ends a done row (``sampler_done``) -- its token, count and step, as the
+    # draw's finish does -- where the launches after it skip that row.
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0)
     c = tl.program_id(1)
@@ -56,11 +66,27 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY
     tl.store(PX + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
     tl.store(PY + b64 * CHUNKS + c, _nan_max(y, keep))
+    if DRAW:  # the row's draw values with its chunk, before the ticket (the last program moves the step)
+        step = tl.load(STEP + b64)
+        key, key2 = _row_keys(SEED, step, b64)
+        done = _done_row(t, tl.load(TOPK + b), tl.load(TOPP + b), tl.load(MINP + b), V, GREEDY_EPS)
+        active = tl.load(ACTIVE + b64) != 0
+        h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
+        u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
+        ztop, zfirst = _chunk_first_max(y - tl.log(-tl.log(u)), offs, keep, V)
+        tl.store(PZ + b64 * CHUNKS + c, ztop)
+        tl.store(PZI + b64 * CHUNKS + c, zfirst)
     if _row_ticket(TICK, b):  # the scaled maxima loaded first: in flight with the greedy's partials (offline sm90
         cs = tl.arange(0, CP)  # PTX: they were loaded after the greedy token's store, a second round trip in series)
         tops = tl.load(PY + b64 * CHUNKS + cs, mask=cs < CHUNKS, cache_modifier=".cg")
-        tl.store(GREEDY + b, _row_first_max(PX, PI, b64, CHUNKS, CP, V))
+        greedy = _row_first_max(PX, PI, b64, CHUNKS, CP, V)
+        if DRAW:
+            drawn = _row_first_max(PZ, PZI, b64, CHUNKS, CP, V)  # its partials in flight with the greedy's
+        tl.store(GREEDY + b, greedy)
         tl.store(YMAX + b, _nan_max(tops, cs < CHUNKS))
+        if DRAW:
+            if done:
+                _finish_row(OUT, CNT, STEP, b64, step, greedy, t < GREEDY_EPS, active, drawn, V, stride_c, pad)
 
 
 @triton.jit
@@ -73,23 +99,29 @@ def _nan_max(y, keep):
 
 @triton.jit
 def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """apply_min_p: the values below ``amax + log(min_p)`` -inf, in place (a NaN maximum masks nothing)."""
-    _pdl_enter(USE_PDL)
+    """apply_min_p: the values below ``amax + log(min_p)`` -inf, in place (a NaN maximum masks nothing).  A row of
+    min-p 0 (or NaN) masks nothing -- ``log(0)`` is -inf -- and is skipped: its min-p is read before the wait (the
+    front, before this launch, does not write it: ``kernels.launch``'s rules), its values not at all."""
     b = tl.program_id(0)
-    offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
-    keep = offs < V
-    row = Y + b.to(tl.int64) * stride_y + offs
-    y = tl.load(row, mask=keep, other=0.0)
-    floor = tl.load(YMAX + b) + tl.log(tl.load(MINP + b))
-    tl.store(row, tl.where(y < floor, float("-inf"), y), mask=keep)
+    mp = tl.load(MINP + b, cache_modifier=".cg")
+    _pdl_enter(USE_PDL)
+    if mp > 0:
+        offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+        keep = offs < V
+        row = Y + b.to(tl.int64) * stride_y + offs
+        y = tl.load(row, mask=keep, other=0.0)
+        floor = tl.load(YMAX + b) + tl.log(mp)
+        tl.store(row, tl.where(y < floor, float("-inf"), y), mask=keep)
 
 
 def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
                          repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
                          temperature: torch.Tensor, min_p: torch.Tensor, greedy_eps: float, *,
-                         chunk: int = FRONT_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk: int = FRONT_CHUNK, draw: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``flare::sampler_front`` on the GPU (or the interpreter) -> ``(greedy [B] int64, scaled [B, V] float32)``
-    (arguments checked by the op)."""
+    (arguments checked by the op).  ``draw``: ``(seed, step [B] int64, top_k [B] int32, top_p [B] float32, active [B]
+    bool, out [B] int64, pad)`` -- the done rows (``sampler_done``) end here: their tokens into ``out``, counted in
+    ``counts`` (needed: the penalty state) and their ``step`` advanced, in place (``flare::sample_advance_into_``)."""
     b, v = logits.shape
     dev = logits.device
     scaled = torch.empty((b, v), dtype=torch.float32, device=dev)
@@ -107,10 +139,15 @@ def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prom
     pen = counts is not None
     pdl = pdl_if(dev, "FLARE_SAMPLER_PDL", SAMPLER_PDL)
     cnt, pm = (counts, prompt_mask) if pen else (logits, logits)  # unused without penalties
+    if draw is not None and not pen:
+        raise ValueError("sampler_front_triton: draw needs the penalty state's counts (the done rows count there)")
+    seed, step, top_k, top_p, active, out, pad = draw or (greedy, greedy, greedy, ymax, greedy, greedy, 0)
+    pz, pzi = (torch.empty_like(px), torch.empty_like(pi)) if draw is not None else (px, pi)
     _front_kernel[(b, chunks)](logits, cnt, pm, repetition, frequency, presence, temperature, scaled, py, px, pi,
                                zeroed_counts(_COUNTS, dev, b), greedy, ymax, v, logits.stride(0),
                                cnt.stride(0), pm.stride(0), scaled.stride(0), GREEDY_EPS=greedy_eps, HAS_PEN=pen,
                                CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS,
-                               **pdl)
+                               SEED=seed, STEP=step, TOPK=top_k, TOPP=top_p, MINP=min_p, ACTIVE=active, OUT=out,
+                               PZ=pz, PZI=pzi, pad=pad, DRAW=draw is not None, **pdl)
     _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS, **pdl)
     return greedy, scaled

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from ignition.components.kernels.launch import SAMPLER_PDL, _interpreting, _pdl_enter, pdl_if
+from ignition.components.kernels.sampler_done import _all_rows_done
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -264,7 +265,11 @@ def _cut_bins(x, m, INV_W: tl.constexpr, NBINS: tl.constexpr):
 
 @triton.jit
 def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.constexpr, CHUNK: tl.constexpr,
-                            USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
+                            USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None,
+                            MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
+    if SKIP_DONE:  # every row done after the front (sampler_done): return before the wait
+        if _all_rows_done(SKIP, TOPK, TOPP, MINP, B, V, SKIP_BELOW, BP):
+            return
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -280,7 +285,11 @@ def _cut_chunk_stats_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, V, stride_y, C: tl.cons
 @triton.jit
 def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.constexpr, CP: tl.constexpr,
                            CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
-                           USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
+                           USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None,
+                           MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
+    if SKIP_DONE:  # every row done after the front (sampler_done): return before the wait
+        if _all_rows_done(SKIP, TOPK, TOPP, MINP, B, V, SKIP_BELOW, BP):
+            return
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -296,7 +305,11 @@ def _cut_chunk_hist_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, H, V, stride_y, C: tl.co
 @triton.jit
 def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr, CP: tl.constexpr,
                      NBINS: tl.constexpr, INV_W: tl.constexpr, MARGIN: tl.constexpr,
-                     USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
+                     USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None,
+                     MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
+    if SKIP_DONE:  # every row done after the front (sampler_done): return before the wait
+        if _all_rows_done(SKIP, TOPK, TOPP, MINP, B, V, SKIP_BELOW, BP):
+            return
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
@@ -339,7 +352,11 @@ def _cut_plan_kernel(TOPK, TOPP, SKIP, MC, ZC, H, PLAN, OFF, V, C: tl.constexpr,
 @triton.jit
 def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stride_y, C: tl.constexpr,
                         CP: tl.constexpr, CHUNK: tl.constexpr, NBINS: tl.constexpr, INV_W: tl.constexpr,
-                        BUFN: tl.constexpr, USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None):
+                        BUFN: tl.constexpr, USE_PDL: tl.constexpr = False, SKIP_BELOW: tl.constexpr = None,
+                        MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
+    if SKIP_DONE:  # every row done after the front (sampler_done): return before the wait
+        if _all_rows_done(SKIP, TOPK, TOPP, MINP, B, V, SKIP_BELOW, BP):
+            return
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -361,7 +378,11 @@ def _cut_compact_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, OFF, BUF, MA, V, stri
 def _cut_final_kernel(Y, TOPK, TOPP, SKIP, MC, ZC, PLAN, BUF, MA, CUT, WS, V, stride_y, C: tl.constexpr,
                       CP: tl.constexpr, CAP: tl.constexpr, BUFN: tl.constexpr, BLOCK: tl.constexpr,
                       PIPELINE: tl.constexpr, NB: tl.constexpr, USE_PDL: tl.constexpr = False,
-                      SKIP_BELOW: tl.constexpr = None):
+                      SKIP_BELOW: tl.constexpr = None,
+                      MINP=None, B=1, BP: tl.constexpr = 1, SKIP_DONE: tl.constexpr = False):
+    if SKIP_DONE:  # every row done after the front (sampler_done): return before the wait
+        if _all_rows_done(SKIP, TOPK, TOPP, MINP, B, V, SKIP_BELOW, BP):
+            return
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     b = tl.program_id(0).to(tl.int64)
     k, p, need_k, need_p = _cut_row_needs(TOPK, TOPP, SKIP, b, V, SKIP_BELOW)
@@ -424,15 +445,17 @@ SAMPLING_CUT_CHUNKS = 64
 def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor,
                                 *, skip_below: float | None = None, chunk: int | None = None,
                                 cap: int = SAMPLING_CUT_CAP, buffer: int = SAMPLING_CUT_BUFFER,
-                                block: int = SAMPLING_CUT_BLOCK,
-                                plan: torch.Tensor | None = None) -> torch.Tensor:
+                                block: int = SAMPLING_CUT_BLOCK, plan: torch.Tensor | None = None,
+                                min_p: torch.Tensor | None = None) -> torch.Tensor:
     """``flare::sampling_cut_compact`` on the GPU (or the interpreter): the cut of :func:`sampling_cut_triton` over
     many programs per row (see above).
     ``chunk`` / ``cap`` / ``buffer`` (powers of two): values per chunk (default: at least 4096, at most
     :data:`SAMPLING_CUT_CHUNKS` chunks), the window values sorted at most and compacted at most; ``plan``: an
     optional ``[B, 4]`` int32 that receives each row's last bin, window count, first bin and count of values above
     the window (tests: which rows took the buffer, and what it held); ``block``: the searches' block (rows whose
-    window exceeds ``cap``); ``skip_below``: ``skip`` is float32, and the rows below it are skipped (the op's).
+    window exceeds ``cap``); ``skip_below``: ``skip`` is float32, and the rows below it are skipped (the op's);
+    ``min_p`` (``[B]`` float32, with ``skip_below``): the launches return before their PDL wait when every row is
+    done after the sampler's front (``sampler_done``; ``flare::sample_advance_into_``) -- the cut then not written.
     Shapes are checked by the op."""
     y, cut, loop = _row_cut_setup(y, block)
     b, v = y.shape
@@ -453,6 +476,10 @@ def sampling_cut_compact_triton(y: torch.Tensor, top_k: torch.Tensor, top_p: tor
     bins = dict(NBINS=SAMPLING_CUT_BINS, INV_W=SAMPLING_CUT_INV_W)
     cp = triton.next_power_of_2(c)
     each = {**pdl_if(y.device, "FLARE_SAMPLER_PDL", SAMPLER_PDL), "SKIP_BELOW": skip_below}  # every launch's
+    if min_p is not None:
+        if skip_below is None:
+            raise ValueError("sampling_cut_compact_triton: min_p (the done rows' skip) needs skip_below")
+        each.update(MINP=min_p, B=b, BP=triton.next_power_of_2(b), SKIP_DONE=True)
     _cut_chunk_stats_kernel[(b, c)](*rows, mc, zc, v, y.stride(0), C=c, CHUNK=chunk, num_warps=8, **each)
     _cut_chunk_hist_kernel[(b, c)](*rows, mc, zc, hist, v, y.stride(0), C=c, CP=cp, CHUNK=chunk, **bins,
                                    num_warps=8, **each)
