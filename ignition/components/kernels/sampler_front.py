@@ -44,36 +44,40 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY
     # DRAW (``flare::sample_advance_into_``; the penalty state's counts in CNT): each program also forms its chunk's
     # Gumbel-max partial (``gumbel._gumbel_argmax_kernel``'s noise and first maximum over the uncut row), and the
     # program drawing the row's last ticket ends a done row (``sampler_done``) -- its token, count and step, as the
-    # draw's finish does -- where the launches after it skip that row.
-    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
+    # draw's finish does -- where the launches after it skip that row.  Its reads other than the logits come before
+    # the wait (with the noise and its logs): the penalty state, the rows' parameters, seeds and steps are the
+    # sampler's own -- written by the host or by earlier steps, never by a kernel of this step before the front
+    # (``kernels.launch``'s rules) -- so only the logits' round trip is left after it, as the head ends.
     b = tl.program_id(0)
     c = tl.program_id(1)
     b64 = b.to(tl.int64)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     keep = offs < V
+    if DRAW:
+        counts, prompt, rep, freq, pres, t = _front_row(CNT, PM, REP, FREQ, PRES, TEMP, b, b64, offs, keep, stride_c,
+                                                        stride_p)
+        step, noise, done, active = _draw_row(SEED, STEP, TOPK, TOPP, MINP, ACTIVE, t, b, b64, offs, V, GREEDY_EPS)
+    _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     x = tl.load(X + b64 * stride_x + offs, mask=keep, other=0.0).to(tl.float32)
+    if not DRAW:
+        if HAS_PEN:
+            counts, prompt, rep, freq, pres, t = _front_row(CNT, PM, REP, FREQ, PRES, TEMP, b, b64, offs, keep,
+                                                            stride_c, stride_p)
+        else:
+            t = tl.load(TEMP + b)
     if HAS_PEN:  # apply_penalties: repetition (prompt or output tokens), then frequency and presence
-        counts = tl.load(CNT + b64 * stride_c + offs, mask=keep, other=0)
         seen = counts > 0
-        prompt = tl.load(PM + b64 * stride_p + offs, mask=keep, other=0) != 0
-        rep = tl.where(seen | prompt, tl.load(REP + b), 1.0)
+        rep = tl.where(seen | prompt, rep, 1.0)
         x = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)  # IEEE division, as torch's (Triton's "/" is not)
-        x = x - tl.load(FREQ + b) * counts.to(tl.float32) - tl.load(PRES + b) * seen.to(tl.float32)
-    t = tl.load(TEMP + b)
+        x = x - freq * counts.to(tl.float32) - pres * seen.to(tl.float32)
     y = tl.math.div_rn(x, tl.where(t < GREEDY_EPS, 1.0, t))  # apply_temperature: greedy rows divide by 1
     tl.store(Y + b64 * stride_y + offs, y, mask=keep)
     top, first = _chunk_first_max(x, offs, keep, V)
     tl.store(PX + b64 * CHUNKS + c, top)
     tl.store(PI + b64 * CHUNKS + c, first)
     tl.store(PY + b64 * CHUNKS + c, _nan_max(y, keep))
-    if DRAW:  # the row's draw values with its chunk, before the ticket (the last program moves the step)
-        step = tl.load(STEP + b64)
-        key, key2 = _row_keys(SEED, step, b64)
-        done = _done_row(t, tl.load(TOPK + b), tl.load(TOPP + b), tl.load(MINP + b), V, GREEDY_EPS)
-        active = tl.load(ACTIVE + b64) != 0
-        h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
-        u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
-        ztop, zfirst = _chunk_first_max(y - tl.log(-tl.log(u)), offs, keep, V)
+    if DRAW:  # the chunk's draw (before the ticket: the last program moves the step)
+        ztop, zfirst = _chunk_first_max(y - noise, offs, keep, V)
         tl.store(PZ + b64 * CHUNKS + c, ztop)
         tl.store(PZI + b64 * CHUNKS + c, zfirst)
     if _row_ticket(TICK, b):  # the scaled maxima loaded first: in flight with the greedy's partials (offline sm90
@@ -87,6 +91,28 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY
         if DRAW:
             if done:
                 _finish_row(OUT, CNT, STEP, b64, step, greedy, t < GREEDY_EPS, active, drawn, V, stride_c, pad)
+
+
+@triton.jit
+def _front_row(CNT, PM, REP, FREQ, PRES, TEMP, b, b64, offs, keep, stride_c, stride_p):
+    """The penalty state of program (``b``, its chunk ``offs``) and the row's penalties and temperature: ``(counts,
+    prompt, repetition, frequency, presence, temperature)``."""
+    counts = tl.load(CNT + b64 * stride_c + offs, mask=keep, other=0)
+    prompt = tl.load(PM + b64 * stride_p + offs, mask=keep, other=0) != 0
+    return counts, prompt, tl.load(REP + b), tl.load(FREQ + b), tl.load(PRES + b), tl.load(TEMP + b)
+
+
+@triton.jit
+def _draw_row(SEED, STEP, TOPK, TOPP, MINP, ACTIVE, t, b, b64, offs, V, eps):
+    """The draw's values of program (``b``, its chunk ``offs``): ``(step, log(-log u), done, active)`` -- the row's
+    step, the logs of its noise (``gumbel._gumbel_argmax_kernel``'s, the same bits), whether the front ends it
+    (``sampler_done``) and whether it is active."""
+    step = tl.load(STEP + b64)
+    key, key2 = _row_keys(SEED, step, b64)
+    h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
+    u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
+    done = _done_row(t, tl.load(TOPK + b), tl.load(TOPP + b), tl.load(MINP + b), V, eps)
+    return step, tl.log(-tl.log(u)), done, tl.load(ACTIVE + b64) != 0
 
 
 @triton.jit
