@@ -558,7 +558,10 @@ def _draw_finish(what: str, out: torch.Tensor | None, scaled, cut, seed, step, g
 #: spent 27 us of its critical path in the sampler, ~20 of them after the front (the min-p mask over the whole row,
 #: the cut's five launches with nothing to cut, the draw's full pass).  The same tokens, counts and steps: the same
 #: kernels' arithmetic (the draw's noise and first maximum, the finish).  ``FLARE_SAMPLER_DONE_IN_FRONT=1`` / ``0`` sets
-#: it (read at each trace, for side-by-side runs).
+#: it (read at each trace, for side-by-side runs).  On: GPU tests pass (captured, capacities 1-64, mixed and all-done
+#: rows); Qwen3-8B side by side in one process with the null on an H100 (``results/20261206T170100Z-sm90-run199``,
+#: 1024-token context), off 1.0036x slower at batch 1 and 1.0044x at batch 4 (18.9 / 25.2 us a step; paired blocks
+#: 0/10 faster against A and A2; within noise by the min-max rule).  Not yet on an H200.
 DONE_IN_FRONT = True
 
 
