@@ -323,9 +323,13 @@ def cases():
                     dict(GREEDY_EPS=1e-5, HAS_PEN=True, CHUNK=sampler_front.FRONT_CHUNK, CHUNKS=chunks,
                          CP=1 << (chunks - 1).bit_length(), USE_PDL=True, DRAW=with_draw),
                     dict(num_warps=sampler_front.FRONT_WARPS)))
-    out.append((f"sampler min-p {sampler_front.FRONT_CHUNK}", "_min_p_kernel",
-                {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32"},
-                dict(CHUNK=sampler_front.FRONT_CHUNK, USE_PDL=True), dict(num_warps=sampler_front.FRONT_WARPS)))
+    for done in (False, True):  # the min-p mask, and in flare::sample_advance_into_ (its early trigger; one row)
+        out.append((f"sampler min-p {sampler_front.FRONT_CHUNK}{' done' if done else ''}", "_min_p_kernel",
+                    {"Y": "*fp32", "YMAX": "*fp32", "MINP": "*fp32", "V": "i32", "stride_y": "i32",
+                     **({"TEMP": "*fp32", "TOPK": "*i32", "TOPP": "*fp32", "B": "i32", "eps": "fp32", "early": "i32"}
+                        if done else {})},
+                    dict(CHUNK=sampler_front.FRONT_CHUNK, USE_PDL=True, **(dict(BP=1, DONE=True) if done else {})),
+                    dict(num_warps=sampler_front.FRONT_WARPS)))
     chunks = -(-151_936 // gumbel.GUMBEL_CHUNK)  # the sampler's draw over Qwen3's vocabulary
     # the draw alone, ending the sampler (flare::draw_finish_), and skipping the done rows (flare::sample_advance_into_)
     for finish, skip in ((False, False), (True, False), (True, True)):

@@ -50,7 +50,7 @@ from ignition.components.switches import switch
 from ignition.components.topk import topk_values
 
 __all__ = ["SamplingTensors", "sample", "advance", "sample_advance", "draw_finish_op", "draw_finish_into_op",
-           "sample_advance_into_op", "DONE_IN_FRONT", "DRAW_FINISH", "make_sampler", "apply_penalties",
+           "sample_advance_into_op", "DONE_IN_FRONT", "EARLY_SKIP", "DRAW_FINISH", "make_sampler", "apply_penalties",
            "apply_temperature", "apply_min_p", "cut_of", "filter_cut", "filter_logits", "front_logits", "penalized",
            "uniform_noise", "gumbel_argmax", "gumbel_argmax_reference", "sampler_front", "sampler_front_reference",
            "GREEDY_EPS", "GUMBEL_KERNEL", "SAMPLER_FRONT_KERNEL"]
@@ -565,6 +565,16 @@ def _draw_finish(what: str, out: torch.Tensor | None, scaled, cut, seed, step, g
 DONE_IN_FRONT = True
 
 
+#: Whether :data:`DONE_IN_FRONT`'s op, captured into a CUDA graph, lets the launches after its min-p mask start before
+#: that mask's PDL wait when every row is done (``FLARE_SAMPLER_EARLY_SKIP=1`` / ``0``; read at each launch): they
+#: return before their own waits, so the chain of skipping launches (run 200, an H100: six after the min-p mask, ~1.2 us
+#: each, 8.2 of the sampler's 16.3 us of critical path) runs while the front does.  What it asks: the graph completes
+#: only when every kernel of it has -- the front and the min-p mask complete after the last launch of the step, which
+#: no longer waits for them.  Only under capture (a graph launch completes as a whole); eager launches keep every
+#: launch's wait.  Off: not measured yet.
+EARLY_SKIP = False
+
+
 @opaque_op("sample_advance_into_", mutates_args=("out", "step", "counts"))
 def sample_advance_into_op(out: torch.Tensor, logits: torch.Tensor, counts: torch.Tensor, prompt_mask: torch.Tensor,
                            repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
@@ -612,8 +622,11 @@ def sample_advance_into_triton(out: torch.Tensor, logits: torch.Tensor, counts: 
     *rows, step, active, pad_id = rows
     repetition, frequency, presence, temperature, min_p, top_k, top_p, seed = (t.contiguous() for t in rows)
     active = active.contiguous()
+    early = (logits.is_cuda and switch("FLARE_SAMPLER_EARLY_SKIP", EARLY_SKIP)
+             and torch.cuda.is_current_stream_capturing())
     greedy, scaled = sampler_front_triton(logits, counts, prompt_mask, repetition, frequency, presence, temperature,
-                                          min_p, GREEDY_EPS, draw=(seed, step, top_k, top_p, active, out, pad_id))
+                                          min_p, GREEDY_EPS, draw=(seed, step, top_k, top_p, active, out, pad_id),
+                                          early=early)
     cut = sampling_cut_compact_triton(scaled, top_k, top_p, temperature, skip_below=GREEDY_EPS, min_p=min_p)
     gumbel_argmax_triton(scaled, cut, seed, step, finish=(greedy, temperature, active, counts, GREEDY_EPS, pad_id),
                          out=out, skip_done=(top_k, top_p, min_p))

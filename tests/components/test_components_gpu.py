@@ -74,20 +74,23 @@ def test_captured_sampling_step_replays_like_eager(monkeypatch, capacity, kernel
     print(f"\nsampling step capacity={capacity} vocab={VOCAB}: {start.elapsed_time(end) / 50 * 1000:.1f} us/replay")
 
 
-@pytest.mark.parametrize("rows", ["mixed", "done"])
+@pytest.mark.parametrize("rows", ["mixed", "done", "done-early"])
 @pytest.mark.parametrize("capacity", [1, 4, 64])
 def test_sample_advance_into_captured_replays_like_the_separate_launches(monkeypatch, capacity, rows):
     """``flare::sample_advance_into_`` (``FLARE_SAMPLER_DONE_IN_FRONT``, the front ending the done rows and the later
     launches skipping them -- before their PDL wait when every row is done) compiled and captured, replayed 8 times
     with the host's writes between replays: the tokens, counts and steps of the separate launches it replaces, run
-    eager (the switch off).  ``done``: every row greedy or without a filter (the replay's rows), the last inactive."""
+    eager (the switch off).  ``done``: every row greedy or without a filter (the replay's rows), the last inactive;
+    ``done-early``: so, captured with ``FLARE_SAMPLER_EARLY_SKIP=1`` (the skipping launches start during the front)."""
+    if rows == "done-early":
+        monkeypatch.setenv("FLARE_SAMPLER_EARLY_SKIP", "1")
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(capacity + len(rows))
     logits = [(torch.randn(capacity, VOCAB, device=dev, generator=g) * 4).to(torch.bfloat16) for _ in range(8)]
 
     def params():
         p = _params(capacity, dev)
-        if rows == "done":
+        if rows.startswith("done"):
             p.top_k.zero_(), p.top_p.fill_(1.0), p.min_p.zero_()
         return p
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from ignition.components.kernels.gumbel import _finish_row, _mix32, _row_keys
 from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
-from ignition.components.kernels.sampler_done import _done_row
+from ignition.components.kernels.sampler_done import _all_rows_done, _done_row
 
 #: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
 #: registers) 92 registers, 2 programs per SM -- 4096 values at 8 warps took 172 registers, 1 per SM; at 16 warps 92,
@@ -123,13 +124,24 @@ def _nan_max(y, keep):
     return tl.where(tl.max(tl.where(keep & (y != y), 1, 0), axis=0) > 0, float("nan"), top)
 
 
-@triton.jit
-def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False):
+@triton.jit(do_not_specialize=["early"])
+def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.constexpr = False, TEMP=None,
+                  TOPK=None, TOPP=None, B=1, eps=0.0, early=0, BP: tl.constexpr = 1, DONE: tl.constexpr = False):
     """apply_min_p: the values below ``amax + log(min_p)`` -inf, in place (a NaN maximum masks nothing).  A row of
     min-p 0 (or NaN) masks nothing -- ``log(0)`` is -inf -- and is skipped: its min-p is read before the wait (the
-    front, before this launch, does not write it: ``kernels.launch``'s rules), its values not at all."""
+    front, before this launch, does not write it: ``kernels.launch``'s rules), its values not at all.
+
+    ``DONE`` with ``early`` nonzero (``flare::sample_advance_into_`` captured with ``FLARE_SAMPLER_EARLY_SKIP``): when
+    every row is done after the front (``sampler_done``) the launch lets its dependents launch before its wait -- the
+    launches after it return before theirs, so they run while the front does instead of after it; this launch still
+    completes only after its wait (``sampling.EARLY_SKIP`` says what that asks of a captured graph)."""
     b = tl.program_id(0)
     mp = tl.load(MINP + b, cache_modifier=".cg")
+    if USE_PDL:
+        if DONE:
+            if early != 0:
+                if _all_rows_done(TEMP, TOPK, TOPP, MINP, B, V, eps, BP):
+                    gdc_launch_dependents()
     _pdl_enter(USE_PDL)
     if mp > 0:
         offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
@@ -143,11 +155,14 @@ def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.c
 def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prompt_mask: torch.Tensor | None,
                          repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
                          temperature: torch.Tensor, min_p: torch.Tensor, greedy_eps: float, *,
-                         chunk: int = FRONT_CHUNK, draw: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk: int = FRONT_CHUNK, draw: tuple | None = None,
+                         early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``flare::sampler_front`` on the GPU (or the interpreter) -> ``(greedy [B] int64, scaled [B, V] float32)``
     (arguments checked by the op).  ``draw``: ``(seed, step [B] int64, top_k [B] int32, top_p [B] float32, active [B]
     bool, out [B] int64, pad)`` -- the done rows (``sampler_done``) end here: their tokens into ``out``, counted in
-    ``counts`` (needed: the penalty state) and their ``step`` advanced, in place (``flare::sample_advance_into_``)."""
+    ``counts`` (needed: the penalty state) and their ``step`` advanced, in place (``flare::sample_advance_into_``);
+    ``early`` (with ``draw``): the min-p launch lets the next launch start before its wait when every row is done
+    (:func:`_min_p_kernel`)."""
     b, v = logits.shape
     dev = logits.device
     scaled = torch.empty((b, v), dtype=torch.float32, device=dev)
@@ -175,5 +190,8 @@ def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prom
                                CHUNK=chunk, CHUNKS=chunks, CP=triton.next_power_of_2(chunks), num_warps=FRONT_WARPS,
                                SEED=seed, STEP=step, TOPK=top_k, TOPP=top_p, MINP=min_p, ACTIVE=active, OUT=out,
                                PZ=pz, PZI=pzi, pad=pad, DRAW=draw is not None, **pdl)
-    _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS, **pdl)
+    done = dict(TEMP=temperature, TOPK=top_k, TOPP=top_p, B=b, eps=greedy_eps, early=int(early),
+                BP=triton.next_power_of_2(b), DONE=True) if draw is not None else {}
+    _min_p_kernel[(b, chunks)](scaled, ymax, min_p, v, scaled.stride(0), CHUNK=chunk, num_warps=FRONT_WARPS, **done,
+                               **pdl)
     return greedy, scaled
