@@ -611,17 +611,20 @@ def sample_advance_into_op(out: torch.Tensor, logits: torch.Tensor, counts: torc
 
 
 def sample_advance_into_triton(out: torch.Tensor, logits: torch.Tensor, counts: torch.Tensor,
-                               prompt_mask: torch.Tensor, *rows: torch.Tensor) -> None:
+                               prompt_mask: torch.Tensor, repetition: torch.Tensor, frequency: torch.Tensor,
+                               presence: torch.Tensor, temperature: torch.Tensor, min_p: torch.Tensor,
+                               top_k: torch.Tensor, top_p: torch.Tensor, seed: torch.Tensor, step: torch.Tensor,
+                               active: torch.Tensor, pad_id: int) -> None:
     """:func:`sample_advance_into_op`'s launches on the GPU (or the interpreter), its arguments as the op's (checked
-    by it): the front ending the done rows (``kernels.sampler_front``, ``draw``), the min-p mask, the compacted cut
-    and the draw's finish skipping them (``kernels.sampling_cut``, ``kernels.gumbel``)."""
+    by it; ``out``, ``counts`` and ``step`` written in place, the row tensors made contiguous here): the front ending
+    the done rows (``kernels.sampler_front``, ``draw``), the min-p mask, the compacted cut and the draw's finish
+    skipping them (``kernels.sampling_cut``, ``kernels.gumbel``)."""
     from ignition.components.kernels.gumbel import gumbel_argmax_triton  # imports triton
     from ignition.components.kernels.sampler_front import sampler_front_triton
     from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
 
-    *rows, step, active, pad_id = rows
-    repetition, frequency, presence, temperature, min_p, top_k, top_p, seed = (t.contiguous() for t in rows)
-    active = active.contiguous()
+    repetition, frequency, presence, temperature, min_p, top_k, top_p, seed, active = (
+        t.contiguous() for t in (repetition, frequency, presence, temperature, min_p, top_k, top_p, seed, active))
     early = (logits.is_cuda and switch("FLARE_SAMPLER_EARLY_SKIP", EARLY_SKIP)
              and torch.cuda.is_current_stream_capturing())
     greedy, scaled = sampler_front_triton(logits, counts, prompt_mask, repetition, frequency, presence, temperature,

@@ -80,11 +80,10 @@ def _args(params: SamplingTensors, logits: torch.Tensor, active: torch.Tensor) -
 def _separate_launches(params: SamplingTensors, logits: torch.Tensor, active: torch.Tensor, pad: int) -> torch.Tensor:
     """The launches the op replaces, one op after another (the CUDA route of ``sample_advance`` before it)."""
     from ignition.components.kernels import gumbel, sampler_front
+    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
 
     args = _args(params, logits, active)
     greedy, scaled = sampler_front.sampler_front_triton(*args[:8], sampling.GREEDY_EPS)
-    from ignition.components.kernels.sampling_cut import sampling_cut_compact_triton
-
     cut = sampling_cut_compact_triton(scaled, params.top_k, params.top_p, params.temperature,
                                       skip_below=sampling.GREEDY_EPS)
     out = torch.full_like(params.step, 12345)

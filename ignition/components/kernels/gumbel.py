@@ -22,7 +22,7 @@ import triton.language as tl
 
 from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
-from ignition.components.kernels.sampler_done import _all_rows_done, _done_row
+from ignition.components.kernels.sampler_done import _all_rows_done, _row_done
 
 #: Values per program, and its warps (offline sm90, ``scripts/sm90_kernel_check.py``: 80 registers at 8 warps, 139 at
 #: 4 -- 16 values per thread instead of 32 -- 3 programs per SM either way).
@@ -77,8 +77,7 @@ def _gumbel_argmax_kernel(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GRE
     if SKIP_DONE:  # (FINISH) the front ended the done rows (sampler_done); none left: return before the wait
         if _all_rows_done(TEMP, TOPK, TOPP, MINP, B, V, eps, BP):
             return
-        row_done = _done_row(tl.load(TEMP + b, cache_modifier=".cg"), tl.load(TOPK + b, cache_modifier=".cg"),
-                             tl.load(TOPP + b, cache_modifier=".cg"), tl.load(MINP + b, cache_modifier=".cg"), V, eps)
+        row_done = _row_done(TEMP, TOPK, TOPP, MINP, b, V, eps)
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     if not row_done:
         _gumbel_row_chunk(Y, CUT, SEED, STEP, PV, PI, CNT, OUT, V, stride_y, GREEDY, TEMP, ACTIVE, COUNTS, stride_c,

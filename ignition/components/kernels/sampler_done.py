@@ -25,6 +25,13 @@ def _done_row(t, k, p, mp, V, eps):
 
 
 @triton.jit
+def _row_done(TEMP, TOPK, TOPP, MINP, b, V, eps):
+    """:func:`_done_row` of row ``b``, its parameters loaded through L2 (``.cg``: read before a launch's PDL wait)."""
+    return _done_row(tl.load(TEMP + b, cache_modifier=".cg"), tl.load(TOPK + b, cache_modifier=".cg"),
+                     tl.load(TOPP + b, cache_modifier=".cg"), tl.load(MINP + b, cache_modifier=".cg"), V, eps)
+
+
+@triton.jit
 def _all_rows_done(TEMP, TOPK, TOPP, MINP, B, V, eps, BP: tl.constexpr):
     """Whether every one of the ``B`` rows is done (``BP``: a power of two ``>= B``); the parameters loaded through
     L2 (``.cg``: read before the launch's PDL wait)."""

@@ -23,7 +23,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from ignition.components.kernels.gumbel import _finish_row, _mix32, _row_keys
 from ignition.components.kernels.launch import SAMPLER_PDL, _pdl_enter, pdl_if, zeroed_counts
 from ignition.components.kernels.row_reduce import _chunk_first_max, _row_first_max, _row_ticket
-from ignition.components.kernels.sampler_done import _all_rows_done, _done_row
+from ignition.components.kernels.sampler_done import _all_rows_done, _row_done
 
 #: Values per program, and its warps: offline sm90 (``scripts/sm90_kernel_check.py``; the IEEE divisions take the
 #: registers) 92 registers, 2 programs per SM -- 4096 values at 8 warps took 172 registers, 1 per SM; at 16 warps 92,
@@ -57,7 +57,8 @@ def _front_kernel(X, CNT, PM, REP, FREQ, PRES, TEMP, Y, PY, PX, PI, TICK, GREEDY
     if DRAW:
         counts, prompt, rep, freq, pres, t = _front_row(CNT, PM, REP, FREQ, PRES, TEMP, b, b64, offs, keep, stride_c,
                                                         stride_p)
-        step, noise, done, active = _draw_row(SEED, STEP, TOPK, TOPP, MINP, ACTIVE, t, b, b64, offs, V, GREEDY_EPS)
+        step, noise, done, active = _draw_row(SEED, STEP, TEMP, TOPK, TOPP, MINP, ACTIVE, b, b64, offs, V,
+                                              GREEDY_EPS)
     _pdl_enter(USE_PDL)  # kernels.launch.SAMPLER_PDL
     x = tl.load(X + b64 * stride_x + offs, mask=keep, other=0.0).to(tl.float32)
     if not DRAW:
@@ -104,7 +105,7 @@ def _front_row(CNT, PM, REP, FREQ, PRES, TEMP, b, b64, offs, keep, stride_c, str
 
 
 @triton.jit
-def _draw_row(SEED, STEP, TOPK, TOPP, MINP, ACTIVE, t, b, b64, offs, V, eps):
+def _draw_row(SEED, STEP, TEMP, TOPK, TOPP, MINP, ACTIVE, b, b64, offs, V, eps):
     """The draw's values of program (``b``, its chunk ``offs``): ``(step, log(-log u), done, active)`` -- the row's
     step, the logs of its noise (``gumbel._gumbel_argmax_kernel``'s, the same bits), whether the front ends it
     (``sampler_done``) and whether it is active."""
@@ -112,8 +113,7 @@ def _draw_row(SEED, STEP, TOPK, TOPP, MINP, ACTIVE, t, b, b64, offs, V, eps):
     key, key2 = _row_keys(SEED, step, b64)
     h = _mix32(_mix32(offs.to(tl.uint32) ^ key) ^ key2)
     u = ((h >> 8) | 1).to(tl.float32) * (2.0 ** -24)
-    done = _done_row(t, tl.load(TOPK + b), tl.load(TOPP + b), tl.load(MINP + b), V, eps)
-    return step, tl.log(-tl.log(u)), done, tl.load(ACTIVE + b64) != 0
+    return step, tl.log(-tl.log(u)), _row_done(TEMP, TOPK, TOPP, MINP, b, V, eps), tl.load(ACTIVE + b64) != 0
 
 
 @triton.jit
