@@ -184,7 +184,8 @@ for s in ${STAGES:?set STAGES}; do
           # them whose test was selected and did not pass (run 185's narrowed selection switched off all five)
           for t in mlp_handoff_chain:FLARE_GEMV_HANDOFF=0 decode_combine_in_kernel:FLARE_DECODE_COMBINE_ROWS=0 \
                    gumbel:FLARE_GUMBEL_KERNEL=0 draw_finish:FLARE_DRAW_FINISH=0 sampler_front:FLARE_SAMPLER_FRONT_KERNEL=0 width_one:FLARE_COMPILE_TAILS=0 \
-                   head_logits_into:FLARE_HEAD_INTO=0 embed_rotary_on_this_gpu:FLARE_FUSED_EMBED_ROTARY=0; do
+                   head_logits_into:FLARE_HEAD_INTO=0 embed_rotary_on_this_gpu:FLARE_FUSED_EMBED_ROTARY=0 \
+                   embed_rotary_batch_on_this_gpu:FLARE_FUSED_STEP_BATCH=0 done-early:FLARE_SAMPLER_EARLY_SKIP=0; do
             if grep -qE "(FAILED|ERROR).*${t%%:*}" "$OUT/gpu_tests.log" || { [ "$trc" = 124 ] && \
                  grep -q "${t%%:*}" "$OUT/gpu_tests.collected" && ! grep -qE "^PASSED .*${t%%:*}" "$OUT/gpu_tests.log"; }; then
               export "${t#*:}"; echo "${t%%:*} failed or the tests timed out (rc $trc): ${t#*:} from here" | tee -a "$OUT/stages.log"; fi

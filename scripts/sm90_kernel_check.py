@@ -262,12 +262,16 @@ def cases():
                                                                "stride_o": "i32"}, dict(NP=4096, KP=64),
                 dict(num_warps=8)))
     rot = {"POS": "*i64", "INV": "*fp32", "COS": P, "SIN": P, "R": "i32", "scaling": "fp32", "IDS": "*i64",
-           "TABLE": P, "HID": P, "stride_t": "i32"}
+           "TABLE": P, "HID": P, "stride_t": "i32", "SLOTMAP": "*i64", "ACTIVE": "*i1", "SEQLENS": "*i64",
+           "SLOTS": "*i64", "VALID": "*i1", "LENS": "*i64", "T": "i32", "sink": "i32", "max_len": "i32"}
     out.append(("rotary cos/sin 64 bf16", "_rotary_cos_sin_kernel", rot,
                 dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS, USE_PDL=True), dict(num_warps=4)))
     out.append(("embed + rotary 4096 bf16", "_rotary_cos_sin_kernel", rot,  # flare::embed_rotary, Qwen3-8B's width
                 dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS, USE_PDL=True, H=4096,
                      BLOCK_H=rotary.EMBED_BLOCK_H), dict(num_warps=4)))
+    out.append(("embed + rotary + batch 4096 bf16", "_rotary_cos_sin_kernel", rot,  # flare::embed_rotary_batch
+                dict(HALF=64, HP=64, BLOCK_R=rotary.ROTARY_BLOCK_ROWS, USE_PDL=True, H=4096,
+                     BLOCK_H=rotary.EMBED_BLOCK_H, META=True), dict(num_warps=4)))
     out.append(("sampling cut 2048", "_sampling_cut_kernel", {"Y": "*fp32", "TOPK": "*i32", "TOPP": "*fp32",
                                                               "SKIP": "*i1", "CUT": "*fp32", "WS": "*fp32",
                                                               "V": "i32", "stride_y": "i32"},

@@ -202,16 +202,26 @@ def batch_tensors(positions: torch.Tensor, slot_mapping: torch.Tensor, block_tab
     b, t = positions.shape
     s = block_tables.shape[1] * page_size
     active = active.bool()
-    valid = (slot_mapping >= 0) & active[:, None]
-    sink = torch.full_like(slot_mapping, sink_slot)
-    slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
+    slots, valid, lens = batch_slots_lens(slot_mapping, seq_lens, active, sink_slot, s)
     visible = None
     if with_visible:
         key = torch.arange(s, device=positions.device)
         visible = (key[None, None, :] <= positions[:, :, None]) & (key[None, None, :] < seq_lens[:, None, None])
         visible = (visible & active[:, None, None]).view(b, 1, 1, t, s)
-    lens = torch.where(active, seq_lens.long().clamp(min=0, max=s), torch.zeros_like(seq_lens, dtype=torch.long))
     return slots, visible, valid, active, lens, positions.long()
+
+
+def batch_slots_lens(slot_mapping: torch.Tensor, seq_lens: torch.Tensor, active: torch.Tensor, sink_slot: int,
+                     max_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`batch_tensors`' ``(slots [B * T] int64, valid [B, T] bool, lens [B] int64)`` from ``slot_mapping [B, T]``,
+    ``seq_lens [B]``, ``active [B]`` bool: a token is valid where its slot is (>= 0) and its row active, a slot not
+    valid points at the sink, a length is clamped to ``[0, max_len]`` (0 for an inactive row).  Also the CPU path of
+    ``flare::embed_rotary_batch``, whose CUDA launch writes the same values."""
+    valid = (slot_mapping >= 0) & active[:, None]
+    sink = torch.full_like(slot_mapping, sink_slot)
+    slots = torch.where(valid, slot_mapping, sink).reshape(-1).long()
+    lens = torch.where(active, seq_lens.long().clamp(min=0, max=max_len), torch.zeros_like(seq_lens, dtype=torch.long))
+    return slots, valid, lens
 
 
 class PyTorchPagedAttention:

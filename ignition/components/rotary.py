@@ -29,7 +29,9 @@ from ignition.components.custom_ops import opaque_op
 from ignition.components.switches import switch
 
 __all__ = ["rotary_cos_sin", "rotary_cos_sin_reference", "position_embeddings", "fused_rotary_applies",
-           "embed_rotary", "embed_rotary_reference", "embed_position_embeddings", "FUSED_EMBED_ROTARY"]
+           "embed_rotary", "embed_rotary_reference", "embed_position_embeddings", "FUSED_EMBED_ROTARY",
+           "embed_rotary_batch", "embed_rotary_batch_reference", "embed_rotary_applies", "embed_rotary_batch_applies",
+           "FUSED_STEP_BATCH"]
 
 
 def _check(positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
@@ -129,20 +131,102 @@ def embed_rotary(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.
 FUSED_EMBED_ROTARY = True
 
 
+def embed_rotary_applies(embedding: nn.Module, rotary: nn.Module, input_ids: torch.Tensor,
+                         positions: torch.Tensor) -> bool:
+    """Whether a step's embedding and rotary run as one launch (``flare::embed_rotary``): on CUDA, where the embedding
+    is a plain ``nn.Embedding`` (no ``max_norm``, contiguous rows) and the rotary one the op reproduces
+    (:func:`fused_rotary_applies`), unless ``FLARE_FUSED_ROTARY=0`` or ``FLARE_FUSED_EMBED_ROTARY=0``."""
+    table = getattr(embedding, "weight", None)
+    return (input_ids.is_cuda and type(embedding) is nn.Embedding and embedding.max_norm is None
+            and table.stride(-1) == 1 and input_ids.shape == positions.shape and fused_rotary_applies(rotary)
+            and switch("FLARE_FUSED_ROTARY", True) and switch("FLARE_FUSED_EMBED_ROTARY", FUSED_EMBED_ROTARY))
+
+
 def embed_position_embeddings(embedding: nn.Module, rotary: nn.Module, input_ids: torch.Tensor,
                               positions: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """``(embedding(input_ids), position_embeddings(rotary, ., positions))``: on CUDA one launch
-    (``flare::embed_rotary``) where the embedding is a plain ``nn.Embedding`` (no ``max_norm``) and the rotary one
-    the op reproduces (:func:`fused_rotary_applies`; neither ``FLARE_FUSED_ROTARY=0`` nor
-    ``FLARE_FUSED_EMBED_ROTARY=0``), else the module and :func:`position_embeddings`."""
-    table = getattr(embedding, "weight", None)
-    if (input_ids.is_cuda and type(embedding) is nn.Embedding and embedding.max_norm is None
-            and table.stride(-1) == 1 and input_ids.shape == positions.shape and fused_rotary_applies(rotary)
-            and switch("FLARE_FUSED_ROTARY", True) and switch("FLARE_FUSED_EMBED_ROTARY", FUSED_EMBED_ROTARY)):
-        hidden, cos, sin = embed_rotary(input_ids, table, positions, rotary.inv_freq, float(rotary.attention_scaling))
+    (``flare::embed_rotary``) where :func:`embed_rotary_applies`, else the module and :func:`position_embeddings`."""
+    if embed_rotary_applies(embedding, rotary, input_ids, positions):
+        hidden, cos, sin = embed_rotary(input_ids, embedding.weight, positions, rotary.inv_freq,
+                                        float(rotary.attention_scaling))
         return hidden, (cos, sin)
     hidden = embedding(input_ids)
     return hidden, position_embeddings(rotary, hidden, positions)
+
+
+#: Whether a step whose attention batch needs no ``visible`` mask also writes the batch's slots, valid and lengths from
+#: its embedding and rotary launch (``flare::embed_rotary_batch``; ``FLARE_FUSED_STEP_BATCH=1`` / ``0``, read when a
+#: step is traced, for side-by-side runs) instead of the compiled metadata region's own launches: run 200's Qwen3-8B
+#: batch-1 trace (an H100) had two Inductor launches there, 4.6 us of the step's critical path (run 194, an H200:
+#: 3.0 us), ahead of the embedding.  The same values (:func:`~ignition.components.attention.batch_slots_lens`).
+FUSED_STEP_BATCH = True
+
+
+def embed_rotary_batch_applies(embedding: nn.Module, rotary: nn.Module, input_ids: torch.Tensor,
+                               positions: torch.Tensor, active: torch.Tensor) -> bool:
+    """Whether a step's embedding, rotary and attention batch run as one launch (``flare::embed_rotary_batch``):
+    where :func:`embed_rotary_applies`, the step's ids ``[B, T]`` and ``active`` bool, unless
+    ``FLARE_FUSED_STEP_BATCH=0`` (:data:`FUSED_STEP_BATCH`).  The caller also asks whether its batch needs the
+    ``visible`` mask, which the op does not build."""
+    return (input_ids.dim() == 2 and active.dtype == torch.bool and switch("FLARE_FUSED_STEP_BATCH", FUSED_STEP_BATCH)
+            and embed_rotary_applies(embedding, rotary, input_ids, positions))
+
+
+def _check_batch(input_ids: torch.Tensor, slot_mapping: torch.Tensor, active: torch.Tensor,
+                 seq_lens: torch.Tensor) -> None:
+    """:func:`embed_rotary_batch`'s batch arguments (raises naming the bad one): ``slot_mapping`` of the ids' shape
+    ``[B, T]`` (int64), ``active`` ``[B]`` bool, ``seq_lens`` ``[B]`` integers."""
+    if input_ids.dim() != 2 or slot_mapping.shape != input_ids.shape or slot_mapping.dtype != torch.long:
+        raise ValueError(f"embed_rotary_batch: slot_mapping must be int64 of input_ids' [B, T] shape "
+                         f"{tuple(input_ids.shape)}, got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    b = input_ids.shape[0]
+    if active.shape != (b,) or active.dtype != torch.bool:
+        raise ValueError(f"embed_rotary_batch: active must be [B] = [{b}] bool, got {tuple(active.shape)} "
+                         f"{active.dtype}")
+    if seq_lens.shape != (b,) or seq_lens.dtype.is_floating_point or seq_lens.dtype == torch.bool:
+        raise ValueError(f"embed_rotary_batch: seq_lens must be [B] = [{b}] integers, got {tuple(seq_lens.shape)} "
+                         f"{seq_lens.dtype}")
+
+
+def embed_rotary_batch_reference(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                                 inv_freq: torch.Tensor, scaling: float, slot_mapping: torch.Tensor,
+                                 active: torch.Tensor, seq_lens: torch.Tensor, sink_slot: int,
+                                 max_len: int) -> tuple[torch.Tensor, ...]:
+    """``(hidden, cos, sin)`` of :func:`embed_rotary_reference` and ``(slots, valid, lens)`` of
+    ``attention.batch_slots_lens`` (the op's CPU path)."""
+    from ignition.components.attention import batch_slots_lens  # attention imports this module's users
+
+    _check_batch(input_ids, slot_mapping, active, seq_lens)
+    return (*embed_rotary_reference(input_ids, table, positions, inv_freq, scaling),
+            *batch_slots_lens(slot_mapping, seq_lens, active, sink_slot, max_len))
+
+
+def _embed_batch_fake(input_ids, table, positions, inv_freq, scaling, slot_mapping, active, seq_lens, sink_slot,
+                      max_len):
+    return (*_embed_fake(input_ids, table, positions, inv_freq, scaling),
+            slot_mapping.new_empty(slot_mapping.numel()), active.new_empty(slot_mapping.shape),
+            seq_lens.new_empty(seq_lens.shape, dtype=torch.long))
+
+
+@opaque_op("embed_rotary_batch", mutates_args=(), fake=_embed_batch_fake)
+def embed_rotary_batch(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                       scaling: float, slot_mapping: torch.Tensor, active: torch.Tensor, seq_lens: torch.Tensor,
+                       sink_slot: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                              torch.Tensor, torch.Tensor]:
+    """``flare::embed_rotary``'s ``(hidden, cos, sin)`` plus the step's attention batch ``(slots [B * T] int64, valid
+    [B, T] bool, lens [B] int64)`` -- ``attention.batch_slots_lens`` of ``slot_mapping [B, T]``, ``seq_lens [B]``,
+    ``active [B]`` bool, the sink slot and the longest context -- all new tensors.  CUDA: one launch
+    (``kernels.rotary.embed_rotary_batch_triton``: the rotary kernel's first program per row block writes them);
+    elsewhere :func:`embed_rotary_batch_reference`."""
+    if not input_ids.is_cuda:
+        return embed_rotary_batch_reference(input_ids, table, positions, inv_freq, scaling, slot_mapping, active,
+                                            seq_lens, sink_slot, max_len)
+    from ignition.components.kernels.rotary import embed_rotary_batch_triton  # imports triton: CUDA only
+
+    _check_embed(input_ids, table, positions, inv_freq)
+    _check_batch(input_ids, slot_mapping, active, seq_lens)
+    return embed_rotary_batch_triton(input_ids, table, positions, inv_freq, scaling, slot_mapping, active, seq_lens,
+                                     sink_slot, max_len)
 
 
 def position_embeddings(rotary: nn.Module, x: torch.Tensor,

@@ -80,10 +80,10 @@ def test_sample_advance_into_captured_replays_like_the_separate_launches(monkeyp
     """``flare::sample_advance_into_`` (``FLARE_SAMPLER_DONE_IN_FRONT``, the front ending the done rows and the later
     launches skipping them -- before their PDL wait when every row is done) compiled and captured, replayed 8 times
     with the host's writes between replays: the tokens, counts and steps of the separate launches it replaces, run
-    eager (the switch off).  ``done``: every row greedy or without a filter (the replay's rows), the last inactive;
-    ``done-early``: so, captured with ``FLARE_SAMPLER_EARLY_SKIP=1`` (the skipping launches start during the front)."""
-    if rows == "done-early":
-        monkeypatch.setenv("FLARE_SAMPLER_EARLY_SKIP", "1")
+    eager (the switch off).  ``done``: every row greedy or without a filter (the replay's rows), the last inactive,
+    captured with ``FLARE_SAMPLER_EARLY_SKIP=0``; ``done-early``: so, with it on (the skipping launches start during
+    the front)."""
+    monkeypatch.setenv("FLARE_SAMPLER_EARLY_SKIP", "1" if rows == "done-early" else "0")
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(capacity + len(rows))
     logits = [(torch.randn(capacity, VOCAB, device=dev, generator=g) * 4).to(torch.bfloat16) for _ in range(8)]
@@ -1071,3 +1071,49 @@ def test_embed_rotary_on_this_gpu_equals_the_modules_bitwise(monkeypatch, shape)
     monkeypatch.setattr(rotary_mod, "embed_rotary", lambda *args: seen.append(args) or op(*args))
     hidden, (cos, sin) = rotary_mod.embed_position_embeddings(emb, rot, ids, pos)
     assert len(seen) == 1 and all(torch.equal(g, w) for g, w in zip((hidden, cos, sin), want))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1), (8, 1), (2, 4096)])
+def test_embed_rotary_batch_on_this_gpu_equals_its_definition(shape):
+    """``flare::embed_rotary_batch`` on this GPU (the rotary launch also copying the embedding rows and writing the
+    attention batch's slots, valid and lengths): the embedding and transformers' rotary module's bits, the batch by its
+    definition element by element (padding slots, an inactive row, lengths past both ends); captured in a graph and
+    replayed on new inputs, the same (a decode step's capacities; a prefill chunk)."""
+    from test_rotary import _embedding, batch_case, batch_expected, positions_case, qwen3_rotary
+
+    from ignition.components.rotary import embed_rotary_batch
+
+    rot, emb = qwen3_rotary().cuda(), _embedding(vocab=5000, hidden=4096, seed=shape[0]).cuda()
+
+    def inputs(seed):
+        pos = positions_case(shape, seed=seed)
+        ids = torch.randint(0, 5000, shape, generator=torch.Generator().manual_seed(seed))
+        slot_mapping, active, seq_lens, sink, max_len = batch_case(shape, seed=seed, sink=70000, max_len=40960)
+        return [x.cuda() for x in (ids, pos, slot_mapping, active, seq_lens)], (sink, max_len)
+
+    def expected(ids, pos, slot_mapping, active, seq_lens, sink, max_len):
+        h = emb(ids)
+        return (h, *rot(h, pos), *(x.cuda() for x in batch_expected(slot_mapping.cpu(), active.cpu(), seq_lens.cpu(),
+                                                                     sink, max_len)))
+
+    def run(ids, pos, slot_mapping, active, seq_lens, sink, max_len):
+        return embed_rotary_batch(ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, slot_mapping, active,
+                                  seq_lens, sink, max_len)
+
+    def check(got, want):
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
+
+    static, consts = inputs(1)
+    check(run(*static, *consts), expected(*static, *consts))
+    out = run(*static, *consts)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(*static, *consts)
+    for seed in (2, 3):
+        new, _ = inputs(seed)
+        for s, n in zip(static, new):
+            s.copy_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, expected(*static, *consts))

@@ -147,3 +147,77 @@ def test_embed_rotary_kernel_in_the_interpreter(shape, hidden):
     assert got_h.shape == (*shape, hidden) and torch.equal(got_h, emb.weight[ids])
     want_cos, want_sin = rotary_cos_sin_triton(pos, rot.inv_freq, 1.0, torch.bfloat16)
     assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+
+
+def batch_case(shape, seed=0, sink=999, max_len=64):
+    """A step's attention-batch inputs of ``[B, T]`` tokens: slots with padding (-1), the last row inactive (when
+    there are two or more), lengths past both ends of ``[0, max_len]``."""
+    b, t = shape
+    g = torch.Generator().manual_seed(seed)
+    slot_mapping = torch.randint(0, sink, shape, generator=g)
+    slot_mapping[torch.rand(shape, generator=g) < 0.3] = -1
+    active = torch.ones(b, dtype=torch.bool)
+    if b > 1:
+        active[-1] = False
+    seq_lens = torch.randint(-3, max_len + 5, (b,), generator=g)
+    seq_lens[0] = max_len + 7  # clamped
+    return slot_mapping, active, seq_lens, sink, max_len
+
+
+def batch_expected(slot_mapping, active, seq_lens, sink, max_len):
+    """The attention batch's slots, valid and lengths by their definition, element by element (not the code under
+    test): a token is valid where its slot is >= 0 and its row active, else it writes the sink; a length is clamped to
+    [0, max_len], 0 for an inactive row."""
+    b, t = slot_mapping.shape
+    valid = torch.tensor([[bool(slot_mapping[r, i] >= 0 and active[r]) for i in range(t)] for r in range(b)])
+    slots = torch.tensor([int(slot_mapping[r, i]) if valid[r, i] else sink for r in range(b) for i in range(t)])
+    lens = torch.tensor([min(max(int(seq_lens[r]), 0), max_len) if active[r] else 0 for r in range(b)])
+    return slots, valid.view(b, t), lens
+
+
+def test_embed_rotary_batch_cpu_op_equals_the_modules_and_the_batch_definition():
+    """``flare::embed_rotary_batch`` off CUDA: the embedding and the rotary module's bits, the batch's slots, valid
+    and lengths by their definition (and :func:`attention.batch_tensors`' -- the metadata region it replaces); bad
+    batch arguments name themselves."""
+    from ignition.components.attention import batch_tensors
+    from ignition.components.rotary import embed_rotary_batch
+
+    rot, emb = qwen3_rotary(), _embedding()
+    shape = (4, 5)
+    pos = positions_case(shape, seed=7)
+    ids = torch.randint(0, 1000, shape, generator=torch.Generator().manual_seed(8))
+    case = batch_case(shape, seed=9)
+    got = embed_rotary_batch(ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, *case)
+    want_h = emb(ids)
+    want = (want_h, *rot(want_h, pos), *batch_expected(*case))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    slot_mapping, active, seq_lens, sink, max_len = case
+    slots, _, valid, _, lens, _ = batch_tensors(pos, slot_mapping, torch.zeros(4, max_len // 8), seq_lens, active,
+                                                sink, 8, with_visible=False)
+    assert torch.equal(slots, got[3]) and torch.equal(valid, got[4]) and torch.equal(lens, got[5])
+    args = (ids, emb.weight, pos, rot.inv_freq, 1.0)
+    for bad, name in (((slot_mapping.int(), active, seq_lens), "slot_mapping"),
+                      ((slot_mapping, active.long(), seq_lens), "active"),
+                      ((slot_mapping, active, seq_lens.float()), "seq_lens"),
+                      ((slot_mapping[:3], active, seq_lens), "slot_mapping")):
+        with pytest.raises(ValueError, match=f"embed_rotary_batch: {name}"):
+            embed_rotary_batch(*args, *bad, sink, max_len)
+
+
+@interpreter
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1), (3, 37), (20, 1)])
+def test_embed_rotary_batch_kernel_in_the_interpreter(shape):
+    """The rotary launch writing the attention batch too: its slots, valid and lengths by their definition (decode
+    rows, a prefill chunk whose rows' first tokens fall in different programs, more rows than one program's block),
+    the embedding rows and cos / sin the same bits as the launch without them."""
+    from ignition.components.kernels.rotary import embed_rotary_batch_triton, embed_rotary_triton
+
+    rot, emb = qwen3_rotary(), _embedding(hidden=96, seed=shape[0])
+    pos = positions_case(shape, seed=shape[1])
+    ids = torch.randint(0, 1000, shape, generator=torch.Generator().manual_seed(shape[0]))
+    case = batch_case(shape, seed=sum(shape))
+    got = embed_rotary_batch_triton(ids, emb.weight, pos, rot.inv_freq, 1.0, *case)
+    want = (*embed_rotary_triton(ids, emb.weight, pos, rot.inv_freq, 1.0), *batch_expected(*case))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)

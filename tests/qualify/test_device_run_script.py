@@ -108,5 +108,5 @@ def test_tests_stage_cut_by_its_limit_switches_off_only_the_selected_kernels_tha
     stages = files["stages.log"]
     assert "sampler_front failed or the tests timed out (rc 124): FLARE_SAMPLER_FRONT_KERNEL=0" in stages
     for kept in ("gumbel", "mlp_handoff_chain", "decode_combine_in_kernel", "width_one", "head_logits_into",
-                 "embed_rotary_on_this_gpu"):
+                 "embed_rotary_on_this_gpu", "embed_rotary_batch_on_this_gpu", "done-early"):
         assert f"{kept} failed" not in stages, stages

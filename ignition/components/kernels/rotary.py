@@ -21,9 +21,10 @@ from ignition.components.kernels.launch import ROTARY_PDL, _pdl_enter, pdl_if
 
 
 @triton.jit
-def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, IDS, TABLE, HID, stride_t, HALF: tl.constexpr,
-                           HP: tl.constexpr, BLOCK_R: tl.constexpr, USE_PDL: tl.constexpr = False,
-                           H: tl.constexpr = 0, BLOCK_H: tl.constexpr = 512):
+def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, IDS, TABLE, HID, stride_t, SLOTMAP, ACTIVE, SEQLENS, SLOTS,
+                           VALID, LENS, T, sink, max_len, HALF: tl.constexpr, HP: tl.constexpr, BLOCK_R: tl.constexpr,
+                           USE_PDL: tl.constexpr = False, H: tl.constexpr = 0, BLOCK_H: tl.constexpr = 512,
+                           META: tl.constexpr = False):
     _pdl_enter(USE_PDL)  # kernels.launch.ROTARY_PDL: the first layer's projection launches while this runs
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_mask = rows < R
@@ -47,6 +48,16 @@ def _rotary_cos_sin_kernel(POS, INV, COS, SIN, R, scaling, IDS, TABLE, HID, stri
         tl.store(COS + off + HALF, c, mask=m)
         tl.store(SIN + off, s, mask=m)
         tl.store(SIN + off + HALF, s, mask=m)
+        if META:  # flare::embed_rotary_batch: the attention batch's slots, valid and lengths (attention.batch_tensors)
+            b = rows // T  # token r of the [B, T] step is row r // T's
+            act = tl.load(ACTIVE + b, mask=r_mask, other=0) != 0
+            sm = tl.load(SLOTMAP + rows, mask=r_mask, other=-1)
+            v = (sm >= 0) & act
+            tl.store(SLOTS + rows, tl.where(v, sm, sink).to(tl.int64), mask=r_mask)
+            tl.store(VALID + rows, v, mask=r_mask)
+            first = r_mask & (rows % T == 0)  # one store per row: its first token's program
+            n = tl.minimum(tl.maximum(tl.load(SEQLENS + b, mask=first, other=0).to(tl.int64), 0), max_len)
+            tl.store(LENS + b, tl.where(act, n, 0), mask=first)
 
 
 #: Positions per program of the rotary kernel (a decode step's rows fit one program; a prefill chunk's spread).
@@ -58,10 +69,13 @@ EMBED_BLOCK_H = 512
 
 def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype, *,
                           gather: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          meta: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``positions [...]`` (integer), ``inv_freq [D / 2]`` float32 -> ``(cos, sin)``, each ``[..., D]`` in ``dtype``,
     one launch (see above).  ``gather``: ``(ids [R], table [vocab, H], hidden [R, H])`` -- the same launch writes
-    ``hidden[r] = table[ids[r]]`` (:func:`embed_rotary_triton`).  Shapes are checked by the op (``rotary.py``)."""
+    ``hidden[r] = table[ids[r]]`` (:func:`embed_rotary_triton`).  ``meta``: ``(slot_mapping [B, T] int64, active [B]
+    bool, seq_lens [B], slots [B * T] int64, valid [B, T] bool, lens [B] int64, sink_slot, max_len)`` -- the same
+    launch writes the attention batch's slots, valid and lengths (:func:`embed_rotary_batch_triton`; positions
+    ``[B, T]``).  Shapes are checked by the op (``rotary.py``)."""
     half = inv_freq.shape[0]
     cos = torch.empty((*positions.shape, 2 * half), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
@@ -70,11 +84,13 @@ def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scali
         return cos, sin
     ids, table, hidden = gather or (positions, cos, cos)  # unread without a gather (H = 0)
     h = table.shape[1] if gather else 0
+    slot_mapping, active, seq_lens, slots, valid, lens, sink, max_len = meta or (positions, positions, positions, cos,
+                                                                                 cos, cos, 0, 0)  # unread: META off
     _rotary_cos_sin_kernel[(triton.cdiv(r, ROTARY_BLOCK_ROWS), max(1, triton.cdiv(h, EMBED_BLOCK_H)))](
         positions.reshape(-1).contiguous(), inv_freq.contiguous(), cos, sin, r, float(scaling), ids, table, hidden,
-        table.stride(0), HALF=half,
-        HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4, H=h, BLOCK_H=EMBED_BLOCK_H,
-        **pdl_if(positions.device, "FLARE_ROTARY_PDL", ROTARY_PDL))
+        table.stride(0), slot_mapping, active, seq_lens, slots, valid, lens, positions.shape[-1], sink, max_len,
+        HALF=half, HP=triton.next_power_of_2(half), BLOCK_R=ROTARY_BLOCK_ROWS, num_warps=4, H=h, BLOCK_H=EMBED_BLOCK_H,
+        META=meta is not None, **pdl_if(positions.device, "FLARE_ROTARY_PDL", ROTARY_PDL))
     return cos, sin
 
 
@@ -87,3 +103,21 @@ def embed_rotary_triton(input_ids: torch.Tensor, table: torch.Tensor, positions:
     cos, sin = rotary_cos_sin_triton(positions, inv_freq, scaling, table.dtype,
                                      gather=(input_ids.reshape(-1).contiguous(), table, hidden))
     return hidden, cos, sin
+
+
+def embed_rotary_batch_triton(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
+                              inv_freq: torch.Tensor, scaling: float, slot_mapping: torch.Tensor, active: torch.Tensor,
+                              seq_lens: torch.Tensor, sink_slot: int, max_len: int) -> tuple[torch.Tensor, ...]:
+    """:func:`embed_rotary_triton`'s ``(hidden, cos, sin)`` and the attention batch's ``(slots [B * T] int64, valid
+    [B, T] bool, lens [B] int64)`` (``attention.batch_tensors``' values) from one launch (``flare::embed_rotary_batch``;
+    ``positions``, ``input_ids`` and ``slot_mapping`` ``[B, T]``, ``active`` ``[B]`` bool; checked by the op)."""
+    b = positions.shape[0]
+    hidden = torch.empty((*input_ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
+    slots = torch.empty(positions.numel(), dtype=torch.long, device=positions.device)
+    valid = torch.empty(positions.shape, dtype=torch.bool, device=positions.device)
+    lens = torch.empty(b, dtype=torch.long, device=positions.device)
+    cos, sin = rotary_cos_sin_triton(positions, inv_freq, scaling, table.dtype,
+                                     gather=(input_ids.reshape(-1).contiguous(), table, hidden),
+                                     meta=(slot_mapping.reshape(-1).contiguous(), active.contiguous(),
+                                           seq_lens.contiguous(), slots, valid, lens, int(sink_slot), int(max_len)))
+    return hidden, cos, sin, slots, valid, lens

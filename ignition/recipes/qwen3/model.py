@@ -48,7 +48,7 @@ from ignition.components.decode_attention import decode_reduce_prefetch_bytes
 from ignition.components.fused_linear import (carries_prenorm, gated_mlp_block, head_logits_block, linear_block,
                                               mlp_publishes_prenorm, mlp_takes_prenorm, published_norm, takes_prenorm)
 from ignition.components.norms import RMSNorm
-from ignition.components.rotary import embed_position_embeddings
+from ignition.components.rotary import embed_position_embeddings, embed_rotary_batch, embed_rotary_batch_applies
 from ignition.components.rotary import position_embeddings as rotary_position_embeddings
 from ignition.components.sampling import argmax_last
 from ignition.components.projections import (
@@ -371,14 +371,8 @@ class PreparedQwen3(nn.Module):
         if self.kv_cache is None:
             raise RuntimeError("allocate_kv_cache() before running a step")
         m = self.hf.model
-        needs_visible = step_needs_visible((layer.self_attn.backend for layer in m.layers), positions.shape[1])
-        batch = AttentionBatch.build(self.kv_cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
-                                     tensors_fn=batch_fn, with_visible=needs_visible)
-        if input_embeds is None:  # one launch on CUDA (flare::embed_rotary)
-            hidden, position_embeddings = embed_position_embeddings(m.embed_tokens, m.rotary_emb, input_ids, positions)
-        else:
-            hidden = input_embeds
-            position_embeddings = rotary_position_embeddings(m.rotary_emb, hidden, positions)  # one launch on CUDA
+        batch, hidden, position_embeddings = self.step_start(input_ids, positions, slot_mapping, block_tables,
+                                                             seq_lens, active_rows, input_embeds, batch_fn)
         # published norms carried from each layer's down launch to the next one's QKV (the first layer's from the
         # embeddings; the last layer publishes the final norm's, unused), where the layers take and publish them
         layers = list(m.layers)
@@ -393,6 +387,32 @@ class PreparedQwen3(nn.Module):
                 out = layer_fn(layer, hidden, position_embeddings, self.layer_batch(batch, i), published, next_norm)
             hidden, published = out if carry else (out, None)
         return batch, hidden
+
+    def step_start(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, active_rows: torch.Tensor,
+                   input_embeds: torch.Tensor | None = None, batch_fn: Callable | None = None):
+        """The step's first launches -> ``(batch, hidden, (cos, sin))``: the attention batch (``batch_fn``: a compiled
+        ``attention.batch_tensors``), the embedding (or ``input_embeds``) and the rotary.  On CUDA, where no layer's
+        backend reads the ``visible`` mask and ``rotary.embed_rotary_batch_applies``, all three are one launch
+        (``flare::embed_rotary_batch``; ``FLARE_FUSED_STEP_BATCH=0``: the batch by ``batch_fn`` and the embedding and
+        rotary by ``flare::embed_rotary``, two launches more at a Qwen3 decode step)."""
+        m, cache = self.hf.model, self.kv_cache
+        needs_visible = step_needs_visible((layer.self_attn.backend for layer in m.layers), positions.shape[1])
+        if (input_embeds is None and not needs_visible
+                and embed_rotary_batch_applies(m.embed_tokens, m.rotary_emb, input_ids, positions, active_rows)):
+            hidden, cos, sin, slots, valid, lens = embed_rotary_batch(
+                input_ids, m.embed_tokens.weight, positions, m.rotary_emb.inv_freq,
+                float(m.rotary_emb.attention_scaling), slot_mapping, active_rows, seq_lens, cache.sink_slot,
+                block_tables.shape[1] * cache.page_size)
+            batch = AttentionBatch(cache, slots, block_tables, None, valid, active_rows, lens, positions.long())
+            return batch, hidden, (cos, sin)
+        batch = AttentionBatch.build(cache, positions, slot_mapping, block_tables, seq_lens, active_rows,
+                                     tensors_fn=batch_fn, with_visible=needs_visible)
+        if input_embeds is None:  # one launch on CUDA (flare::embed_rotary)
+            hidden, position_embeddings = embed_position_embeddings(m.embed_tokens, m.rotary_emb, input_ids, positions)
+            return batch, hidden, position_embeddings
+        # rows gathered outside the step: the rotary alone, one launch on CUDA
+        return batch, input_embeds, rotary_position_embeddings(m.rotary_emb, input_embeds, positions)
 
     @staticmethod
     def layer_batch(batch: AttentionBatch, i: int) -> AttentionBatch:
