@@ -568,9 +568,9 @@ DONE_IN_FRONT = True
 #: Whether :data:`DONE_IN_FRONT`'s op, captured into a CUDA graph, lets the launches after its min-p mask start before
 #: that mask's PDL wait when every row is done (``FLARE_SAMPLER_EARLY_SKIP=1`` / ``0``; read at each launch): they
 #: return before their own waits, so the chain of skipping launches (run 200, an H100: six after the min-p mask, ~1.2 us
-#: each, 8.2 of the sampler's 16.3 us of critical path) runs while the front does.  What it asks: the graph completes
-#: only when every kernel of it has -- the front and the min-p mask complete after the last launch of the step, which
-#: no longer waits for them.  Only under capture (a graph launch completes as a whole); eager launches keep every
+#: each, 8.2 of the sampler's 16.3 us of critical path) runs while the front does, and the min-p mask returns with
+#: them, before its own wait (a done row masks nothing).  What it asks: the graph completes only when every kernel of
+#: it has -- the front completes after the last launch of the step, which no longer waits for it.  Only under capture (a graph launch completes as a whole); eager launches keep every
 #: launch's wait.  On for run 201, where its GPU test (``done-early``) runs first and ``scripts/h200_run.sh`` switches it
 #: off for the later stages when that test fails; measured there against off side by side.
 EARLY_SKIP = True

@@ -132,9 +132,10 @@ def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.c
     front, before this launch, does not write it: ``kernels.launch``'s rules), its values not at all.
 
     ``DONE`` with ``early`` nonzero (``flare::sample_advance_into_`` captured with ``FLARE_SAMPLER_EARLY_SKIP``): when
-    every row is done after the front (``sampler_done``) the launch lets its dependents launch before its wait -- the
-    launches after it return before theirs, so they run while the front does instead of after it; this launch still
-    completes only after its wait (``sampling.EARLY_SKIP`` says what that asks of a captured graph)."""
+    every row is done after the front (``sampler_done``) the launch lets its dependents launch and returns, before its
+    wait (a done row has min-p 0: nothing to mask) -- the launches after it return before theirs too, so they run while
+    the front does instead of after it, and the front is the step's last launch to complete (``sampling.EARLY_SKIP``
+    says what that asks of a captured graph)."""
     b = tl.program_id(0)
     mp = tl.load(MINP + b, cache_modifier=".cg")
     if USE_PDL:
@@ -142,6 +143,7 @@ def _min_p_kernel(Y, YMAX, MINP, V, stride_y, CHUNK: tl.constexpr, USE_PDL: tl.c
             if early != 0:
                 if _all_rows_done(TEMP, TOPK, TOPP, MINP, B, V, eps, BP):
                     gdc_launch_dependents()
+                    return
     _pdl_enter(USE_PDL)
     if mp > 0:
         offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
