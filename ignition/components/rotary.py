@@ -158,7 +158,10 @@ def embed_position_embeddings(embedding: nn.Module, rotary: nn.Module, input_ids
 #: its embedding and rotary launch (``flare::embed_rotary_batch``; ``FLARE_FUSED_STEP_BATCH=1`` / ``0``, read when a
 #: step is traced, for side-by-side runs) instead of the compiled metadata region's own launches: run 200's Qwen3-8B
 #: batch-1 trace (an H100) had two Inductor launches there, 4.6 us of the step's critical path (run 194, an H200:
-#: 3.0 us), ahead of the embedding.  The same values (:func:`~ignition.components.attention.batch_slots_lens`).
+#: 3.0 us), ahead of the embedding.  The same values (:func:`~ignition.components.attention.batch_slots_lens`; its GPU
+#: test passes on an H100, run 201).  Qwen3-8B side by side in one process on an H100
+#: (``results/20261206T191700Z-sm90-run201``, 1024-token context): off 1.0004x slower at batch 1, 1.0015x at batch 4
+#: (paired blocks 1/10 and 0/10 faster; within noise by the min-max rule).  Not yet on an H200.
 FUSED_STEP_BATCH = True
 
 
