@@ -196,6 +196,14 @@ def test_embed_rotary_batch_cpu_op_equals_the_modules_and_the_batch_definition()
     slots, _, valid, _, lens, _ = batch_tensors(pos, slot_mapping, torch.zeros(4, max_len // 8), seq_lens, active,
                                                 sink, 8, with_visible=False)
     assert torch.equal(slots, got[3]) and torch.equal(valid, got[4]) and torch.equal(lens, got[5])
+    # the op's fake (what a compiled step traces) and its schema: torch.library's checks, and a compiled call's bits
+    with torch.no_grad():
+        torch.library.opcheck(torch.ops.flare.embed_rotary_batch.default,
+                              (ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, *case))
+        compiled = torch.compile(embed_rotary_batch, fullgraph=True)(ids, emb.weight, pos, rot.inv_freq,
+                                                                      rot.attention_scaling, *case)
+    for g, w in zip(compiled, got, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
     args = (ids, emb.weight, pos, rot.inv_freq, 1.0)
     for bad, name in (((slot_mapping.int(), active, seq_lens), "slot_mapping"),
                       ((slot_mapping, active.long(), seq_lens), "active"),
