@@ -570,11 +570,12 @@ DONE_IN_FRONT = True
 #: return before their own waits, so the chain of skipping launches (run 200, an H100: six after the min-p mask, ~1.2 us
 #: each, 8.2 of the sampler's 16.3 us of critical path) runs while the front does, and the min-p mask returns with
 #: them, before its own wait (a done row masks nothing).  What it asks: the graph completes only when every kernel of
-#: it has -- the front completes after the last launch of the step, which no longer waits for it.  Only under capture (a graph launch completes as a whole); eager launches keep every
-#: launch's wait.  On: its GPU test (``done-early``, capacities 1, 4, 64) passes on an H100, and Qwen3-8B side by side
-#: in one process there (``results/20261206T191700Z-sm90-run201``, 1024-token context) off is 1.0011x slower at batch 1
-#: and 1.0021x at batch 4 (~5.8 / 12 us a step; paired blocks 0/10 faster; within noise by the min-max rule).  Not yet
-#: on an H200.  ``scripts/h200_run.sh`` switches it off for a call's later stages when that test fails.
+#: it has -- the front completes after the last launch of the step, which no longer waits for it.  Only under capture
+#: (a graph launch completes as a whole); eager launches keep every launch's wait.  On: its GPU test (``done-early``,
+#: capacities 1, 4, 64) passes on an H100, and Qwen3-8B side by side in one process there
+#: (``results/20261206T191700Z-sm90-run201``, 1024-token context) off is 1.0011x slower at batch 1 and 1.0021x at
+#: batch 4 (~5.8 / 12 us a step; paired blocks 0/10 faster; within noise by the min-max rule).  Not yet on an H200.
+#: ``scripts/h200_run.sh`` switches it off for a call's later stages when that test fails.
 EARLY_SKIP = True
 
 

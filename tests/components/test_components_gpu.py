@@ -1093,8 +1093,8 @@ def test_embed_rotary_batch_on_this_gpu_equals_its_definition(shape):
 
     def expected(ids, pos, slot_mapping, active, seq_lens, sink, max_len):
         h = emb(ids)
-        return (h, *rot(h, pos), *(x.cuda() for x in batch_expected(slot_mapping.cpu(), active.cpu(), seq_lens.cpu(),
-                                                                     sink, max_len)))
+        batch = batch_expected(slot_mapping.cpu(), active.cpu(), seq_lens.cpu(), sink, max_len)
+        return (h, *rot(h, pos), *(x.cuda() for x in batch))
 
     def run(ids, pos, slot_mapping, active, seq_lens, sink, max_len):
         return embed_rotary_batch(ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, slot_mapping, active,

@@ -200,8 +200,8 @@ def test_embed_rotary_batch_cpu_op_equals_the_modules_and_the_batch_definition()
     with torch.no_grad():
         torch.library.opcheck(torch.ops.flare.embed_rotary_batch.default,
                               (ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, *case))
-        compiled = torch.compile(embed_rotary_batch, fullgraph=True)(ids, emb.weight, pos, rot.inv_freq,
-                                                                      rot.attention_scaling, *case)
+        compiled = torch.compile(embed_rotary_batch, fullgraph=True)(
+            ids, emb.weight, pos, rot.inv_freq, rot.attention_scaling, *case)
     for g, w in zip(compiled, got, strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
     args = (ids, emb.weight, pos, rot.inv_freq, 1.0)

@@ -6,9 +6,11 @@ whose Gumbel-max draw over the whole scaled row the front forms beside its greed
 nothing: ``x < x_max + log(0)`` holds for no value).  The launches after the front then skip such rows, and when every
 row of the batch is done they return before their PDL wait: a launch that waits for nothing and reads nothing a kernel
 of the step wrote (the rows' parameters come from the host, or from before the front) completes at once, so the
-sampler's critical path ends with the front's.  The first launch after the front (the min-p mask) always waits: the
-launches after it start only once it passed that wait, i.e. once the front completed -- every kernel of the step
-before the last of them is complete when that one completes, as without the skips.
+sampler's critical path ends with the front's.  The first launch after the front (the min-p mask) waits, so the
+launches after it start only once the front completed -- every kernel of the step before the last of them is complete
+when that one completes, as without the skips -- except captured with ``FLARE_SAMPLER_EARLY_SKIP``
+(``sampling.EARLY_SKIP``), where it too returns before its wait when every row is done and the graph's completion
+is what waits for the front.
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ def sampler_front_triton(logits: torch.Tensor, counts: torch.Tensor | None, prom
     (arguments checked by the op).  ``draw``: ``(seed, step [B] int64, top_k [B] int32, top_p [B] float32, active [B]
     bool, out [B] int64, pad)`` -- the done rows (``sampler_done``) end here: their tokens into ``out``, counted in
     ``counts`` (needed: the penalty state) and their ``step`` advanced, in place (``flare::sample_advance_into_``);
-    ``early`` (with ``draw``): the min-p launch lets the next launch start before its wait when every row is done
-    (:func:`_min_p_kernel`)."""
+    ``early`` (with ``draw``; captured only): when every row is done the min-p launch lets the next launch start and
+    returns, both before its wait (:func:`_min_p_kernel`)."""
     b, v = logits.shape
     dev = logits.device
     scaled = torch.empty((b, v), dtype=torch.float32, device=dev)
