@@ -171,7 +171,10 @@ def test_anthropic_tool_use_round_trip(claude, forced_reply):
                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                           "content": "18 °C"}]}]
     nxt = claude.messages.create(model=MODEL, max_tokens=3, tools=CLAUDE_TOOLS, messages=history)
-    assert nxt.stop_reason == "max_tokens"
+    # the embedded default samples at its fixed temperature 1.0 and the Anthropic protocol has no seed: the turn
+    # may end on the end-of-turn token before 3 tokens (an unseeded 10-token sample did in CI, about 1 in 150)
+    assert (nxt.stop_reason, nxt.usage.output_tokens == 3) in {("max_tokens", True), ("end_turn", False)}
+    assert nxt.usage.input_tokens > m.usage.input_tokens
 
     forced_reply(REPLY)
     with claude.messages.stream(model=MODEL, max_tokens=100, tools=CLAUDE_TOOLS, messages=_weather()) as s:
