@@ -95,13 +95,14 @@ def rotary_cos_sin_triton(positions: torch.Tensor, inv_freq: torch.Tensor, scali
 
 
 def embed_rotary_triton(input_ids: torch.Tensor, table: torch.Tensor, positions: torch.Tensor,
-                        inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        inv_freq: torch.Tensor, scaling: float,
+                        meta: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``input_ids [...]``, ``table [vocab, H]`` (rows contiguous), ``positions`` of ``input_ids``' shape ->
     ``(hidden [..., H], cos, sin)`` in the table's dtype, one launch: the rotary kernel also copies each token's
-    embedding row (``flare::embed_rotary``; shapes checked by the op)."""
+    embedding row (``flare::embed_rotary``; shapes checked by the op).  ``meta``: :func:`rotary_cos_sin_triton`'s."""
     hidden = torch.empty((*input_ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
     cos, sin = rotary_cos_sin_triton(positions, inv_freq, scaling, table.dtype,
-                                     gather=(input_ids.reshape(-1).contiguous(), table, hidden))
+                                     gather=(input_ids.reshape(-1).contiguous(), table, hidden), meta=meta)
     return hidden, cos, sin
 
 
@@ -111,13 +112,9 @@ def embed_rotary_batch_triton(input_ids: torch.Tensor, table: torch.Tensor, posi
     """:func:`embed_rotary_triton`'s ``(hidden, cos, sin)`` and the attention batch's ``(slots [B * T] int64, valid
     [B, T] bool, lens [B] int64)`` (``attention.batch_tensors``' values) from one launch (``flare::embed_rotary_batch``;
     ``positions``, ``input_ids`` and ``slot_mapping`` ``[B, T]``, ``active`` ``[B]`` bool; checked by the op)."""
-    b = positions.shape[0]
-    hidden = torch.empty((*input_ids.shape, table.shape[1]), dtype=table.dtype, device=table.device)
     slots = torch.empty(positions.numel(), dtype=torch.long, device=positions.device)
     valid = torch.empty(positions.shape, dtype=torch.bool, device=positions.device)
-    lens = torch.empty(b, dtype=torch.long, device=positions.device)
-    cos, sin = rotary_cos_sin_triton(positions, inv_freq, scaling, table.dtype,
-                                     gather=(input_ids.reshape(-1).contiguous(), table, hidden),
-                                     meta=(slot_mapping.reshape(-1).contiguous(), active.contiguous(),
-                                           seq_lens.contiguous(), slots, valid, lens, int(sink_slot), int(max_len)))
-    return hidden, cos, sin, slots, valid, lens
+    lens = torch.empty(positions.shape[0], dtype=torch.long, device=positions.device)
+    meta = (slot_mapping.reshape(-1).contiguous(), active.contiguous(), seq_lens.contiguous(), slots, valid, lens,
+            int(sink_slot), int(max_len))
+    return (*embed_rotary_triton(input_ids, table, positions, inv_freq, scaling, meta=meta), slots, valid, lens)
